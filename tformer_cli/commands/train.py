@@ -1,0 +1,122 @@
+"""`tformer train`: data -> tokenizer -> encoder -> fit -> best checkpoint -> test metrics."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from ..errors import TformerError
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_tokenizer_and_embeddings(cfg, train_texts):
+    """(tokenizer, pretrained weight or None) for the chosen embedding_init."""
+    from ..data import tokenization
+    from ..model import pretrained
+
+    emb, max_len = cfg.embedding_init, int(cfg.model.max_len)
+    if emb.name == "random":
+        return tokenization.train_wordpiece(train_texts, int(emb.vocab_size), max_len), None
+    pre = pretrained.load(emb, int(cfg.model.d_model))
+    return tokenization.load_tokenizer(pre.tokenizer_file, max_len), pre
+
+
+def class_weights(labels, num_classes: int, mode):
+    """'balanced': n / (k * count_c), scikit-learn's inverse-frequency weights; None: unweighted."""
+    import torch
+
+    if not mode:
+        return None
+    if mode != "balanced":
+        raise TformerError(f"loss.class_weights={mode} must be null or balanced")
+    counts = torch.bincount(labels, minlength=num_classes).float().clamp(min=1)
+    return counts.sum() / (num_classes * counts)
+
+
+def run(cfg) -> float:
+    import torch
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+    from rich.console import Console
+
+    from .. import checkpoint
+    from ..data import sources, tokenization
+    from ..data.tokenization import TokenizedSplit
+    from ..evaluation import report
+    from ..model.encoder import EncoderConfig, TransformerClassifier
+    from ..training.hardware import pick_device, pick_precision
+    from ..training.loop import Run, fit
+
+    console = Console()
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    seed = int(cfg.seed)
+    seed_everything(seed)
+    device = pick_device(cfg.trainer.device)
+    precision = pick_precision(cfg.trainer.precision, device)
+    torch.set_float32_matmul_precision("high")
+
+    data = sources.load(cfg.data, seed=seed)
+    splits = data.splits
+    console.print(f"[bold]data[/] {cfg.data.name} from {data.source}: " + ", ".join(
+        f"{s} {len(ds):,}" for s, ds in splits.items()) + f"; {len(data.label_names)} classes")
+    tok, pre = build_tokenizer_and_embeddings(cfg, splits["train"]["text"])
+    pad_id = tokenization.pad_id(tok)
+    tokenized = {s: TokenizedSplit.from_dataset(tokenization.tokenize_split(ds, tok, int(cfg.model.max_len), s))
+                 for s, ds in splits.items()}
+
+    model_cfg = EncoderConfig.from_dict({
+        **OmegaConf.to_container(cfg.model, resolve=True),
+        "vocab_size": pre.weight.shape[0] if pre is not None else tok.get_vocab_size(),
+        "num_classes": len(data.label_names),
+        "embedding_dim": pre.weight.shape[1] if pre is not None else 0,
+        "pad_id": pad_id,
+    })
+    model = TransformerClassifier(model_cfg)
+    if pre is not None:
+        with torch.no_grad():
+            model.token_embedding.weight.copy_(pre.weight)
+    freeze_epochs = int(cfg.embedding_init.get("freeze_epochs", 0)) if pre is not None else 0
+    console.print(
+        f"[bold]model[/] {model.num_parameters():,} parameters ({model_cfg.n_layers} layers, d_model {model_cfg.d_model}, "
+        f"{model_cfg.n_heads} heads, {model_cfg.positions} positions, {model_cfg.norm}-norm, {model_cfg.pooling} pooling); "
+        f"embeddings {cfg.embedding_init.name}" + (f" from {pre.source}, frozen for {freeze_epochs} epoch(s)" if pre else "")
+        + f"; [bold]device[/] {device}, precision {precision.name}; run dir {run_dir}", highlight=False)
+
+    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    tokenizer_json = tok.to_str()
+    ckpt_dir = run_dir / "checkpoints"
+
+    def save(which: str, metrics: dict, meta: dict) -> None:
+        checkpoint.save(ckpt_dir / which, model, model_config=model_cfg.to_dict(), tokenizer_json=tokenizer_json,
+                        label_names=data.label_names, config_yaml=config_yaml, metrics=metrics, meta=meta)
+
+    loss_weight = class_weights(tokenized["train"].labels, len(data.label_names), cfg.get("loss", {}).get("class_weights"))
+    run = Run(model=model, train=tokenized["train"], validation=tokenized["validation"], label_names=data.label_names,
+              pad_id=pad_id, device=device, precision=precision, trainer_cfg=cfg.trainer, optimizer_cfg=cfg.optimizer,
+              schedule_cfg=cfg.schedule, freeze_epochs=freeze_epochs,
+              embedding_lr_multiplier=float(cfg.embedding_init.get("lr_multiplier", 1.0)), save_checkpoint=save,
+              run_dir=run_dir, loss_weight=loss_weight.to(device) if loss_weight is not None else None)
+    best = fit(run)
+    report.print_history(run.history, console)
+    (run_dir / "history.json").write_text(json.dumps(run.history, indent=2))
+    console.print(f"best checkpoint: {ckpt_dir / 'best'} (epoch {best.get('epoch')}, "
+                  f"{best['monitor']} {best['best_value']:.4f})", highlight=False)
+
+    if cfg.trainer.get("test_after_fit", True) and "test" in tokenized:
+        from .evaluate import evaluate_split
+
+        loaded = checkpoint.load(ckpt_dir / "best", device)
+        metrics = evaluate_split(loaded.model, tokenized["test"], loaded.label_names, pad_id=pad_id, device=device,
+                                 precision=precision, batch_size=int(cfg.trainer.eval_batch_size))
+        report.print_metrics(metrics, data.label_names, f"test ({len(tokenized['test']):,} examples, best checkpoint)",
+                             console)
+        (run_dir / "test_metrics.json").write_text(json.dumps(metrics, indent=2))
+    return float(best["best_value"])

@@ -1,0 +1,259 @@
+"""Turn a `data` config into train / validation / test splits with a `text` and an integer `label` column.
+
+Every named dataset has two paths: the Hugging Face Hub (or scikit-learn's fetcher) for users with a network,
+and a local directory (`data.dir`, or `$TFORMER_DATA_ROOT/<name>`) of parquet / csv / tsv / json / jsonl files
+for everyone else. `data=files` takes any local files with configurable column names.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import TformerError
+
+SPLIT_ALIASES = {"train": ["train"], "validation": ["validation", "valid", "val", "dev"], "test": ["test"]}
+FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
+
+
+@dataclass
+class LoadedData:
+    splits: Any  # datasets.DatasetDict with train / validation / test, columns text (str) and label (ClassLabel)
+    label_names: list[str]
+    source: str  # where it came from, for the log
+
+
+def _get(cfg, key, default=None):
+    return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+
+
+def resolve_dir(cfg) -> Path | None:
+    """data.dir if set, else $TFORMER_DATA_ROOT/<name> when that folder exists."""
+    if _get(cfg, "dir"):
+        path = Path(os.path.expanduser(str(cfg.dir)))
+        if not path.is_dir():
+            raise TformerError(f"data.dir={cfg.dir} is not a directory; point it at the folder holding "
+                               f"train/test files (parquet, csv, tsv, json or jsonl)")
+        return path
+    root = os.environ.get("TFORMER_DATA_ROOT")
+    if root and (Path(root) / str(cfg.name)).is_dir():
+        return Path(root) / str(cfg.name)
+    return None
+
+
+def _find_split_file(folder: Path, split: str) -> Path | None:
+    for alias in SPLIT_ALIASES[split]:
+        for ext in FORMATS:
+            candidate = folder / f"{alias}{ext}"
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def _load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[str] | None = None):
+    import datasets
+
+    out = {}
+    for split, path in files.items():
+        path = Path(path)
+        if not path.is_file():
+            raise TformerError(f"data file not found: {path}; check the path (relative paths are resolved "
+                               f"from the directory you ran tformer in)")
+        fmt = FORMATS.get(path.suffix.lower())
+        if fmt is None:
+            raise TformerError(f"unsupported data file type {path.suffix!r} for {path}; use one of "
+                               f"{', '.join(FORMATS)}")
+        kwargs: dict[str, Any] = {}
+        if fmt == "csv":
+            kwargs["delimiter"] = "\t" if path.suffix.lower() == ".tsv" else ","
+            if not csv_header:
+                kwargs["column_names"] = list(csv_names or [])
+                kwargs["header"] = None
+        try:
+            out[split] = datasets.load_dataset(fmt, data_files=str(path.resolve()), split="train", **kwargs)
+        except Exception as exc:  # datasets raises many types for unreadable files
+            raise TformerError(f"could not read {path} as {fmt}: {str(exc).splitlines()[0]}; check the file's "
+                               f"format and encoding (UTF-8)") from exc
+    return out
+
+
+def _read_label_names(folder: Path | None) -> list[str] | None:
+    if folder is not None and (folder / "labels.txt").is_file():
+        names = [line.strip() for line in (folder / "labels.txt").read_text().splitlines() if line.strip()]
+        return names or None
+    return None
+
+
+def _load_hub(cfg):
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset(str(cfg.hub_id), _get(cfg, "hub_config"))
+    except Exception as exc:
+        raise TformerError(
+            f"could not load {cfg.hub_id} from the Hugging Face Hub ({type(exc).__name__}); with no network, "
+            f"download the files and pass data.dir=<folder with train/test files>"
+        ) from exc
+    names = None
+    features = loaded[next(iter(loaded))].features
+    label_feature = features.get(_get(cfg, "label_column", "label"))
+    if label_feature is not None and hasattr(label_feature, "names"):
+        names = list(label_feature.names)
+    return dict(loaded), names
+
+
+def _load_newsgroups_sklearn():
+    import datasets
+    from sklearn.datasets import fetch_20newsgroups
+
+    out, names = {}, None
+    for split in ("train", "test"):
+        try:
+            bunch = fetch_20newsgroups(subset=split, remove=())
+        except Exception as exc:
+            raise TformerError(f"could not download 20 Newsgroups ({type(exc).__name__}); with no network, "
+                               f"pass data.dir=<folder with train/test parquet files>") from exc
+        out[split] = datasets.Dataset.from_dict({"text": list(bunch.data), "label": [int(x) for x in bunch.target]})
+        names = list(bunch.target_names)
+    return out, names
+
+
+def _raw_splits(cfg) -> tuple[dict, list[str] | None, str]:
+    """{split: Dataset} with the configured columns, label names if known, and a description of the source."""
+    name = str(cfg.name)
+    if name == "demo":
+        import datasets
+
+        from . import demo
+
+        parts = demo.splits(int(cfg.n_train), int(cfg.n_validation), int(cfg.n_test), int(cfg.seed))
+        out = {s: datasets.Dataset.from_dict({"text": t, "label": lab}) for s, (t, lab) in parts.items()}
+        return out, list(demo.LABELS), f"generated demo sentences (seed {cfg.seed})"
+    if name == "files":
+        files = {s: _get(cfg, f"{s}_file") for s in ("train", "validation", "test")}
+        files = {s: Path(os.path.expanduser(str(f))) for s, f in files.items() if f}
+        if "train" not in files:
+            raise TformerError("data=files needs data.train_file=<path> (and optionally data.validation_file, "
+                               "data.test_file)")
+        header = bool(_get(cfg, "header", True))
+        names = _get(cfg, "column_names")
+        return _load_files(files, header, list(names) if names else None), None, "local files"
+    folder = resolve_dir(cfg)
+    if folder is not None:
+        files = {s: _find_split_file(folder, s) for s in SPLIT_ALIASES}
+        files = {s: f for s, f in files.items() if f is not None}
+        if "train" not in files:
+            raise TformerError(f"no train file in {folder}; expected train.parquet, train.csv, train.tsv, "
+                               f"train.json or train.jsonl")
+        header = bool(_get(cfg, "header", True))
+        names = _get(cfg, "column_names")
+        return _load_files(files, header, list(names) if names else None), _read_label_names(folder), str(folder)
+    if name == "twenty_newsgroups":
+        out, names = _load_newsgroups_sklearn()
+        return out, names, "scikit-learn fetch_20newsgroups"
+    if not _get(cfg, "hub_id"):
+        raise TformerError(f"data={name} has neither data.dir nor data.hub_id; set data.dir=<folder>")
+    out, names = _load_hub(cfg)
+    return out, names, f"hub:{cfg.hub_id}"
+
+
+def _to_text_label(ds, cfg, split: str):
+    """Rename/derive the configured columns to `text` and `label`, with a clear error for unknown names."""
+    text_column = _get(cfg, "text_column", "text")
+    label_column = _get(cfg, "label_column", "label")
+    text_columns = list(text_column) if not isinstance(text_column, str) else [text_column]
+    missing = [c for c in text_columns + [label_column] if c not in ds.column_names]
+    if missing:
+        raise TformerError(
+            f"column {missing[0]!r} not found in the {split} split; it has columns {', '.join(ds.column_names)}; "
+            f"set data.text_column / data.label_column"
+        )
+    separator = str(_get(cfg, "text_separator", " "))
+    if text_columns != ["text"]:
+        ds = ds.map(lambda b: {"__text": [separator.join("" if v is None else str(v) for v in vals)
+                                          for vals in zip(*(b[c] for c in text_columns))]},
+                    batched=True, desc=f"joining text columns ({split})")
+    else:
+        ds = ds.rename_column("text", "__text")
+    if label_column != "__label":
+        ds = ds.rename_column(label_column, "__label")
+    ds = ds.select_columns(["__text", "__label"]).rename_columns({"__text": "text", "__label": "label"})
+    return ds
+
+
+def _encode_labels(splits: dict, names: list[str] | None) -> tuple[dict, list[str]]:
+    """Map string labels to ids (sorted names) or validate integer ids against 0..K-1."""
+    import datasets
+
+    train_labels = splits["train"]["label"]
+    kinds = {type(x).__name__ for x in train_labels if x is not None}
+    if any(x is None for x in train_labels):
+        raise TformerError("the train split has rows with no label; drop them or fill the label column")
+    if len(kinds) > 1:
+        raise TformerError(f"the label column mixes types ({', '.join(sorted(kinds))}); use all strings or all "
+                           f"integers")
+    if kinds == {"str"}:
+        names = sorted(set(train_labels))
+        index = {n: i for i, n in enumerate(names)}
+        for split, ds in splits.items():
+            unseen = sorted({x for x in ds["label"] if x not in index}, key=str)
+            if unseen:
+                raise TformerError(f"the {split} split has labels not seen in training: "
+                                   f"{', '.join(map(str, unseen[:5]))}; add them to the train data or drop those rows")
+            splits[split] = ds.map(lambda b: {"label": [index[x] for x in b["label"]]}, batched=True,
+                                   desc=f"encoding labels ({split})")
+    else:
+        values = sorted({int(x) for x in train_labels})
+        k = len(names) if names else (max(values) + 1 if values else 0)
+        if values and (values[0] < 0 or values[-1] >= k):
+            raise TformerError(f"labels must be 0..{k - 1} (found {values[0]}..{values[-1]}); fix the label column "
+                               f"or labels.txt")
+        names = list(names) if names else [str(i) for i in range(k)]
+        for split, ds in splits.items():
+            seen = {int(x) for x in ds["label"]}
+            unseen = sorted(seen - set(values))
+            if unseen:
+                raise TformerError(f"the {split} split has labels not seen in training: "
+                                   f"{', '.join(map(str, unseen[:5]))}; check the split files")
+    feature = datasets.ClassLabel(names=names)
+    splits = {s: ds.cast_column("label", feature) for s, ds in splits.items()}
+    return splits, names
+
+
+def load(cfg, seed: int = 0) -> LoadedData:
+    """Load, clean, validate and split the dataset named by the `data` config."""
+    import datasets
+
+    raw, names, source = _raw_splits(cfg)
+    splits = {s: _to_text_label(ds, cfg, s) for s, ds in raw.items() if s in SPLIT_ALIASES}
+    if "train" not in splits:
+        raise TformerError(f"{source} has no train split; it has {', '.join(raw)}")
+    remove = list(_get(cfg, "remove", []) or [])
+    if remove:
+        from .newsgroups import clean
+
+        splits = {s: ds.map(lambda b: {"text": [clean(t, remove) for t in b["text"]]}, batched=True,
+                            desc=f"removing {'/'.join(remove)} ({s})") for s, ds in splits.items()}
+    for split in list(splits):
+        ds = splits[split]
+        before = len(ds)
+        ds = ds.filter(lambda b: [isinstance(t, str) and t.strip() != "" for t in b["text"]], batched=True,
+                       desc=f"dropping empty texts ({split})")
+        if len(ds) == 0:
+            raise TformerError(f"the {split} split is empty after dropping empty texts ({before} rows before); "
+                               f"check data.text_column")
+        if len(ds) < before:
+            print(f"[tformer] {split}: skipped {before - len(ds)} empty or whitespace-only texts")
+        splits[split] = ds
+    splits, names = _encode_labels(splits, names)
+    if "validation" not in splits:
+        fraction = float(_get(cfg, "validation_fraction", 0.2))
+        parts = splits["train"].train_test_split(test_size=fraction, seed=seed, stratify_by_column="label")
+        splits["train"], splits["validation"] = parts["train"], parts["test"]
+    for split, limit_key in (("train", "max_train_samples"), ("validation", "max_eval_samples"),
+                             ("test", "max_eval_samples")):
+        limit = _get(cfg, limit_key)
+        if split in splits and limit and len(splits[split]) > int(limit):
+            splits[split] = splits[split].shuffle(seed=seed).select(range(int(limit)))
+    return LoadedData(datasets.DatasetDict(splits), names, source)

@@ -1,0 +1,111 @@
+"""Tokenizers and token storage.
+
+Every checkpoint carries a single `tokenizer.json` (Hugging Face `tokenizers` format), so `predict` needs
+neither `transformers` nor `datasets`. Token ids are computed once per (dataset fingerprint, tokenizer,
+max_len), written by `datasets` as Arrow next to the dataset's cache, and read back as one flat int32
+tensor plus offsets: no Python lists of lists on the training path.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def train_wordpiece(texts, vocab_size: int, max_len: int):
+    """A BERT-style uncased WordPiece tokenizer learned from the training texts."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True, clean_text=True, strip_accents=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=2,
+                                        show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))]
+    )
+    return configure(tok, max_len)
+
+
+def configure(tok, max_len: int):
+    """Truncate to exactly max_len (special tokens included); padding happens per batch in the collator."""
+    tok.no_padding()
+    tok.enable_truncation(max_length=max_len)
+    return tok
+
+
+def load_tokenizer(path: str | Path, max_len: int):
+    from tokenizers import Tokenizer
+
+    return configure(Tokenizer.from_file(str(path)), max_len)
+
+
+def pad_id(tok) -> int:
+    pid = tok.token_to_id("[PAD]")
+    return 0 if pid is None else pid
+
+
+def tokenizer_hash(tok) -> str:
+    return hashlib.sha256(tok.to_str().encode()).hexdigest()[:16]
+
+
+def tokenize_split(ds, tok, max_len: int, desc: str):
+    """Add `input_ids` (int32 Arrow lists) to a text/label dataset; cached on disk by datasets fingerprint."""
+    import datasets
+
+    fingerprint = hashlib.sha256(f"{ds._fingerprint}|{tokenizer_hash(tok)}|{max_len}|v1".encode()).hexdigest()[:32]
+    features = datasets.Features({"label": ds.features["label"],
+                                  "input_ids": datasets.Sequence(datasets.Value("int32"))})
+
+    def encode(batch):
+        return {"input_ids": [e.ids for e in tok.encode_batch(batch["text"])]}
+
+    return ds.map(encode, batched=True, batch_size=2000, remove_columns=["text"], features=features,
+                  new_fingerprint=fingerprint, desc=f"tokenizing {desc}")
+
+
+@dataclass
+class TokenizedSplit:
+    """Ragged token ids: sequence i is values[offsets[i]:offsets[i+1]]."""
+
+    values: torch.Tensor  # (total_tokens,) int32
+    offsets: torch.Tensor  # (N + 1,) int64
+    labels: torch.Tensor  # (N,) int64
+
+    def __len__(self) -> int:
+        return self.labels.shape[0]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    @classmethod
+    def from_dataset(cls, ds) -> "TokenizedSplit":
+        import numpy as np
+        import pyarrow as pa
+
+        column = ds.data.column("input_ids")  # ChunkedArray of list<int32>, memory-mapped from the cache
+        if ds._indices is not None:  # a select()/shuffle() view: materialise the rows it points at
+            column = ds.flatten_indices().data.column("input_ids")
+        arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        offsets = arr.offsets.to_numpy().astype(np.int64)
+        values = arr.values.to_numpy(zero_copy_only=False)
+        start = offsets[0]
+        labels = np.asarray(ds.with_format("numpy")["label"], dtype=np.int64)
+        return cls(torch.from_numpy(np.array(values[start:offsets[-1]], dtype=np.int32)),
+                   torch.from_numpy(offsets - start), torch.from_numpy(labels))
+
+    @classmethod
+    def from_ids(cls, ids: list[list[int]], labels=None) -> "TokenizedSplit":
+        lengths = torch.tensor([len(x) for x in ids], dtype=torch.int64)
+        offsets = torch.zeros(len(ids) + 1, dtype=torch.int64)
+        offsets[1:] = torch.cumsum(lengths, 0)
+        values = torch.tensor([t for x in ids for t in x], dtype=torch.int32)
+        lab = torch.as_tensor(labels if labels is not None else [0] * len(ids), dtype=torch.int64)
+        return cls(values, offsets, lab)

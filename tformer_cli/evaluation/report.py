@@ -1,0 +1,52 @@
+"""Rich tables for metrics: the summary, the per-class report and the confusion matrix."""
+from __future__ import annotations
+
+
+def print_metrics(metrics: dict, label_names: list[str], title: str, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    summary = Table(title=title, show_header=True, header_style="bold")
+    for col in ("n", "accuracy", f"precision ({metrics['average']})", f"recall ({metrics['average']})",
+                f"f1 ({metrics['average']})", "loss"):
+        summary.add_column(col, justify="right")
+    loss = metrics.get("loss")
+    summary.add_row(f"{metrics['n']:,}", f"{metrics['accuracy']:.4f}", f"{metrics['precision']:.4f}",
+                    f"{metrics['recall']:.4f}", f"{metrics['f1']:.4f}", "-" if loss is None else f"{loss:.4f}")
+    console.print(summary)
+
+    per_class = Table(title="per class", header_style="bold")
+    for col in ("label", "precision", "recall", "f1", "support"):
+        per_class.add_column(col, justify="left" if col == "label" else "right")
+    for name in label_names:
+        row = metrics["per_class"].get(name, {})
+        per_class.add_row(name, f"{row.get('precision', 0):.3f}", f"{row.get('recall', 0):.3f}",
+                          f"{row.get('f1-score', 0):.3f}", f"{int(row.get('support', 0)):,}")
+    console.print(per_class)
+
+    if len(label_names) <= 25:
+        cm = Table(title="confusion matrix (rows: true, columns: predicted)", header_style="bold")
+        short = [n if len(n) <= 12 else n[:11] + "…" for n in label_names]
+        cm.add_column("")
+        for n in short:
+            cm.add_column(n, justify="right")
+        for name, row in zip(short, metrics["confusion_matrix"]):
+            cm.add_row(name, *[str(v) for v in row])
+        console.print(cm)
+
+
+def print_history(history: list[dict], console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title="training summary", header_style="bold")
+    cols = ["epoch", "train_loss", "val_loss", "val_accuracy", "val_f1", "lr", "train_samples_per_s", "epoch_seconds"]
+    for c in cols:
+        table.add_column(c.replace("train_samples_per_s", "samples/s").replace("epoch_seconds", "seconds"),
+                         justify="right")
+    for h in history:
+        table.add_row(str(h["epoch"]), *[f"{h[c]:.4f}" for c in cols[1:5]], f"{h['lr']:.2e}",
+                      f"{h['train_samples_per_s']:,.0f}", f"{h['epoch_seconds']:.1f}")
+    console.print(table)

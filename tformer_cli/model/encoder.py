@@ -1,0 +1,209 @@
+"""The Transformer encoder classifier, written out so the math is visible.
+
+Shapes: B = batch, T = tokens, D = d_model, H = heads, Dh = D / H, F = d_ff, C = classes.
+
+    ids (B, T) -> token embedding (B, T, E) -> [projection E -> D] -> * sqrt(D) + positions (B, T, D)
+      -> N x EncoderBlock -> pooling (B, D) -> head -> logits (B, C)
+
+A padding mask (B, T) with True at real tokens keeps padding out of attention and out of mean pooling,
+so a text's logits do not depend on how much padding its batch needed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError
+
+
+@dataclass
+class EncoderConfig:
+    vocab_size: int
+    num_classes: int
+    d_model: int = 256
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int = 1024
+    max_len: int = 256
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    positions: str = "sinusoidal"  # sinusoidal | learned
+    norm: str = "post"  # post (as in the notebooks and the original paper) | pre
+    activation: str = "relu"  # relu | gelu
+    pooling: str = "cls"  # cls | mean
+    head_hidden: int = 0  # 0: linear head; >0: Linear -> activation -> dropout -> Linear
+    embedding_dim: int = 0  # width of the token table; 0 means d_model (no projection)
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "
+                "pick n_heads that divides d_model (e.g. model.n_heads=4)"
+            )
+        for key, allowed in (("positions", ("sinusoidal", "learned")), ("norm", ("post", "pre")),
+                             ("activation", ("relu", "gelu")), ("pooling", ("cls", "mean"))):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"model.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EncoderConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
+    """PE[p, 2i] = sin(p / 10000^(2i/D)), PE[p, 2i+1] = cos(p / 10000^(2i/D)); shape (max_len, D)."""
+    position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)  # (T, 1)
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))  # (D/2,)
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq[: d_model // 2])
+    return table
+
+
+class MultiHeadSelfAttention(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.n_heads, self.d_head = cfg.n_heads, cfg.d_model // cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # one matmul for Q, K and V
+        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+        self.attention_dropout = cfg.attention_dropout
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, Dh)
+        # softmax(Q K^T / sqrt(Dh) + mask) V; attn_mask (B, 1, 1, T) bool, True = may attend.
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.attention_dropout if self.training else 0.0
+        )  # (B, H, T, Dh)
+        return self.out(y.transpose(1, 2).reshape(B, T, D))
+
+    def attention_weights(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """The explicit softmax(QK^T/sqrt(Dh)) matrix (B, H, T, T), for explanations and tests."""
+        B, T, _ = x.shape
+        q, k, _ = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, T)
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        return scores.softmax(dim=-1)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.act = nn.GELU() if cfg.activation == "gelu" else nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # No dropout inside: the paper drops only sub-layer outputs and embeddings, and on CPU a dropout mask
+        # over the (B, T, F) activation costs about as much as the two matmuls around it.
+        return self.down(self.act(self.up(x)))  # (B, T, D) -> (B, T, F) -> (B, T, D)
+
+
+class EncoderBlock(nn.Module):
+    """post: x = LN(x + Drop(Attn(x))); x = LN(x + Drop(FF(x)))   (Vaswani et al., the notebooks)
+    pre:  x = x + Drop(Attn(LN(x))); x = x + Drop(FF(LN(x)))      (stabler for deep stacks)"""
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.attn = MultiHeadSelfAttention(cfg)
+        self.ff = FeedForward(cfg)
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        if self.pre_norm:
+            x = x + self.dropout(self.attn(self.norm1(x), attn_mask))
+            return x + self.dropout(self.ff(self.norm2(x)))
+        x = self.norm1(x + self.dropout(self.attn(x, attn_mask)))
+        return self.norm2(x + self.dropout(self.ff(x)))
+
+
+class TransformerClassifier(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        emb_dim = cfg.embedding_dim or cfg.d_model
+        self.token_embedding = nn.Embedding(cfg.vocab_size, emb_dim, padding_idx=cfg.pad_id)
+        # A pretrained table narrower or wider than d_model is mapped by a learned linear projection
+        # (initialised semi-orthogonal, so it keeps the per-dimension scale of the table).
+        self.embedding_projection = nn.Linear(emb_dim, cfg.d_model, bias=False) if emb_dim != cfg.d_model else None
+        if cfg.positions == "learned":
+            self.position_embedding = nn.Embedding(cfg.max_len, cfg.d_model)
+        else:
+            self.register_buffer("position_table", sinusoidal_table(cfg.max_len, cfg.d_model), persistent=False)
+        self.embedding_dropout = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.n_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
+        if cfg.head_hidden:
+            act = nn.GELU() if cfg.activation == "gelu" else nn.ReLU()
+            self.head = nn.Sequential(nn.Linear(cfg.d_model, cfg.head_hidden), act, nn.Dropout(cfg.dropout),
+                                      nn.Linear(cfg.head_hidden, cfg.num_classes))
+        else:
+            self.head = nn.Linear(cfg.d_model, cfg.num_classes)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        # N(0, 1/D): after the sqrt(D) scale, token vectors have unit per-dimension variance, like the positions.
+        nn.init.normal_(self.token_embedding.weight, std=self.cfg.d_model ** -0.5)
+        with torch.no_grad():
+            self.token_embedding.weight[self.cfg.pad_id].zero_()
+        if self.embedding_projection is not None:
+            nn.init.orthogonal_(self.embedding_projection.weight)
+        if self.cfg.positions == "learned":
+            nn.init.normal_(self.position_embedding.weight, std=0.02)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        T = input_ids.shape[1]
+        if T > self.cfg.max_len:
+            raise ConfigError(f"sequence of {T} tokens exceeds model.max_len={self.cfg.max_len}")
+        x = self.token_embedding(input_ids)  # (B, T, E)
+        if self.embedding_projection is not None:
+            x = self.embedding_projection(x)  # (B, T, D)
+        x = x * math.sqrt(self.cfg.d_model)
+        if self.cfg.positions == "learned":
+            x = x + self.position_embedding.weight[:T]
+        else:
+            x = x + self.position_table[:T].to(x.dtype)
+        return self.embedding_dropout(x)
+
+    def pool(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.cfg.pooling == "cls":
+            return h[:, 0]  # (B, D): the first token ([CLS]) summarises the sequence
+        m = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
+        return (h * m).sum(1) / m.sum(1).clamp(min=1.0)  # mean over real tokens only
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids (B, T) long, attention_mask (B, T) bool/int with 1 at real tokens -> logits (B, C)."""
+        if attention_mask is None:
+            attention_mask = input_ids.ne(self.cfg.pad_id)
+        mask = attention_mask.bool()
+        # With no padding in the batch, passing no mask lets SDPA pick its fastest kernel. The check reads the
+        # mask on the host, so it is only made for CPU tensors (on CUDA it would stall the pipeline every step).
+        no_padding = not mask.is_cuda and bool(mask.all())
+        attn_mask = None if no_padding else mask[:, None, None, :]  # (B, 1, 1, T)
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x, attn_mask)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return self.head(self.pool(x, mask))
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,76 @@
+"""Device and numeric precision: what the run uses, decided once at start-up and said out loud."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import TformerError
+
+
+def pick_device(name: str) -> torch.device:
+    name = str(name)
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise TformerError(f"trainer.device={name} but CUDA is not available on this machine; use trainer.device=auto "
+                           f"or trainer.device=cpu")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise TformerError("trainer.device=mps but MPS is not available; use trainer.device=auto or cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError as exc:
+        raise TformerError(f"trainer.device={name} is not a device torch knows; use auto, cpu, cuda or mps") from exc
+
+
+def cpu_supports_bf16() -> bool:
+    """bf16 pays off on CPUs with native bf16 dot products (AVX512-BF16 or AMX); elsewhere it is emulated."""
+    return _cpu_flag("avx512_bf16") or _cpu_flag("amx_bf16")
+
+
+def _cpu_flag(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(flag in line.split() for line in f if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+@dataclass
+class Precision:
+    name: str  # bf16 | fp16 | fp32
+    device_type: str
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.name)
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def grad_scaler(self):
+        return torch.amp.GradScaler("cuda") if self.name == "fp16" and self.device_type == "cuda" else None
+
+
+def pick_precision(name: str, device: torch.device) -> Precision:
+    """auto: bf16 on Ampere+ GPUs and CPUs with bf16 instructions, fp16 (+ loss scaling) on older GPUs, else fp32."""
+    name = str(name)
+    if name == "auto":
+        if device.type == "cuda":
+            name = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        elif device.type == "cpu" and cpu_supports_bf16():
+            name = "bf16"
+        else:
+            name = "fp32"
+    if name not in ("bf16", "fp16", "fp32"):
+        raise TformerError(f"trainer.precision={name} must be auto, bf16, fp16 or fp32")
+    if name == "fp16" and device.type == "cpu":
+        raise TformerError("trainer.precision=fp16 is for GPUs; on CPU use bf16 or fp32")
+    return Precision(name, device.type)
