@@ -7,6 +7,8 @@ import torch
 
 from ..errors import ConfigError
 
+NAMES = ("constant", "linear_warmup", "cosine", "noam")
+
 
 def lr_multiplier(name: str, step: int, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
     """Multiplier at `step` (0-based count of optimizer steps taken so far).
@@ -17,6 +19,8 @@ def lr_multiplier(name: str, step: int, total_steps: int, warmup_steps: int, min
     noam           min(s/w, sqrt(w/s)): Vaswani et al.'s d^-0.5 * min(s^-0.5, s * w^-1.5), normalised so the
                    peak (at s = w) is the base lr; their formula is lr = d_model^-0.5 * w^-0.5 here.
     """
+    if name not in NAMES:
+        raise ConfigError(f"schedule.name={name!r} is not one of {', '.join(NAMES)}")
     s = step + 1
     w = max(warmup_steps, 0)
     if name == "constant":
@@ -29,9 +33,7 @@ def lr_multiplier(name: str, step: int, total_steps: int, warmup_steps: int, min
     progress = min(1.0, (s - w) / max(1, total_steps - w))
     if name == "linear_warmup":
         return min_ratio + (1.0 - min_ratio) * (1.0 - progress)
-    if name == "cosine":
-        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    raise ConfigError(f"schedule.name={name!r} is not one of constant, linear_warmup, cosine, noam")
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
 
 
 def warmup_steps(cfg, total_steps: int) -> int:

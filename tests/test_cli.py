@@ -1,0 +1,104 @@
+"""The installed `tformer` command end to end, in subprocesses: train -> evaluate -> predict."""
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_tformer
+
+FAST = ["data.n_train=1500", "data.n_validation=300", "data.n_test=300", "trainer.epochs=3",
+        "trainer.batch_size=32", "embedding_init.vocab_size=500"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    work = tmp_path_factory.mktemp("cli")
+    r = run_tformer("train", *FAST, cwd=work)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = list((work / "outputs" / "train").glob("*/*"))
+    assert len(runs) == 1
+    return work, runs[0], r
+
+
+def test_train_writes_a_self_contained_checkpoint(trained):
+    work, run_dir, r = trained
+    best = run_dir / "checkpoints" / "best"
+    for f in ("model.safetensors", "model.json", "tokenizer.json", "labels.json", "config.yaml", "metrics.json",
+              "meta.json"):
+        assert (best / f).is_file(), f
+    assert not list(best.glob("*.pt")) and not list(best.glob("*.bin")) and not list(best.glob("*.pkl"))
+    assert json.loads((best / "labels.json").read_text()) == ["negative", "positive"]
+    history = json.loads((run_dir / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2, 3]
+    assert "training summary" in r.stdout and "precision bf16" in r.stdout or "precision fp32" in r.stdout
+    test = json.loads((run_dir / "test_metrics.json").read_text())
+    assert test["n"] == 300 and 0.0 <= test["accuracy"] <= 1.0
+
+
+def test_a_second_run_never_overwrites_the_first(trained):
+    work, run_dir, _ = trained
+    r = run_tformer("train", *FAST, "trainer.epochs=1", "trainer.test_after_fit=false", cwd=work)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(list((work / "outputs" / "train").glob("*/*"))) == 2
+    assert (run_dir / "checkpoints" / "best" / "model.safetensors").is_file()
+
+
+def test_evaluate_prints_tables_and_writes_metrics(trained):
+    work, run_dir, _ = trained
+    r = run_tformer("evaluate", f"checkpoint={run_dir}", cwd=work)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "confusion matrix" in r.stdout and "per class" in r.stdout
+    out = sorted((work / "outputs" / "evaluate").glob("*/*/metrics.json"))[-1]
+    metrics = json.loads(out.read_text())
+    test = json.loads((run_dir / "test_metrics.json").read_text())
+    assert metrics["accuracy"] == pytest.approx(test["accuracy"])  # same checkpoint, same split, same numbers
+    assert sum(map(sum, metrics["confusion_matrix"])) == 300
+
+
+def test_predict_texts_json_topk_and_stdin(trained):
+    work, run_dir, _ = trained
+    best = run_dir / "checkpoints" / "best"
+    r = run_tformer("predict", "--json", f"checkpoint={best}", "not bad at all", "the plot was dull", cwd=work)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["text"] for x in rows] == ["not bad at all", "the plot was dull"]
+    assert all(x["label"] in ("negative", "positive") and 0.5 <= x["probability"] <= 1 for x in rows)
+    r = run_tformer("predict", "--json", "--top-k", "2", cwd=work, input="first line\n\nsecond line\n")
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(rows) == 2 and [len(x["top_k"]) for x in rows] == [2, 2]
+    assert all(abs(sum(t["probability"] for t in x["top_k"]) - 1) < 1e-4 for x in rows)
+    newest = sorted((work / "outputs" / "train").glob("*/*"))[-1]
+    assert f"using the newest checkpoint: {newest.relative_to(work)}/checkpoints/best" in r.stderr  # without checkpoint=: the newest run, said aloud
+    r = run_tformer("predict", "the cast was superb", cwd=work)
+    assert r.returncode == 0 and "the cast was superb" in r.stdout and "probability" in r.stdout
+
+
+def test_bad_input_gets_one_line_and_no_traceback(tmp_path):
+    cases = [
+        (["train", "data=imdb", f"data.dir={tmp_path / 'missing'}"], "is not a directory"),
+        (["train", "model.n_heads=3"], "not divisible by model.n_heads=3"),
+        (["predict", "hello"], "no trained checkpoint under"),
+        (["evaluate", f"checkpoint={tmp_path}"], "is incomplete"),
+        (["fly"], "unknown command 'fly'"),
+    ]
+    for args, message in cases:
+        r = run_tformer(*args, cwd=tmp_path)
+        assert r.returncode == 2, (args, r.stderr[-2000:])
+        assert message in r.stderr, (args, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_hydra_features_keep_working(tmp_path):
+    r = run_tformer("train", "--cfg", "job", "model=small", cwd=tmp_path)
+    assert r.returncode == 0 and "d_model: 256" in r.stdout
+    r = run_tformer("train", "model=huge", cwd=tmp_path)
+    assert r.returncode != 0 and "model" in r.stderr and "huge" in r.stderr
+    r = run_tformer("train", "-m", "model.d_model=32,48", "model.n_heads=4", *FAST, "trainer.epochs=1",
+                    "trainer.test_after_fit=false", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(list(tmp_path.glob("outputs/multirun/*/*/*/checkpoints/best/model.safetensors"))) == 2
+
+
+def test_command_works_from_any_directory(tmp_path):
+    r = run_tformer("train", "--help", cwd=Path("/"))
+    assert r.returncode == 0 and "model: base, small, tiny" in r.stdout

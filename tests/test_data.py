@@ -1,0 +1,130 @@
+"""Data: the generated demo set, local file loaders, label handling, newsgroups cleaning, token storage."""
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from tformer_cli.data import demo, sources
+from tformer_cli.errors import TformerError
+
+
+def files_cfg(**kw):
+    base = {"name": "files", "train_file": None, "validation_file": None, "test_file": None, "text_column": "text",
+            "label_column": "label", "validation_fraction": 0.25, "header": True, "column_names": None, "remove": []}
+    return OmegaConf.create({**base, **kw})
+
+
+def test_demo_is_deterministic_balanced_and_disjoint():
+    a, b = demo.splits(seed=3), demo.splits(seed=3)
+    assert a == b
+    assert demo.splits(seed=4)["train"] != a["train"]
+    texts, labels = a["train"]
+    assert len(texts) == 8000 and abs(sum(labels) - 4000) < 100  # balanced overall, shuffled into splits
+    assert not set(a["train"][0]) & set(a["test"][0])
+
+
+def test_demo_defeats_bag_of_words():
+    """Unigram counts carry no signal: every sentence mixes positive and negative words."""
+    from sklearn.feature_extraction.text import CountVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    s = demo.splits()
+    vec = CountVectorizer()
+    clf = LogisticRegression(max_iter=2000).fit(vec.fit_transform(s["train"][0]), s["train"][1])
+    assert clf.score(vec.transform(s["test"][0]), s["test"][1]) < 0.65
+
+
+def test_demo_labels_follow_scope_rules():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        for label in (0, 1):
+            text = demo._sentence(rng, label)
+            if text.startswith("i have never seen"):
+                adj = text.split(" so ")[-1].strip(".!")
+                assert (adj in demo.POSITIVE) == (label == 1)
+
+
+def test_csv_with_string_labels_maps_sorted_names(tmp_path):
+    p = tmp_path / "train.csv"
+    rows = ["review,sentiment"] + [f"text number {i},{'good' if i % 2 else 'bad'}" for i in range(40)]
+    p.write_text("\n".join(rows) + "\n")
+    data = sources.load(files_cfg(train_file=str(p), text_column="review", label_column="sentiment"))
+    assert data.label_names == ["bad", "good"]
+    assert len(data.splits["train"]) == 30 and len(data.splits["validation"]) == 10
+    row = data.splits["train"][0]
+    assert row["label"] == (1 if int(row["text"].split()[-1]) % 2 else 0)
+    # stratified: both classes in validation, equally
+    assert sorted(data.splits["validation"]["label"]).count(0) == 5
+
+
+def test_tsv_jsonl_and_parquet(tmp_path):
+    import pandas as pd
+
+    (tmp_path / "a.tsv").write_text("text\tlabel\n" + "".join(f"t {i}\t{i % 3}\n" for i in range(30)))
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"body": f"t {i}", "y": i % 3}) + "\n" for i in range(30)))
+    pd.DataFrame({"text": [f"t {i}" for i in range(30)], "label": [i % 3 for i in range(30)]}).to_parquet(
+        tmp_path / "c.parquet")
+    for f, kw in (("a.tsv", {}), ("b.jsonl", {"text_column": "body", "label_column": "y"}), ("c.parquet", {})):
+        data = sources.load(files_cfg(train_file=str(tmp_path / f), test_file=str(tmp_path / f), **kw))
+        assert data.label_names == ["0", "1", "2"] and len(data.splits["test"]) == 30
+
+
+def test_unknown_column_lists_the_columns(tmp_path):
+    p = tmp_path / "train.csv"
+    p.write_text("review,label\nhello,0\nbye,1\n")
+    with pytest.raises(TformerError, match="column 'text' not found .* it has columns review, label"):
+        sources.load(files_cfg(train_file=str(p)))
+
+
+def test_unseen_test_labels_and_missing_file_are_clear(tmp_path):
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"t{i},{'a' if i % 2 else 'b'}\n" for i in range(10)))
+    (tmp_path / "test.csv").write_text("text,label\nx,a\ny,c\n")
+    with pytest.raises(TformerError, match="test split has labels not seen in training: c"):
+        sources.load(files_cfg(train_file=str(tmp_path / "train.csv"), test_file=str(tmp_path / "test.csv")))
+    with pytest.raises(TformerError, match="data file not found"):
+        sources.load(files_cfg(train_file=str(tmp_path / "nope.csv")))
+
+
+def test_named_dataset_from_local_dir(shared_data):
+    cfg = OmegaConf.create({"name": "imdb", "dir": str(shared_data / "imdb"), "text_column": "text",
+                            "label_column": "label", "validation_fraction": 0.2, "remove": [],
+                            "max_train_samples": 200, "max_eval_samples": 100})
+    data = sources.load(cfg, seed=1)
+    assert data.label_names == ["neg", "pos"]
+    assert (len(data.splits["train"]), len(data.splits["validation"]), len(data.splits["test"])) == (200, 100, 100)
+
+
+def test_newsgroups_cleaning_matches_scikit_learn(shared_data):
+    import pandas as pd
+    from sklearn.datasets import _twenty_newsgroups as sk
+
+    from tformer_cli.data.newsgroups import clean
+
+    texts = pd.read_parquet(shared_data / "twenty_newsgroups" / "test.parquet")["text"].tolist()[:300]
+    for t in texts:
+        expected = sk.strip_newsgroup_quoting(sk.strip_newsgroup_footer(sk.strip_newsgroup_header(t)))
+        assert clean(t, ["headers", "footers", "quotes"]) == expected
+    assert "From:" in texts[0] and "From:" not in clean(texts[0], ["headers"])
+
+
+def test_tokenized_storage_is_flat_and_cached(tmp_path):
+    import datasets
+
+    from tformer_cli.data import tokenization
+
+    texts = [f"word{i % 7} and more words {i}" for i in range(50)]
+    tok = tokenization.train_wordpiece(texts, 200, max_len=6)
+    path = tmp_path / "d.parquet"
+    datasets.Dataset.from_dict({"text": texts, "label": [i % 2 for i in range(50)]}).to_parquet(path)
+    ds = datasets.load_dataset("parquet", data_files=str(path), split="train", cache_dir=str(tmp_path / "c"))
+    ds = ds.cast_column("label", datasets.ClassLabel(names=["a", "b"]))
+    first = tokenization.tokenize_split(ds, tok, 6, "x")
+    again = tokenization.tokenize_split(ds, tok, 6, "x")
+    assert first.cache_files and first.cache_files == again.cache_files  # reused, not recomputed
+    split = tokenization.TokenizedSplit.from_dataset(first)
+    assert split.values.dtype.is_floating_point is False and split.values.dim() == 1
+    assert int(split.lengths.max()) == 6  # truncation is exactly max_len, [CLS] ... [SEP] included
+    assert split.values[split.offsets[0]].item() == tok.token_to_id("[CLS]")
+    assert split.labels.tolist() == [i % 2 for i in range(50)]
