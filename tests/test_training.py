@@ -37,7 +37,7 @@ def make_run(tmp_path, *, epochs=3, freeze_epochs=0, lr=1e-2, monitor="val_loss"
     schedule = OmegaConf.create({"name": "constant", "warmup_steps": 0})
     run = None
 
-    def save(which, metrics, meta):
+    def save(which, metrics, meta, *training_state):
         if which == "last" and snapshots is not None:
             snapshots.append(run.model.token_embedding.weight.detach().clone())
 

@@ -41,6 +41,81 @@ def class_weights(labels, num_classes: int, mode):
     return counts.sum() / (num_classes * counts)
 
 
+# Keys that may differ between a run and its resumption (where data comes from, how fast, how loud).
+RESUME_IGNORED = ("resume", "trainer.device", "trainer.num_workers", "trainer.log_every_steps",
+                  "trainer.checkpoint_every_steps", "trainer.eval_batch_size", "trainer.test_after_fit", "data.dir",
+                  "trainer.compile")
+
+
+def config_diff(a, b, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two plain (resolved) config dicts."""
+    keys = []
+    for k in sorted(set(a) | set(b), key=str):
+        dotted = f"{prefix}{k}"
+        if dotted in RESUME_IGNORED:
+            continue
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            keys += config_diff(va, vb, dotted + ".")
+        elif va != vb:
+            keys.append(dotted)
+    return keys
+
+
+def find_resume_checkpoint(resume, outputs_dir: str = "outputs") -> Path:
+    """resume=true: the newest run's last checkpoint; resume=<run dir or checkpoint dir>: that one."""
+    if resume is True or str(resume).lower() == "true":
+        found = sorted(Path(outputs_dir).glob("**/checkpoints/last/trainer_state.json"),
+                       key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise TformerError(f"resume=true but no run with a last checkpoint under {outputs_dir}/; start a run "
+                               f"first or pass resume=<run dir>")
+        return found[-1].parent
+    p = Path(str(resume)).expanduser()
+    for candidate in (p / "checkpoints" / "last", p / "last", p, p.parent / ".last.old"):
+        if (candidate / "trainer_state.json").is_file():
+            return candidate
+    raise TformerError(f"resume={resume}: no last checkpoint with training state there; pass the run directory "
+                       f"(outputs/train/<date>/<time>)")
+
+
+def load_resume_state(ckpt: Path, cfg) -> tuple[dict, dict]:
+    from omegaconf import OmegaConf
+    from safetensors.torch import load_file
+
+    saved = OmegaConf.to_container(OmegaConf.load(ckpt / "config.yaml"), resolve=True)
+    current = OmegaConf.to_container(cfg, resolve=True)
+    diff = config_diff(saved, current)
+    if diff:
+        shown = ", ".join(f"{k} ({_get(saved, k)!r} -> {_get(current, k)!r})" for k in diff[:6])
+        raise TformerError(f"cannot resume {ckpt.parent.parent}: the config differs in {shown}; resume with the "
+                           f"run's original overrides or start a new run")
+    return load_file(str(ckpt / "training_state.safetensors")), json.loads((ckpt / "trainer_state.json").read_text())
+
+
+def _get(d, dotted):
+    for part in dotted.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
+
+
+def _install_signal_handlers(run) -> None:
+    """First SIGINT/SIGTERM: finish the step, save, stop. Second: exit at once (checkpoints are atomic)."""
+    import os
+    import signal
+
+    def handler(signum, frame):
+        if run.stop_requested:
+            print("\n[tformer] second interrupt: exiting now", flush=True)
+            os._exit(130)
+        run.stop_requested = True
+        print(f"\n[tformer] {signal.Signals(signum).name}: finishing this step and saving the last checkpoint "
+              f"(again to exit at once)", flush=True)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run(cfg) -> float:
     import torch
     from hydra.core.hydra_config import HydraConfig
@@ -53,10 +128,15 @@ def run(cfg) -> float:
     from ..evaluation import report
     from ..model.encoder import EncoderConfig, TransformerClassifier
     from ..training.hardware import pick_device, pick_precision
-    from ..training.loop import Run, fit
+    from ..training.loop import Interrupted, Run, fit
 
     console = Console()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    resume_ckpt = find_resume_checkpoint(cfg.resume) if cfg.get("resume") else None
+    resume_state = load_resume_state(resume_ckpt, cfg) if resume_ckpt is not None else None
+    if resume_ckpt is not None:
+        run_dir = resume_ckpt.parent.parent  # a resumed run keeps writing into its own directory
+        console.print(f"[bold]resuming[/] {run_dir}", highlight=False)
     seed = int(cfg.seed)
     seed_everything(seed)
     device = pick_device(cfg.trainer.device)
@@ -67,7 +147,14 @@ def run(cfg) -> float:
     splits = data.splits
     console.print(f"[bold]data[/] {cfg.data.name} from {data.source}: " + ", ".join(
         f"{s} {len(ds):,}" for s, ds in splits.items()) + f"; {len(data.label_names)} classes")
-    tok, pre = build_tokenizer_and_embeddings(cfg, splits["train"]["text"])
+    if resume_ckpt is not None:  # the run's own tokenizer, not a retrained one
+        tok, pre = tokenization.load_tokenizer(resume_ckpt / "tokenizer.json", int(cfg.model.max_len)), None
+        if cfg.embedding_init.name != "random":
+            from ..model import pretrained
+
+            pre = pretrained.load(cfg.embedding_init, int(cfg.model.d_model))
+    else:
+        tok, pre = build_tokenizer_and_embeddings(cfg, splits["train"]["text"])
     pad_id = tokenization.pad_id(tok)
     tokenized = {s: TokenizedSplit.from_dataset(tokenization.tokenize_split(ds, tok, int(cfg.model.max_len), s))
                  for s, ds in splits.items()}
@@ -83,6 +170,10 @@ def run(cfg) -> float:
     if pre is not None:
         with torch.no_grad():
             model.token_embedding.weight.copy_(pre.weight)
+    if resume_ckpt is not None:
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(str(resume_ckpt / "model.safetensors")))
     freeze_epochs = int(cfg.embedding_init.get("freeze_epochs", 0)) if pre is not None else 0
     console.print(
         f"[bold]model[/] {model.num_parameters():,} parameters ({model_cfg.n_layers} layers, d_model {model_cfg.d_model}, "
@@ -94,17 +185,25 @@ def run(cfg) -> float:
     tokenizer_json = tok.to_str()
     ckpt_dir = run_dir / "checkpoints"
 
-    def save(which: str, metrics: dict, meta: dict) -> None:
+    def save(which: str, metrics: dict, meta: dict, tensors=None, state=None) -> None:
         checkpoint.save(ckpt_dir / which, model, model_config=model_cfg.to_dict(), tokenizer_json=tokenizer_json,
-                        label_names=data.label_names, config_yaml=config_yaml, metrics=metrics, meta=meta)
+                        label_names=data.label_names, config_yaml=config_yaml, metrics=metrics, meta=meta,
+                        extra_tensors=tensors, extra_json=state)
 
     loss_weight = class_weights(tokenized["train"].labels, len(data.label_names), cfg.get("loss", {}).get("class_weights"))
     run = Run(model=model, train=tokenized["train"], validation=tokenized["validation"], label_names=data.label_names,
               pad_id=pad_id, device=device, precision=precision, trainer_cfg=cfg.trainer, optimizer_cfg=cfg.optimizer,
               schedule_cfg=cfg.schedule, freeze_epochs=freeze_epochs,
               embedding_lr_multiplier=float(cfg.embedding_init.get("lr_multiplier", 1.0)), save_checkpoint=save,
-              run_dir=run_dir, loss_weight=loss_weight.to(device) if loss_weight is not None else None)
-    best = fit(run)
+              run_dir=run_dir, loss_weight=loss_weight.to(device) if loss_weight is not None else None,
+              resume=resume_state)
+    _install_signal_handlers(run)
+    try:
+        best = fit(run)
+    except Interrupted as exc:
+        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
+        command = " ".join(["tformer", "train", *overrides, f"resume={run_dir}"])
+        raise Interrupted(f"{exc}; resume with: {command}") from None
     report.print_history(run.history, console)
     (run_dir / "history.json").write_text(json.dumps(run.history, indent=2))
     console.print(f"best checkpoint: {ckpt_dir / 'best'} (epoch {best.get('epoch')}, "

@@ -65,7 +65,10 @@ class BatchLoader:
         return (len(self.split) + self.batch_size - 1) // self.batch_size
 
     def __iter__(self):
-        batches = self.batches()
+        return self.iterate(self.batches())
+
+    def iterate(self, batches: list[torch.Tensor]):
+        """Padded batches for the given index lists (a resumed epoch passes the ones not yet done)."""
         if self.num_workers > 0:
             loader = torch.utils.data.DataLoader(
                 batches, batch_size=None, shuffle=False, num_workers=self.num_workers,

@@ -74,3 +74,26 @@ def pick_precision(name: str, device: torch.device) -> Precision:
     if name == "fp16" and device.type == "cpu":
         raise TformerError("trainer.precision=fp16 is for GPUs; on CPU use bf16 or fp32")
     return Precision(name, device.type)
+
+
+class MaybeCompiled:
+    """`torch.compile(model)` when asked for, falling back to eager (with one message) if compiling fails,
+    which happens lazily at the first call on platforms without a working compiler toolchain."""
+
+    def __init__(self, model: torch.nn.Module, enabled: bool, say=print):
+        self.model, self.say, self.compiled = model, say, None
+        if enabled:
+            try:
+                self.compiled = torch.compile(model, dynamic=True)
+            except Exception as exc:  # noqa: BLE001 - any failure means: run eagerly
+                say(f"torch.compile is not available here ({type(exc).__name__}); running eagerly")
+
+    def __call__(self, *args, **kwargs):
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001
+                self.say(f"torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
+                         f"running eagerly")
+                self.compiled = None
+        return self.model(*args, **kwargs)

@@ -1,5 +1,6 @@
 """The training loop, readable top to bottom: epochs of length-grouped batches, validation, early stopping,
-best/last checkpoints. Everything it needs is built by commands/train.py and passed in a `Run`."""
+best/last checkpoints, resumption and clean interruption. Everything it needs is built by commands/train.py and
+passed in a `Run`."""
 from __future__ import annotations
 
 import math
@@ -16,9 +17,16 @@ from ..data.tokenization import TokenizedSplit
 from ..errors import TformerError
 from . import optim as optim_lib
 from . import schedules
+from . import state as state_lib
 from .early_stopping import EarlyStopping
-from .hardware import Precision
+from .hardware import MaybeCompiled, Precision
 from .inference import predict_proba
+
+
+class Interrupted(TformerError):
+    """SIGINT/SIGTERM: the last checkpoint has been written; the message says how to resume."""
+
+    exit_code = 130
 
 
 @dataclass
@@ -35,10 +43,13 @@ class Run:
     schedule_cfg: object
     freeze_epochs: int
     embedding_lr_multiplier: float
-    save_checkpoint: Callable[[str, dict, dict], None]  # (which: best|last, metrics, meta) -> None
+    # (which: best|last, metrics, meta, training-state tensors or None, training-state JSON or None) -> None
+    save_checkpoint: Callable[..., None]
     run_dir: Path
     loss_weight: torch.Tensor | None = None
     history: list[dict] = field(default_factory=list)
+    resume: tuple[dict, dict] | None = None  # (tensors, json) of a `last` checkpoint's training state
+    stop_requested: bool = False  # set by a signal handler; the loop saves and stops after the current step
 
 
 def _validate(run: Run) -> dict:
@@ -71,26 +82,58 @@ def fit(run: Run) -> dict:
     stopper = EarlyStopping(str(es_cfg.monitor), str(es_cfg.mode), int(es_cfg.patience), float(es_cfg.min_delta))
     clip = float(tcfg.get("grad_clip", 0.0) or 0.0)
     log_every = max(1, int(tcfg.get("log_every_steps", 20)))
-    step = 0
+    every = int(tcfg.get("checkpoint_every_steps", 0) or 0)
+    forward = MaybeCompiled(model, bool(tcfg.get("compile", False)), console.print)
+    step, start_epoch, skip, carried = 0, 0, 0, (0.0, 0)
     best_metrics: dict = {}
 
-    for epoch in range(epochs):
+    def training_state(epoch: int, batches_done: int, loss_sum: float, seen: int, frozen: bool):
+        tensors, rng = state_lib.rng_state()
+        opt_tensors, opt_json = state_lib.optimizer_state(optimizer)
+        tensors.update(opt_tensors)
+        meta = {"epoch_index": epoch, "batches_done": batches_done, "step": step, "epoch_loss_sum": loss_sum,
+                "epoch_seen": seen, "rng": rng, "optimizer": opt_json, "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict() if scaler is not None else None, "early_stopping": stopper.state_dict(),
+                "best_metrics": best_metrics, "history": run.history, "embeddings_frozen": frozen}
+        return tensors, meta
+
+    if run.resume is not None:
+        tensors, meta = run.resume
+        state_lib.load_optimizer_state(optimizer, tensors, meta["optimizer"])
+        scheduler.load_state_dict(meta["scheduler"])
+        if scaler is not None and meta.get("scaler"):
+            scaler.load_state_dict(meta["scaler"])
+        stopper.load_state_dict(meta["early_stopping"])
+        best_metrics, run.history[:] = dict(meta["best_metrics"]), list(meta["history"])
+        step, start_epoch, skip = int(meta["step"]), int(meta["epoch_index"]), int(meta["batches_done"])
+        carried = (float(meta["epoch_loss_sum"]), int(meta["epoch_seen"]))
+        state_lib.set_rng_state(tensors, meta["rng"])
+        console.print(f"resuming at epoch {start_epoch + 1}, batch {skip} (step {step})", highlight=False)
+        if stopper.should_stop or start_epoch >= epochs:
+            console.print("the run had already finished; nothing to do")
+
+    for epoch in range(start_epoch, epochs):
+        if stopper.should_stop:
+            break
         frozen = epoch < run.freeze_epochs
         optim_lib.set_embedding_frozen(model, frozen)
         model.train()
         loader.set_epoch(epoch)
         t0 = time.perf_counter()
-        loss_sum = torch.zeros((), device=device)  # accumulated on the device; read only at log points
-        seen = 0
+        loss_sum = torch.full((), carried[0], device=device)  # accumulated on the device; read at log points
+        seen, carried = carried[1], (0.0, 0)
         window_loss, window_n = torch.zeros((), device=device), 0
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}" + (" (embeddings frozen)" if frozen else ""),
-                   unit="batch", leave=False, dynamic_ncols=True, disable=None)
-        for batch in bar:
+        batches = loader.batches()[skip:]
+        first, skip = len(loader) - len(batches), 0
+        bar = tqdm(loader.iterate(batches), total=len(loader), initial=first, unit="batch", leave=False,
+                   desc=f"epoch {epoch + 1}/{epochs}" + (" (embeddings frozen)" if frozen else ""),
+                   dynamic_ncols=True, disable=None)
+        for i, batch in enumerate(bar, start=first + 1):
             ids = batch["input_ids"].to(device, non_blocking=True)
             mask = batch["attention_mask"].to(device, non_blocking=True)
             labels = batch["labels"].to(device, non_blocking=True)
             with run.precision.autocast():
-                logits = model(ids, mask)
+                logits = forward(ids, mask)
             loss = F.cross_entropy(logits.float(), labels, weight=run.loss_weight,
                                    label_smoothing=float(tcfg.get("label_smoothing", 0.0)))
             if scaler is not None:
@@ -116,11 +159,20 @@ def fit(run: Run) -> dict:
             if step % log_every == 0:
                 running = float(window_loss) / window_n  # the one host sync, every log_every steps
                 if not math.isfinite(running):
-                    raise TformerError(f"loss became {running} at step {step} (epoch {epoch + 1}); the best checkpoint "
-                                       f"is kept; try a lower learning rate (optimizer.lr) or trainer.grad_clip=1.0")
+                    raise TformerError(f"loss became {running} near step {step} (epoch {epoch + 1}); the best "
+                                       f"checkpoint is kept; try a lower learning rate (optimizer.lr) or "
+                                       f"trainer.grad_clip=1.0")
                 bar.set_postfix(loss=f"{running:.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
                 window_loss.zero_()
                 window_n = 0
+            stop = run.stop_requested
+            if (every and step % every == 0 and i < len(loader)) or (stop and i < len(loader)):
+                tensors, meta = training_state(epoch, i, float(loss_sum), seen, frozen)
+                run.save_checkpoint("last", {"step": step, "epoch": epoch + 1, "batches_done": i},
+                                    {"epoch": epoch + 1, "step": step, "embeddings_frozen": frozen}, tensors, meta)
+            if stop and i < len(loader):
+                bar.close()
+                raise Interrupted(f"interrupted at epoch {epoch + 1}, step {step}; the last checkpoint is saved")
         bar.close()
         train_loss = float(loss_sum) / max(seen, 1)
         if not math.isfinite(train_loss):
@@ -135,8 +187,9 @@ def fit(run: Run) -> dict:
         meta = {"epoch": epoch + 1, "step": step, "embeddings_frozen": frozen}
         if is_best:
             best_metrics = dict(metrics)
-            run.save_checkpoint("best", metrics, meta)
-        run.save_checkpoint("last", metrics, meta)
+            run.save_checkpoint("best", metrics, meta, None, None)
+        tensors, state = training_state(epoch + 1, 0, 0.0, 0, frozen)
+        run.save_checkpoint("last", metrics, meta, tensors, state)
         console.print(
             f"epoch {epoch + 1:>3}/{epochs}  train_loss {train_loss:.4f}  val_loss {metrics['val_loss']:.4f}  "
             f"val_acc {metrics['val_accuracy']:.4f}  val_f1 {metrics['val_f1']:.4f}  "
@@ -146,6 +199,8 @@ def fit(run: Run) -> dict:
             console.print(f"early stopping: {stopper.monitor} has not improved for {stopper.patience} epochs "
                           f"(best {stopper.best:.4f} at epoch {stopper.best_epoch})")
             break
+        if run.stop_requested:
+            raise Interrupted(f"interrupted after epoch {epoch + 1}, step {step}; the last checkpoint is saved")
     best_metrics["monitor"] = stopper.monitor
     best_metrics["best_value"] = stopper.best
     return best_metrics

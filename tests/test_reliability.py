@@ -1,0 +1,160 @@
+"""Resumable runs, atomic checkpoints, no code execution from checkpoint files, determinism."""
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TFORMER, run_tformer
+
+SMALL = ["data.n_train=3000", "data.n_validation=200", "data.n_test=200", "embedding_init.vocab_size=400",
+         "trainer.batch_size=32", "trainer.precision=fp32", "trainer.test_after_fit=false"]
+
+
+def run_dir_of(work: Path) -> Path:
+    runs = sorted((work / "outputs" / "train").glob("*/*"))
+    assert runs, "no run directory"
+    return runs[-1]
+
+
+def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
+    args = [*SMALL, "trainer.epochs=3", "trainer.checkpoint_every_steps=10", "trainer.early_stopping.patience=0"]
+    straight = tmp_path / "straight"
+    straight.mkdir()
+    r = run_tformer("train", *args, cwd=straight)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ref = run_dir_of(straight)
+
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.Popen([TFORMER, "train", *args], cwd=killed, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    state = None
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        for f in killed.glob("outputs/train/*/*/checkpoints/last/trainer_state.json"):
+            try:
+                s = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            if s["epoch_index"] >= 1 and s["batches_done"] > 0:  # a mid-epoch checkpoint in epoch 2
+                state = s
+        if state:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    proc.wait()
+    assert state is not None and proc.returncode == -signal.SIGKILL, "could not kill the run mid-epoch"
+    run = run_dir_of(killed)
+    assert not (run / "history.json").exists()  # it really died before finishing
+
+    r = run_tformer("train", *args, f"resume={run}", cwd=killed)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resuming at epoch 2" in r.stdout
+    for which in ("last", "best"):
+        a = (ref / "checkpoints" / which / "model.safetensors").read_bytes()
+        b = (run / "checkpoints" / which / "model.safetensors").read_bytes()
+        assert a == b, f"{which} weights differ after resume"
+    h_ref = json.loads((ref / "history.json").read_text())
+    h_res = json.loads((run / "history.json").read_text())
+    keys = ["epoch", "step", "train_loss", "val_loss", "val_accuracy", "val_f1"]
+    assert [{k: h[k] for k in keys} for h in h_ref] == [{k: h[k] for k in keys} for h in h_res]
+
+
+def test_two_runs_with_the_same_seed_give_identical_metrics(tmp_path):
+    out = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        r = run_tformer("train", *SMALL, "trainer.epochs=2", "data.n_train=800", cwd=tmp_path / name)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out.append(json.loads((run_dir_of(tmp_path / name) / "history.json").read_text()))
+    strip = lambda h: [{k: v for k, v in e.items() if k not in ("epoch_seconds", "train_samples_per_s")} for e in h]
+    assert strip(out[0]) == strip(out[1])
+
+
+def test_sigint_saves_and_prints_the_resume_command(tmp_path):
+    proc = subprocess.Popen([TFORMER, "train", *SMALL, "trainer.epochs=50", "trainer.early_stopping.patience=0"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "300"})
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(tmp_path.glob("outputs/train/*/*/checkpoints/last/meta.json")):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    run = run_dir_of(tmp_path)
+    assert f"resume={run}" in err and "tformer train" in err and "Traceback" not in err
+    state = json.loads((run / "checkpoints" / "last" / "trainer_state.json").read_text())
+    assert state["step"] > 0
+    r = run_tformer("train", *SMALL, "trainer.epochs=50", "trainer.early_stopping.patience=0", "optimizer.lr=0.1",
+                    f"resume={run}", cwd=tmp_path)
+    assert r.returncode == 2 and "config differs in optimizer.lr" in r.stderr
+
+
+def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    import torch
+
+    from tformer_cli import checkpoint
+    from tformer_cli.errors import TformerError
+    from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier
+
+    cfg = EncoderConfig(vocab_size=30, num_classes=2, d_model=16, n_heads=2, d_ff=32, max_len=8)
+    model = TransformerClassifier(cfg)
+    kw = dict(model_config=cfg.to_dict(), tokenizer_json="{}", label_names=["a", "b"], config_yaml="x: 1\n",
+              metrics={"val_accuracy": 0.5}, meta={"epoch": 1})
+    target = tmp_path / "checkpoints" / "last"
+    checkpoint.save(target, model, **kw)
+    good = (target / "model.safetensors").read_bytes()
+
+    with torch.no_grad():
+        model.head.weight.add_(1.0)
+    real = checkpoint._write_json
+    calls = {"n": 0}
+
+    def failing(path, obj):  # the weights are written, then the disk "fills up"
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(28, "No space left on device")
+        real(path, obj)
+
+    monkeypatch.setattr(checkpoint, "_write_json", failing)
+    with pytest.raises(TformerError, match="No space left on device; free some disk space"):
+        checkpoint.save(target, model, **kw)
+    assert (target / "model.safetensors").read_bytes() == good
+    assert not list(target.parent.glob(".last.tmp-*"))
+    monkeypatch.undo()
+    loaded = checkpoint.load(target)
+    assert loaded.metrics == {"val_accuracy": 0.5}
+
+
+class Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_pickles_are_never_loaded(tmp_path):
+    work = tmp_path / "w"
+    work.mkdir()
+    r = run_tformer("train", *SMALL, "trainer.epochs=1", "data.n_train=300", cwd=work)
+    assert r.returncode == 0, r.stderr[-2000:]
+    best = run_dir_of(work) / "checkpoints" / "best"
+    marker = tmp_path / "pwned"
+    for name in ("pytorch_model.bin", "model.pt", "optimizer.pt", "training_args.bin"):
+        (best / name).write_bytes(pickle.dumps(Payload(marker)))
+    r = run_tformer("predict", f"checkpoint={best}", "--json", "fine film", cwd=work)
+    assert r.returncode == 0 and json.loads(r.stdout)["label"] in ("negative", "positive")
+    (best / "model.safetensors").write_bytes(pickle.dumps(Payload(marker)))  # weights replaced by a pickle
+    for cmd in (["predict", f"checkpoint={best}", "x"], ["evaluate", f"checkpoint={best}"]):
+        r = run_tformer(*cmd, cwd=work)
+        assert r.returncode == 2 and "unreadable" in r.stderr and "Traceback" not in r.stderr
+    assert not marker.exists(), "a pickle payload ran"
