@@ -131,6 +131,8 @@ def run(cfg) -> float:
     from ..training.loop import Interrupted, Run, fit
 
     console = Console()
+    # Validate the model shape before spending minutes on data.
+    EncoderConfig.from_dict({**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": 1, "num_classes": 2})
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     resume_ckpt = find_resume_checkpoint(cfg.resume) if cfg.get("resume") else None
     resume_state = load_resume_state(resume_ckpt, cfg) if resume_ckpt is not None else None
@@ -200,6 +202,10 @@ def run(cfg) -> float:
     _install_signal_handlers(run)
     try:
         best = fit(run)
+    except torch.cuda.OutOfMemoryError as exc:
+        raise TformerError(f"out of GPU memory with trainer.batch_size={cfg.trainer.batch_size} and "
+                           f"model.max_len={cfg.model.max_len}; try trainer.batch_size="
+                           f"{max(1, int(cfg.trainer.batch_size) // 2)} (the last checkpoint is kept)") from exc
     except Interrupted as exc:
         overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
         command = " ".join(["tformer", "train", *overrides, f"resume={run_dir}"])

@@ -205,10 +205,11 @@ def _encode_labels(splits: dict, names: list[str] | None) -> tuple[dict, list[st
                                    desc=f"encoding labels ({split})")
     else:
         values = sorted({int(x) for x in train_labels})
-        k = len(names) if names else (max(values) + 1 if values else 0)
+        k = len(names) if names else len(values)
         if values and (values[0] < 0 or values[-1] >= k):
-            raise TformerError(f"labels must be 0..{k - 1} (found {values[0]}..{values[-1]}); fix the label column "
-                               f"or labels.txt")
+            shown = ", ".join(map(str, values[:8])) + (", ..." if len(values) > 8 else "")
+            raise TformerError(f"labels must be 0..{k - 1} for {k} classes, found {shown}; renumber the label column, "
+                               f"add a labels.txt naming every class, or use string labels")
         names = list(names) if names else [str(i) for i in range(k)]
         for split, ds in splits.items():
             seen = {int(x) for x in ds["label"]}

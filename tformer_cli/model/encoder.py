@@ -69,6 +69,25 @@ def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
     return table
 
 
+class Dropout(nn.Module):
+    """Inverted dropout. On CPU the keep-mask is drawn as random bytes (keep where byte >= round(256 p)),
+    about 3x cheaper than `bernoulli_`, which costs as much as a matmul there; p is thus rounded to 1/256.
+    Elsewhere it is `F.dropout`."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+        self.threshold = round(p * 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, training=True)
+        keep = torch.empty(x.shape, dtype=torch.uint8).random_() >= self.threshold
+        return x * keep * (256 / (256 - self.threshold))
+
+
 class MultiHeadSelfAttention(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
@@ -120,7 +139,7 @@ class EncoderBlock(nn.Module):
         self.ff = FeedForward(cfg)
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.norm2 = nn.LayerNorm(cfg.d_model)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         if self.pre_norm:
@@ -143,7 +162,7 @@ class TransformerClassifier(nn.Module):
             self.position_embedding = nn.Embedding(cfg.max_len, cfg.d_model)
         else:
             self.register_buffer("position_table", sinusoidal_table(cfg.max_len, cfg.d_model), persistent=False)
-        self.embedding_dropout = nn.Dropout(cfg.dropout)
+        self.embedding_dropout = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.n_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
         if cfg.head_hidden:

@@ -1,0 +1,74 @@
+"""Each kind of bad input gets one line naming the problem and the fix, exit code 2, and no traceback."""
+import pytest
+
+from conftest import run_tformer
+
+FAST = ["data.n_train=300", "data.n_validation=100", "data.n_test=100", "trainer.epochs=1",
+        "embedding_init.vocab_size=300", "trainer.test_after_fit=false"]
+
+
+def check(r, message, code=2):
+    text = r.stderr + r.stdout
+    assert r.returncode == code, text[-2000:]
+    assert message in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in text
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("files")
+    (d / "ok.csv").write_text("text,label\n" + "".join(f"sample text {i},{i % 2}\n" for i in range(40)))
+    (d / "outside.csv").write_text("text,label\n" + "".join(f"sample text {i},{i % 2 * 5}\n" for i in range(40)))
+    (d / "mixed.jsonl").write_text("".join('{"text": "t%d", "label": %s}\n' % (i, '"a"' if i % 2 else i)
+                                           for i in range(40)))
+    (d / "empty_texts.csv").write_text("text,label\n" + "".join(f"  ,{i % 2}\n" for i in range(40)))
+    (d / "unseen.csv").write_text("text,label\nx,0\ny,7\n")
+    (d / "latin1.txt").write_bytes("fine\nd\xe9j\xe0 vu\n".encode("latin1"))
+    return d
+
+
+def test_data_errors(files, tmp_path):
+    f = lambda name: f"data.train_file={files / name}"
+    check(run_tformer("train", "data=files", f"data.train_file={files / 'nope.csv'}", cwd=tmp_path),
+          "data file not found")
+    check(run_tformer("train", "data=files", f("ok.csv"), "data.text_column=review", cwd=tmp_path),
+          "column 'review' not found in the train split; it has columns text, label")
+    check(run_tformer("train", "data=files", f("outside.csv"), cwd=tmp_path), "labels must be 0..")
+    check(run_tformer("train", "data=files", f("mixed.jsonl"), cwd=tmp_path), "the label column mixes types")
+    check(run_tformer("train", "data=files", f("empty_texts.csv"), cwd=tmp_path),
+          "the train split is empty after dropping empty texts")
+    check(run_tformer("train", "data=files", f("ok.csv"), f"data.test_file={files / 'unseen.csv'}", cwd=tmp_path),
+          "test split has labels not seen in training: 7")
+
+
+def test_config_errors(tmp_path):
+    check(run_tformer("train", "model.d_model=30", "model.n_heads=4", cwd=tmp_path),
+          "model.d_model=30 is not divisible by model.n_heads=4")
+    check(run_tformer("train", "trainer.device=cuda", *FAST, cwd=tmp_path), "CUDA is not available")
+    check(run_tformer("train", "trainer.early_stopping.monitor=val_auc", *FAST, cwd=tmp_path),
+          "monitor='val_auc' is not a logged metric")
+    r = run_tformer("train", "schedule=warmup_magic", cwd=tmp_path)
+    assert r.returncode == 1 and "schedule/warmup_magic" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_nan_loss_stops_and_says_where(tmp_path):
+    check(run_tformer("train", *FAST, "optimizer.lr=1e30", "trainer.grad_clip=0", "trainer.log_every_steps=1",
+                      "trainer.precision=fp32", cwd=tmp_path), "try a lower learning rate")
+
+
+def test_checkpoint_and_predict_input_errors(files, tmp_path):
+    check(run_tformer("evaluate", f"checkpoint={tmp_path / 'missing'}", cwd=tmp_path), "does not exist")
+    incomplete = tmp_path / "ckpt"
+    incomplete.mkdir()
+    (incomplete / "model.safetensors").write_bytes(b"")
+    check(run_tformer("predict", f"checkpoint={incomplete}", "hi", cwd=tmp_path), "is incomplete (missing model.json")
+    r = run_tformer("train", *FAST, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    check(run_tformer("predict", f"file={files / 'latin1.txt'}", cwd=tmp_path), "line 2 is not valid UTF-8")
+    check(run_tformer("predict", "--top-k", "zero", "x", cwd=tmp_path), "must be integers")
+    check(run_tformer("predict", "file=" + str(files / "ok.csv"), "max_lines=5", cwd=tmp_path), "more than max_lines=5")
+    r = run_tformer("predict", "max_chars=10", "--json", "a very long text that goes on and on", cwd=tmp_path)
+    assert r.returncode == 0 and "were cut" in r.stderr and '"text": "a very lon"' in r.stdout
+    meta = next(tmp_path.glob("outputs/train/*/*/checkpoints/best/meta.json"))
+    meta.write_text(meta.read_text().replace('"format_version": 1', '"format_version": 99'))
+    check(run_tformer("predict", f"checkpoint={meta.parent}", "x", cwd=tmp_path), "format version 99")
