@@ -26,7 +26,17 @@ def train_wordpiece(texts, vocab_size: int, max_len: int):
     tok.decoder = decoders.WordPiece()
     trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=2,
                                         show_progress=False)
+    texts = list(texts)
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    # The trainer breaks ties between equally frequent merges in hash-map order, which changes from process to
+    # process: the intermediate pieces it keeps, and so every id, differ between two runs on the same texts.
+    # Keep what is deterministic (the characters, and the pieces that segmenting the training texts uses) and
+    # number it in sorted order, so the same texts always give the same tokenizer and runs are reproducible.
+    learned = tok.get_vocab()
+    used = {t for enc in tok.encode_batch(texts) for t in enc.tokens}
+    alphabet = {t for t in learned if len(t.removeprefix("##")) == 1}
+    ordered = SPECIAL_TOKENS + sorted((used | alphabet) - set(SPECIAL_TOKENS))
+    tok.model = models.WordPiece({t: i for i, t in enumerate(ordered)}, unk_token="[UNK]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))]
     )
