@@ -21,7 +21,7 @@ def compose_train(*overrides):
 
 def test_every_group_has_the_promised_options():
     assert GROUPS["model"] == ["base", "small", "tiny"]
-    assert GROUPS["data"] == ["demo", "files", "imdb", "twenty_newsgroups"]
+    assert GROUPS["data"] == ["ag_news", "demo", "files", "imdb", "news_category", "sst2", "twenty_newsgroups"]
     assert GROUPS["optimizer"] == ["adam", "adamw", "sgd"]
     assert GROUPS["schedule"] == ["constant", "cosine", "linear_warmup", "noam"]
     assert GROUPS["embedding_init"] == ["bert", "minilm", "random"]

@@ -14,6 +14,7 @@ USAGE = """usage: tformer {train,evaluate,predict} [overrides ...]
   tformer train [key=value ...]           train (Hydra overrides; -m for a multirun sweep)
   tformer evaluate [checkpoint=PATH ...]  metrics of a checkpoint on a split (default: newest run, test split)
   tformer predict "text" [...]            label texts with a checkpoint (see tformer predict --help)
+  tformer report RUN_DIR                  config, per-epoch metrics, test metrics and plots of a run
 
   tformer train --help / --cfg job        Hydra's config help and the composed config
 Set TFORMER_DEBUG=1 for full tracebacks."""
@@ -69,10 +70,14 @@ def main() -> None:
         from .commands import predict
 
         sys.exit(_guarded(predict.main)(rest))
+    if task == "report":
+        from .commands import report
+
+        sys.exit(_guarded(report.main)(rest))
     if task in ("train", "evaluate"):
         _run_hydra(task, rest)
         return
-    print(f"error: unknown command {task!r}; use train, evaluate or predict", file=sys.stderr)
+    print(f"error: unknown command {task!r}; use train, evaluate, predict or report", file=sys.stderr)
     sys.exit(2)
 
 

@@ -7,13 +7,22 @@ from pathlib import Path
 from ..errors import TformerError
 
 
-def evaluate_split(model, split, label_names, *, pad_id, device, precision, batch_size) -> dict:
+def evaluate_split(model, split, label_names, *, pad_id, device, precision, batch_size):
+    """(metrics, class probabilities (N, C)) of a model on a tokenized split."""
     from ..evaluation.metrics import compute
     from ..training.inference import predict_proba
 
     probs, loss = predict_proba(model, split, batch_size=batch_size, pad_id=pad_id, device=device,
                                 precision=precision, progress="evaluating")
-    return compute(split.labels.numpy(), probs.argmax(-1).numpy(), label_names, loss)
+    return compute(split.labels.numpy(), probs.argmax(-1).numpy(), label_names, loss), probs.numpy()
+
+
+def write_reports(out_dir, metrics, label_names, texts, split, probs, normalize, title, console) -> None:
+    from ..evaluation import artifacts
+
+    paths = artifacts.write(out_dir, metrics, label_names, texts, split.labels.numpy(), probs, normalize=normalize,
+                            title=title)
+    console.print("reports: " + ", ".join(str(p) for p in paths.values()), highlight=False)
 
 
 def run(cfg) -> float:
@@ -55,11 +64,14 @@ def run(cfg) -> float:
     tok = tokenization.load_tokenizer(loaded.tokenizer_file, max_len)
     ds = tokenization.tokenize_split(data.splits[cfg.split], tok, max_len, cfg.split)
     split = tokenization.TokenizedSplit.from_dataset(ds)
-    metrics = evaluate_split(loaded.model, split, loaded.label_names, pad_id=tokenization.pad_id(tok), device=device,
-                             precision=precision, batch_size=int(cfg.batch_size))
+    metrics, probs = evaluate_split(loaded.model, split, loaded.label_names, pad_id=tokenization.pad_id(tok),
+                                    device=device, precision=precision, batch_size=int(cfg.batch_size))
     metrics.update({"checkpoint": str(loaded.path), "split": cfg.split, "data": str(data_cfg.name)})
-    report.print_metrics(metrics, loaded.label_names, f"{data_cfg.name} {cfg.split} ({len(split):,} examples)", console)
+    title = f"{data_cfg.name} {cfg.split} ({len(split):,} examples)"
+    report.print_metrics(metrics, loaded.label_names, title, console)
     out = run_dir / "metrics.json"
     out.write_text(json.dumps(metrics, indent=2))
     console.print(f"metrics written to {out}", highlight=False)
+    write_reports(run_dir, metrics, loaded.label_names, data.splits[cfg.split]["text"], split, probs,
+                  bool(cfg.get("normalize", True)), title, console)
     return float(metrics["accuracy"])

@@ -12,13 +12,15 @@ import sys
 from ..errors import TformerError
 
 USAGE = """usage: tformer predict [TEXT ...] [checkpoint=PATH] [top_k=N] [file=PATH|-] [json=true]
-                       [batch_size=N] [device=auto|cpu|cuda] [max_chars=N]
+                       [explain=true] [batch_size=N] [device=auto|cpu|cuda] [max_chars=N] [max_lines=N]
 
 Labels each TEXT (or each line of file=PATH, or of standard input when no TEXT is given and input is piped).
-checkpoint defaults to the newest outputs/**/checkpoints/best. Flags --top-k N, --file PATH, --json and
---checkpoint PATH are accepted too."""
+checkpoint defaults to the newest outputs/**/checkpoints/best. explain=true (--explain) shows which tokens
+drove each decision (last-layer attention from the pooled position, and attention rollout). Flags --top-k N,
+--file PATH, --json, --explain and --checkpoint PATH are accepted too."""
 
-DEFAULTS = {"checkpoint": None, "top_k": 1, "file": None, "json": False, "batch_size": 64, "device": "auto",
+DEFAULTS = {"checkpoint": None, "top_k": 1, "file": None, "json": False, "explain": False, "batch_size": 64,
+            "device": "auto",
             "max_chars": 100_000, "max_lines": 1_000_000, "outputs_dir": "outputs"}
 _OVERRIDE = re.compile(r"^([a-z_]+)=(.*)$", re.S)
 _FLAGS = {"--top-k": "top_k", "-k": "top_k", "--file": "file", "-f": "file", "--checkpoint": "checkpoint",
@@ -39,8 +41,8 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
         elif arg in ("-h", "--help"):
             print(USAGE)
             raise SystemExit(0)
-        elif arg == "--json":
-            opts["json"] = True
+        elif arg in ("--json", "--explain"):
+            opts[arg[2:]] = True
         elif arg in _FLAGS:
             if i + 1 >= len(argv):
                 raise TformerError(f"{arg} needs a value; see `tformer predict --help`")
@@ -61,8 +63,9 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
         opts["max_lines"] = int(opts["max_lines"])
     except ValueError as exc:
         raise TformerError(f"top_k, batch_size, max_chars and max_lines must be integers ({exc})") from exc
-    if isinstance(opts["json"], str):
-        opts["json"] = opts["json"].lower() in ("1", "true", "yes")
+    for key in ("json", "explain"):
+        if isinstance(opts[key], str):
+            opts[key] = opts[key].lower() in ("1", "true", "yes")
     if opts["top_k"] < 1:
         raise TformerError("top_k must be at least 1")
     return opts, texts
@@ -126,6 +129,12 @@ def main(argv: list[str]) -> int:
                 "top_k": [{"label": loaded.label_names[int(j)], "probability": round(float(q), 6)}
                           for q, j in zip(p, i)]}
                for t, p, i in zip(texts, top_p, top_i)]
+    encodings = None
+    if opts["explain"]:
+        encodings = tok.encode_batch(texts)
+        for r, e, w in zip(results, encodings, explain(loaded.model, split, pad_id(tok), device, opts["batch_size"])):
+            r["explanation"] = {"tokens": e.tokens, "last_layer": [round(x, 6) for x in w["last"]],
+                                "rollout": [round(x, 6) for x in w["rollout"]]}
     if opts["json"]:
         for r in results:
             if k == 1:
@@ -146,5 +155,54 @@ def main(argv: list[str]) -> int:
         if k > 1:
             row.append(", ".join(f"{x['label']} {x['probability']:.3f}" for x in r["top_k"]))
         table.add_row(*row)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if opts["explain"]:
+        for r in results:
+            console.print(render_explanation(r))
     return 0
+
+
+def explain(model, split, pad: int, device, batch_size: int) -> list[dict]:
+    """Per text: {'last': [...], 'rollout': [...]} token weights (special tokens included), each summing to 1."""
+    from ..data.batching import collate
+    import torch
+
+    out: list[dict] = [{} for _ in range(len(split))]
+    for start in range(0, len(split), batch_size):
+        idx = torch.arange(start, min(start + batch_size, len(split)))
+        batch = collate(split, idx, pad)
+        weights = model.explain(batch["input_ids"].to(device), batch["attention_mask"].to(device))
+        for row, i in enumerate(idx.tolist()):
+            n = int(batch["attention_mask"][row].sum())
+            out[i] = {name: w[row, :n].float().cpu().tolist() for name, w in weights.items()}
+    return out
+
+
+def words_and_weights(tokens: list[str], weights: list[float]) -> list[tuple[str, float]]:
+    """Glue WordPiece continuations ('##ing') back onto their word, summing their weights; drop [CLS]/[SEP]."""
+    words: list[list] = []
+    for t, w in zip(tokens, weights):
+        if t in ("[CLS]", "[SEP]", "[PAD]"):
+            continue
+        if t.startswith("##") and words:
+            words[-1][0] += t[2:]
+            words[-1][1] += w
+        else:
+            words.append([t, w])
+    return [(t, w) for t, w in words]
+
+
+def render_explanation(result: dict):
+    """The text with each word's background as strong as its rollout weight (rich markup)."""
+    from rich.text import Text
+
+    exp = result["explanation"]
+    pairs = words_and_weights(exp["tokens"], exp["rollout"])
+    top = max((w for _, w in pairs), default=1.0) or 1.0
+    text = Text(f"{result['label']} {result['probability']:.3f}: ", style="bold")
+    for word, w in pairs:
+        level = int(255 - 180 * (w / top))
+        text.append(word, style=f"black on rgb(255,{level},{level})" if w / top > 0.15 else "")
+        text.append(" ")
+    return text

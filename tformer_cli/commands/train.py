@@ -198,7 +198,7 @@ def run(cfg) -> float:
               schedule_cfg=cfg.schedule, freeze_epochs=freeze_epochs,
               embedding_lr_multiplier=float(cfg.embedding_init.get("lr_multiplier", 1.0)), save_checkpoint=save,
               run_dir=run_dir, loss_weight=loss_weight.to(device) if loss_weight is not None else None,
-              resume=resume_state)
+              resume=resume_state, label_smoothing=float(cfg.loss.get("label_smoothing", 0.0)))
     _install_signal_handlers(run)
     try:
         best = fit(run)
@@ -212,16 +212,23 @@ def run(cfg) -> float:
         raise Interrupted(f"{exc}; resume with: {command}") from None
     report.print_history(run.history, console)
     (run_dir / "history.json").write_text(json.dumps(run.history, indent=2))
+    if run.history:
+        from ..evaluation.artifacts import training_curves_png
+
+        training_curves_png(run_dir / "training_curves.png", run.history)
     console.print(f"best checkpoint: {ckpt_dir / 'best'} (epoch {best.get('epoch')}, "
                   f"{best['monitor']} {best['best_value']:.4f})", highlight=False)
 
     if cfg.trainer.get("test_after_fit", True) and "test" in tokenized:
-        from .evaluate import evaluate_split
+        from .evaluate import evaluate_split, write_reports
 
         loaded = checkpoint.load(ckpt_dir / "best", device)
-        metrics = evaluate_split(loaded.model, tokenized["test"], loaded.label_names, pad_id=pad_id, device=device,
-                                 precision=precision, batch_size=int(cfg.trainer.eval_batch_size))
-        report.print_metrics(metrics, data.label_names, f"test ({len(tokenized['test']):,} examples, best checkpoint)",
-                             console)
+        metrics, probs = evaluate_split(loaded.model, tokenized["test"], loaded.label_names, pad_id=pad_id,
+                                        device=device, precision=precision,
+                                        batch_size=int(cfg.trainer.eval_batch_size))
+        title = f"test ({len(tokenized['test']):,} examples, best checkpoint)"
+        report.print_metrics(metrics, data.label_names, title, console)
         (run_dir / "test_metrics.json").write_text(json.dumps(metrics, indent=2))
+        write_reports(run_dir / "test_report", metrics, data.label_names, splits["test"]["text"], tokenized["test"],
+                      probs, True, title, console)
     return float(best["best_value"])

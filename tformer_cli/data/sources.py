@@ -42,8 +42,18 @@ def resolve_dir(cfg) -> Path | None:
     return None
 
 
-def _find_split_file(folder: Path, split: str) -> Path | None:
-    for alias in SPLIT_ALIASES[split]:
+def _find_split_file(folder: Path, split: str, cfg=None) -> Path | None:
+    explicit = _get(cfg, f"{split}_file") if cfg is not None else None
+    if explicit:
+        path = folder / str(explicit)
+        if not path.is_file():
+            raise TformerError(f"data file not found: {path}; download it into {folder} or set data.{split}_file")
+        return path
+    mapping = _get(cfg, "split_names") if cfg is not None else None
+    aliases = [mapping[split]] if mapping and mapping.get(split) else SPLIT_ALIASES[split]
+    if mapping and split in mapping and mapping.get(split) is None:
+        return None
+    for alias in aliases:
         for ext in FORMATS:
             candidate = folder / f"{alias}{ext}"
             if candidate.is_file():
@@ -67,6 +77,8 @@ def _load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list
         kwargs: dict[str, Any] = {}
         if fmt == "csv":
             kwargs["delimiter"] = "\t" if path.suffix.lower() == ".tsv" else ","
+            if path.suffix.lower() == ".tsv":
+                kwargs["quoting"] = 3  # csv.QUOTE_NONE: TSV corpora (GLUE) keep quote characters as text
             if not csv_header:
                 kwargs["column_names"] = list(csv_names or [])
                 kwargs["header"] = None
@@ -90,6 +102,9 @@ def _load_hub(cfg):
 
     try:
         loaded = datasets.load_dataset(str(cfg.hub_id), _get(cfg, "hub_config"))
+        mapping = _get(cfg, "hub_split_names")
+        if mapping:
+            loaded = {s: loaded[h] for s, h in mapping.items() if h and h in loaded}
     except Exception as exc:
         raise TformerError(
             f"could not load {cfg.hub_id} from the Hugging Face Hub ({type(exc).__name__}); with no network, "
@@ -141,7 +156,7 @@ def _raw_splits(cfg) -> tuple[dict, list[str] | None, str]:
         return _load_files(files, header, list(names) if names else None), None, "local files"
     folder = resolve_dir(cfg)
     if folder is not None:
-        files = {s: _find_split_file(folder, s) for s in SPLIT_ALIASES}
+        files = {s: _find_split_file(folder, s, cfg) for s in SPLIT_ALIASES}
         files = {s: f for s, f in files.items() if f is not None}
         if "train" not in files:
             raise TformerError(f"no train file in {folder}; expected train.parquet, train.csv, train.tsv, "
@@ -158,10 +173,15 @@ def _raw_splits(cfg) -> tuple[dict, list[str] | None, str]:
     return out, names, f"hub:{cfg.hub_id}"
 
 
-def _to_text_label(ds, cfg, split: str):
-    """Rename/derive the configured columns to `text` and `label`, with a clear error for unknown names."""
-    text_column = _get(cfg, "text_column", "text")
-    label_column = _get(cfg, "label_column", "label")
+def _from_hub(source: str) -> bool:
+    return source.startswith("hub:")
+
+
+def _to_text_label(ds, cfg, split: str, hub: bool = False):
+    """Rename/derive the configured columns to `text` and `label`, with a clear error for unknown names.
+    Hub copies may name columns differently from the original files (hub_text_column / hub_label_column)."""
+    text_column = (hub and _get(cfg, "hub_text_column")) or _get(cfg, "text_column", "text")
+    label_column = (hub and _get(cfg, "hub_label_column")) or _get(cfg, "label_column", "label")
     text_columns = list(text_column) if not isinstance(text_column, str) else [text_column]
     missing = [c for c in text_columns + [label_column] if c not in ds.column_names]
     if missing:
@@ -171,7 +191,7 @@ def _to_text_label(ds, cfg, split: str):
         )
     separator = str(_get(cfg, "text_separator", " "))
     if text_columns != ["text"]:
-        ds = ds.map(lambda b: {"__text": [separator.join("" if v is None else str(v) for v in vals)
+        ds = ds.map(lambda b: {"__text": [separator.join(str(v) for v in vals if v is not None and str(v).strip())
                                           for vals in zip(*(b[c] for c in text_columns))]},
                     batched=True, desc=f"joining text columns ({split})")
     else:
@@ -180,6 +200,13 @@ def _to_text_label(ds, cfg, split: str):
         ds = ds.rename_column(label_column, "__label")
     ds = ds.select_columns(["__text", "__label"]).rename_columns({"__text": "text", "__label": "label"})
     return ds
+
+
+def _unlabelled(ds) -> bool:
+    """A split whose labels are all missing or -1 (GLUE's hidden test labels) cannot be evaluated on."""
+    labels = ds["label"][:50]
+    return len(ds) > 0 and all(x is None or x == -1 for x in labels) and all(
+        x is None or x == -1 for x in ds["label"])
 
 
 def _encode_labels(splits: dict, names: list[str] | None) -> tuple[dict, list[str]]:
@@ -227,7 +254,15 @@ def load(cfg, seed: int = 0) -> LoadedData:
     import datasets
 
     raw, names, source = _raw_splits(cfg)
-    splits = {s: _to_text_label(ds, cfg, s) for s, ds in raw.items() if s in SPLIT_ALIASES}
+    hub = _from_hub(source)
+    splits = {s: _to_text_label(ds, cfg, s, hub) for s, ds in raw.items() if s in SPLIT_ALIASES}
+    offset = 0 if hub else int(_get(cfg, "label_offset", 0) or 0)
+    if offset:  # e.g. AG News files number classes 1..4
+        splits = {s: ds.map(lambda b: {"label": [None if x is None else int(x) - offset for x in b["label"]]},
+                            batched=True, desc=f"shifting labels ({s})") for s, ds in splits.items()}
+    if names is None and _get(cfg, "label_names"):
+        names = [str(n) for n in cfg.label_names]
+    splits = {s: ds for s, ds in splits.items() if not _unlabelled(ds)}  # e.g. GLUE test files
     if "train" not in splits:
         raise TformerError(f"{source} has no train split; it has {', '.join(raw)}")
     remove = list(_get(cfg, "remove", []) or [])
@@ -248,6 +283,10 @@ def load(cfg, seed: int = 0) -> LoadedData:
             print(f"[tformer] {split}: skipped {before - len(ds)} empty or whitespace-only texts")
         splits[split] = ds
     splits, names = _encode_labels(splits, names)
+    if "test" not in splits and _get(cfg, "test_fraction"):  # datasets without an official split
+        parts = splits["train"].train_test_split(test_size=float(cfg.test_fraction), seed=seed,
+                                                 stratify_by_column="label")
+        splits["train"], splits["test"] = parts["train"], parts["test"]
     if "validation" not in splits:
         fraction = float(_get(cfg, "validation_fraction", 0.2))
         parts = splits["train"].train_test_split(test_size=fraction, seed=seed, stratify_by_column="label")

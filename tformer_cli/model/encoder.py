@@ -224,5 +224,31 @@ class TransformerClassifier(nn.Module):
             x = self.final_norm(x)
         return self.head(self.pool(x, mask))
 
+    @torch.no_grad()
+    def explain(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Token weights (B, T), each row summing to 1 over real tokens (padding gets 0):
+
+        last     attention from the pooled position in the last layer, averaged over heads;
+        rollout  attention rollout (Abnar & Zuidema 2020): per layer A = 0.5 * mean-head attention + 0.5 * I
+                 (the residual path), rows renormalised, multiplied through the layers; the pooled row.
+        The pooled position is [CLS] for cls pooling, the average over real tokens for mean pooling."""
+        mask = attention_mask.bool()
+        attn_mask = mask[:, None, None, :]  # (B, 1, 1, T)
+        B, T = input_ids.shape
+        eye = torch.eye(T, device=input_ids.device)
+        x = self.embed(input_ids)
+        rollout = eye.expand(B, T, T)
+        for block in self.blocks:
+            attn = block.attn.attention_weights(block.norm1(x) if block.pre_norm else x, attn_mask).mean(1)  # (B,T,T)
+            mixed = 0.5 * attn + 0.5 * eye * mask[:, None, :]
+            rollout = (mixed / mixed.sum(-1, keepdim=True)) @ rollout
+            x = block(x, attn_mask)
+        if self.cfg.pooling == "cls":
+            pooled = lambda m: m[:, 0]  # noqa: E731 - the [CLS] row
+        else:
+            share = mask.float() / mask.float().sum(1, keepdim=True)  # (B, T)
+            pooled = lambda m: (share.unsqueeze(-1) * m).sum(1)  # noqa: E731 - the average real-token row
+        return {"last": pooled(attn), "rollout": pooled(rollout)}
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

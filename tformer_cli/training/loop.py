@@ -47,6 +47,7 @@ class Run:
     save_checkpoint: Callable[..., None]
     run_dir: Path
     loss_weight: torch.Tensor | None = None
+    label_smoothing: float = 0.0
     history: list[dict] = field(default_factory=list)
     resume: tuple[dict, dict] | None = None  # (tensors, json) of a `last` checkpoint's training state
     stop_requested: bool = False  # set by a signal handler; the loop saves and stops after the current step
@@ -135,7 +136,7 @@ def fit(run: Run) -> dict:
             with run.precision.autocast():
                 logits = forward(ids, mask)
             loss = F.cross_entropy(logits.float(), labels, weight=run.loss_weight,
-                                   label_smoothing=float(tcfg.get("label_smoothing", 0.0)))
+                                   label_smoothing=run.label_smoothing)
             if scaler is not None:
                 scaler.scale(loss).backward()
                 scaler.unscale_(optimizer)

@@ -1,0 +1,66 @@
+"""Local-file loaders of the named datasets, on small files generated in the original formats."""
+import json
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from tformer_cli.cli import config_dir
+from tformer_cli.data import sources
+from tformer_cli.errors import TformerError
+
+
+def data_cfg(name, **overrides):
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        args = [f"data={name}"] + [f"data.{k}={v}" for k, v in overrides.items()]
+        return compose(config_name="train", overrides=args).data
+
+
+def test_ag_news_original_csv(tmp_path):
+    # class index 1-4, title, description; no header; quoted fields with commas
+    rows = [f'"{c}","Title {i}, with comma","Description {i} of class {c}"' for i in range(80) for c in [1 + i % 4]]
+    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "test.csv").write_text("\n".join(rows[:20]) + "\n")
+    data = sources.load(data_cfg("ag_news", dir=tmp_path), seed=0)
+    assert data.label_names == ["World", "Sports", "Business", "Sci/Tech"]
+    assert len(data.splits["test"]) == 20 and len(data.splits["train"]) + len(data.splits["validation"]) == 80
+    row = data.splits["test"][0]
+    assert row["text"] == "Title 0, with comma Description 0 of class 1" and row["label"] == 0
+    assert sorted(set(data.splits["test"]["label"])) == [0, 1, 2, 3]
+
+
+def test_news_category_json_lines_with_missing_fields(tmp_path):
+    cats = ["POLITICS", "WELLNESS", "ENTERTAINMENT"]
+    lines = []
+    for i in range(90):
+        rec = {"link": f"https://x/{i}", "headline": f"Headline {i}", "category": cats[i % 3], "authors": "A",
+               "date": "2022-09-23", "short_description": f"desc {i}"}
+        if i % 10 == 0:
+            rec["short_description"] = ""  # empty description
+        if i % 15 == 1:
+            del rec["short_description"]  # missing field
+        lines.append(json.dumps(rec))
+    (tmp_path / "News_Category_Dataset_v3.json").write_text("\n".join(lines) + "\n")
+    data = sources.load(data_cfg("news_category", dir=tmp_path), seed=0)
+    assert data.label_names == ["ENTERTAINMENT", "POLITICS", "WELLNESS"]  # string labels, sorted
+    sizes = {s: len(d) for s, d in data.splits.items()}
+    assert sizes["test"] == 9 and sum(sizes.values()) == 90
+    texts = {t for d in data.splits.values() for t in d["text"]}
+    assert "Headline 0" in texts and "Headline 2 - desc 2" in texts and "Headline 1" in texts
+    for split in data.splits.values():  # stratified: every class in every split
+        assert len(set(split["label"])) == 3
+
+
+def test_news_category_missing_file_says_where_to_put_it(tmp_path):
+    with pytest.raises(TformerError, match="News_Category_Dataset_v3.json"):
+        sources.load(data_cfg("news_category", dir=tmp_path))
+
+
+def test_sst2_glue_tsv(tmp_path):
+    train = "sentence\tlabel\n" + "".join(f'a "quoted" film number {i} \t{i % 2}\n' for i in range(60))
+    (tmp_path / "train.tsv").write_text(train)
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\n" + "".join(f"dev {i}\t{i % 2}\n" for i in range(10)))
+    (tmp_path / "test.tsv").write_text("index\tsentence\n" + "".join(f"{i}\thidden {i}\n" for i in range(5)))
+    data = sources.load(data_cfg("sst2", dir=tmp_path), seed=0)
+    assert data.label_names == ["negative", "positive"]
+    assert len(data.splits["test"]) == 10 and data.splits["test"][0]["text"] == "dev 0"
+    assert any('"quoted"' in t for t in data.splits["train"]["text"])  # quotes kept as text
