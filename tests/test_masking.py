@@ -45,3 +45,10 @@ def test_batch_of_mixed_lengths_equals_one_at_a_time():
     for i, s in enumerate(seqs):
         alone = model(torch.tensor([s]))
         torch.testing.assert_close(together[i:i + 1], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_padding_rounds_up_but_never_past_the_longest_sequence():
+    split = TokenizedSplit.from_ids([[2] * 5, [2] * 19, [2] * 30])
+    assert collate(split, torch.tensor([0]), 0, multiple=16, cap=30)["input_ids"].shape[1] == 16
+    assert collate(split, torch.tensor([0, 1]), 0, multiple=16, cap=30)["input_ids"].shape[1] == 30  # not 32
+    assert collate(split, torch.tensor([2]), 0, multiple=16, cap=30)["input_ids"].shape[1] == 30

@@ -157,6 +157,7 @@ def run(cfg) -> float:
             pre = pretrained.load(cfg.embedding_init, int(cfg.model.d_model))
     else:
         tok, pre = build_tokenizer_and_embeddings(cfg, splits["train"]["text"])
+    tokenization.configure(tok, int(cfg.model.max_len), str(cfg.data.get("truncation", "right")))
     pad_id = tokenization.pad_id(tok)
     tokenized = {s: TokenizedSplit.from_dataset(tokenization.tokenize_split(ds, tok, int(cfg.model.max_len), s))
                  for s, ds in splits.items()}

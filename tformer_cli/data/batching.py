@@ -30,8 +30,10 @@ def sequential_batches(lengths: torch.Tensor, batch_size: int) -> list[torch.Ten
     return list(idx.split(batch_size))
 
 
-def collate(split: TokenizedSplit, idx: torch.Tensor, pad_id: int, multiple: int = 1) -> dict[str, torch.Tensor]:
-    """Pad the sequences at `idx` to the longest among them, rounded up to `multiple`:
+def collate(split: TokenizedSplit, idx: torch.Tensor, pad_id: int, multiple: int = 1,
+            cap: int | None = None) -> dict[str, torch.Tensor]:
+    """Pad the sequences at `idx` to the longest among them, rounded up to `multiple` (but not past `cap`,
+    the longest sequence of the split, so never past the model's max_len):
     input_ids (B, T) int64, attention_mask (B, T) bool.
 
     Rounding keeps the number of distinct shapes small: each new shape costs the CPU's oneDNN kernels a cached
@@ -40,7 +42,7 @@ def collate(split: TokenizedSplit, idx: torch.Tensor, pad_id: int, multiple: int
     starts = split.offsets[idx]
     lengths = split.offsets[idx + 1] - starts
     T = int(lengths.max())
-    T = -(-T // multiple) * multiple
+    T = max(T, min(-(-T // multiple) * multiple, cap if cap is not None else T))
     # Gather with one vectorised index: position j of row b reads values[start_b + j] where j < length_b.
     pos = torch.arange(T).unsqueeze(0)  # (1, T)
     mask = pos < lengths.unsqueeze(1)  # (B, T)
@@ -57,6 +59,7 @@ class BatchLoader:
         self.split, self.batch_size, self.pad_id, self.pad_multiple = split, batch_size, pad_id, pad_multiple
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.cap = int(split.lengths.max()) if len(split) else 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -78,12 +81,12 @@ class BatchLoader:
         if self.num_workers > 0:
             loader = torch.utils.data.DataLoader(
                 batches, batch_size=None, shuffle=False, num_workers=self.num_workers,
-                collate_fn=lambda idx: collate(self.split, idx, self.pad_id, self.pad_multiple), pin_memory=self.pin_memory,
+                collate_fn=lambda idx: collate(self.split, idx, self.pad_id, self.pad_multiple, self.cap), pin_memory=self.pin_memory,
                 persistent_workers=False)
             yield from loader
             return
         for idx in batches:
-            batch = collate(self.split, idx, self.pad_id, self.pad_multiple)
+            batch = collate(self.split, idx, self.pad_id, self.pad_multiple, self.cap)
             if self.pin_memory:
                 batch = {k: v.pin_memory() for k, v in batch.items()}
             yield batch

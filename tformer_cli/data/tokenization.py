@@ -43,10 +43,18 @@ def train_wordpiece(texts, vocab_size: int, max_len: int):
     return configure(tok, max_len)
 
 
-def configure(tok, max_len: int):
-    """Truncate to exactly max_len (special tokens included); padding happens per batch in the collator."""
+def configure(tok, max_len: int, side: str | None = None):
+    """Truncate to exactly max_len (special tokens included); padding happens per batch in the collator.
+    side: 'right' keeps the start of long texts, 'left' keeps the end (where reviews give their verdict);
+    None keeps what the tokenizer file says, so a checkpoint's tokenizer truncates as it did in training."""
+    if side is None:
+        side = str((tok.truncation or {}).get("direction", "right")).lower()
+    if side not in ("right", "left"):
+        from ..errors import ConfigError
+
+        raise ConfigError(f"data.truncation={side!r} must be right (keep the start) or left (keep the end)")
     tok.no_padding()
-    tok.enable_truncation(max_length=max_len)
+    tok.enable_truncation(max_length=max_len, direction=side)
     return tok
 
 
