@@ -30,7 +30,7 @@ def test_train_writes_a_self_contained_checkpoint(trained):
     assert json.loads((best / "labels.json").read_text()) == ["negative", "positive"]
     history = json.loads((run_dir / "history.json").read_text())
     assert [h["epoch"] for h in history] == [1, 2, 3]
-    assert "training summary" in r.stdout and "precision bf16" in r.stdout or "precision fp32" in r.stdout
+    assert "training summary" in r.stdout and ("precision bf16" in r.stdout or "precision fp32" in r.stdout)
     test = json.loads((run_dir / "test_metrics.json").read_text())
     assert test["n"] == 300 and 0.0 <= test["accuracy"] <= 1.0
 
