@@ -60,9 +60,11 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def time_train(model, batches, device, precision, optimizer):
-    """Seconds for the given batches (after 2 warm-up steps), and the samples, tokens and FLOPs they hold."""
-    model.train()
+def timed(model, batches, device, precision, optimizer=None):
+    """Run the batches (a training step each when an optimizer is given, else a forward pass) and return
+    (seconds after 2 warm-up batches, samples, real tokens, FLOPs) of the timed ones. Counts are taken from the
+    host-side batches, so the timed loop never waits on the device."""
+    model.train(optimizer is not None)
     samples = tokens = flops = 0.0
     t0 = None
     for i, batch in enumerate(batches):
@@ -71,41 +73,22 @@ def time_train(model, batches, device, precision, optimizer):
             t0 = time.perf_counter()
         ids = batch["input_ids"].to(device, non_blocking=True)
         mask = batch["attention_mask"].to(device, non_blocking=True)
-        labels = batch["labels"].to(device, non_blocking=True)
-        with precision.autocast():
-            logits = model(ids, mask)
-        loss = F.cross_entropy(logits.float(), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if optimizer is not None:
+            with precision.autocast():
+                logits = model(ids, mask)
+            F.cross_entropy(logits.float(), batch["labels"].to(device, non_blocking=True)).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            with torch.inference_mode(), precision.autocast():
+                model(ids, mask).argmax(-1)
         if i >= 2:
-            T = ids.shape[1]
-            samples += ids.shape[0]
-            tokens += float(mask.sum())
-            flops += ids.shape[0] * flops_per_sequence(model.cfg, T, T * T, train=True)
+            B, T = batch["input_ids"].shape
+            samples += B
+            tokens += float(batch["attention_mask"].sum())
+            flops += B * flops_per_sequence(model.cfg, T, T * T, train=optimizer is not None)
     sync(device)
     return time.perf_counter() - t0, samples, tokens, flops
-
-
-@torch.inference_mode()
-def time_eval(model, batches, device, precision):
-    model.eval()
-    samples = flops = 0.0
-    t0 = None
-    for i, batch in enumerate(batches):
-        if i == 2:
-            sync(device)
-            t0 = time.perf_counter()
-        ids = batch["input_ids"].to(device, non_blocking=True)
-        mask = batch["attention_mask"].to(device, non_blocking=True)
-        with precision.autocast():
-            model(ids, mask).argmax(-1)
-        if i >= 2:
-            T = ids.shape[1]
-            samples += ids.shape[0]
-            flops += ids.shape[0] * flops_per_sequence(model.cfg, T, T * T, train=False)
-    sync(device)
-    return time.perf_counter() - t0, samples, flops
 
 
 def synthetic_batches(n, batch, T, vocab):
@@ -180,7 +163,7 @@ def main() -> None:
 
     def report(mode, train, evaluation):
         t_s, samples, tokens, flops = train
-        e_s, e_samples, e_flops = evaluation
+        e_s, e_samples, _, e_flops = evaluation
         r = {"train_samples_per_s": samples / t_s, "train_tokens_per_s": tokens / t_s,
              "train_gflops": flops / t_s / 1e9, "eval_samples_per_s": e_samples / e_s, "eval_gflops": e_flops / e_s / 1e9}
         results[mode] = r
@@ -188,15 +171,14 @@ def main() -> None:
               f"{r['train_gflops']:7.1f} GFLOP/s | eval {r['eval_samples_per_s']:8.1f} samples/s "
               f"{r['eval_gflops']:7.1f} GFLOP/s", flush=True)
 
-    report("synthetic", time_train(model, synthetic_batches(n, args.batch, args.max_len, 30522), device, precision,
-                                   optimizer),
-           time_eval(model, synthetic_batches(n, args.batch, args.max_len, 30522), device, precision))
+    report("synthetic", timed(model, synthetic_batches(n, args.batch, args.max_len, 30522), device, precision, optimizer),
+           timed(model, synthetic_batches(n, args.batch, args.max_len, 30522), device, precision))
     if splits is not None:
         train_batches = BatchLoader(splits["train"], args.batch, pad, shuffle=True, seed=0)
         test_batches = BatchLoader(splits["test"], args.batch, pad, shuffle=True, seed=1)  # random lengths mix
         it_train, it_test = iter(train_batches), iter(test_batches)
-        report("imdb", time_train(model, (next(it_train) for _ in range(n)), device, precision, optimizer),
-               time_eval(model, (next(it_test) for _ in range(n)), device, precision))
+        report("imdb", timed(model, (next(it_train) for _ in range(n)), device, precision, optimizer),
+               timed(model, (next(it_test) for _ in range(n)), device, precision))
         lengths = splits["train"].lengths.float()
         results["imdb_mean_tokens"] = float(lengths.mean())
         print(f"  imdb train: mean {lengths.mean():.0f} tokens after truncation to {args.max_len}, "
