@@ -63,4 +63,5 @@ def test_sst2_glue_tsv(tmp_path):
     data = sources.load(data_cfg("sst2", dir=tmp_path), seed=0)
     assert data.label_names == ["negative", "positive"]
     assert len(data.splits["test"]) == 10 and data.splits["test"][0]["text"] == "dev 0"
+    assert len(data.splits["train"]) + len(data.splits["validation"]) == 60  # validation carved from train, not dev
     assert any('"quoted"' in t for t in data.splits["train"]["text"])  # quotes kept as text

@@ -119,7 +119,8 @@ def main(argv: list[str]) -> int:
     device = pick_device(opts["device"])
     loaded = checkpoint.load(path, device)
     tok = load_tokenizer(loaded.tokenizer_file, int(loaded.model_config["max_len"]))
-    split = TokenizedSplit.from_ids([e.ids for e in tok.encode_batch(texts)])
+    encodings = tok.encode_batch(texts)
+    split = TokenizedSplit.from_ids([e.ids for e in encodings])
     precision = pick_precision("fp32" if device.type == "cpu" else "auto", device)
     probs, _ = predict_proba(loaded.model, split, batch_size=opts["batch_size"], pad_id=pad_id(tok), device=device,
                              precision=precision)
@@ -129,9 +130,7 @@ def main(argv: list[str]) -> int:
                 "top_k": [{"label": loaded.label_names[int(j)], "probability": round(float(q), 6)}
                           for q, j in zip(p, i)]}
                for t, p, i in zip(texts, top_p, top_i)]
-    encodings = None
     if opts["explain"]:
-        encodings = tok.encode_batch(texts)
         for r, e, w in zip(results, encodings, explain(loaded.model, split, pad_id(tok), device, opts["batch_size"])):
             r["explanation"] = {"tokens": e.tokens, "last_layer": [round(x, 6) for x in w["last"]],
                                 "rollout": [round(x, 6) for x in w["rollout"]]}

@@ -72,7 +72,8 @@ def find_resume_checkpoint(resume, outputs_dir: str = "outputs") -> Path:
                                f"first or pass resume=<run dir>")
         return found[-1].parent
     p = Path(str(resume)).expanduser()
-    for candidate in (p / "checkpoints" / "last", p / "last", p, p.parent / ".last.old"):
+    # .last.old: the previous `last`, left by a crash between the two renames of an atomic checkpoint write
+    for candidate in (p / "checkpoints" / "last", p / "checkpoints" / ".last.old", p / "last", p):
         if (candidate / "trainer_state.json").is_file():
             return candidate
     raise TformerError(f"resume={resume}: no last checkpoint with training state there; pass the run directory "

@@ -49,10 +49,10 @@ def _find_split_file(folder: Path, split: str, cfg=None) -> Path | None:
         if not path.is_file():
             raise TformerError(f"data file not found: {path}; download it into {folder} or set data.{split}_file")
         return path
+    # data.split_names, when set, is the whole mapping (sst2: test <- dev): a split it leaves out is not read
+    # from a file (validation is then carved from train), so dev.tsv is not taken as validation as well.
     mapping = _get(cfg, "split_names") if cfg is not None else None
-    aliases = [mapping[split]] if mapping and mapping.get(split) else SPLIT_ALIASES[split]
-    if mapping and split in mapping and mapping.get(split) is None:
-        return None
+    aliases = ([mapping[split]] if mapping.get(split) else []) if mapping else SPLIT_ALIASES[split]
     for alias in aliases:
         for ext in FORMATS:
             candidate = folder / f"{alias}{ext}"
