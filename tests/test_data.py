@@ -2,16 +2,14 @@
 import json
 
 import pytest
-from omegaconf import OmegaConf
 
+from helpers import data_config
 from tformer_cli.data import demo, sources
 from tformer_cli.errors import TformerError
 
 
 def files_cfg(**kw):
-    base = {"name": "files", "train_file": None, "validation_file": None, "test_file": None, "text_column": "text",
-            "label_column": "label", "validation_fraction": 0.25, "header": True, "column_names": None, "remove": []}
-    return OmegaConf.create({**base, **kw})
+    return data_config("files", validation_fraction=0.25, **kw)
 
 
 def test_demo_is_deterministic_balanced_and_disjoint():
@@ -88,9 +86,7 @@ def test_unseen_test_labels_and_missing_file_are_clear(tmp_path):
 
 
 def test_named_dataset_from_local_dir(shared_data):
-    cfg = OmegaConf.create({"name": "imdb", "dir": str(shared_data / "imdb"), "text_column": "text",
-                            "label_column": "label", "validation_fraction": 0.2, "remove": [],
-                            "max_train_samples": 200, "max_eval_samples": 100})
+    cfg = data_config("imdb", dir=shared_data / "imdb", max_train_samples=200, max_eval_samples=100)
     data = sources.load(cfg, seed=1)
     assert data.label_names == ["neg", "pos"]
     assert (len(data.splits["train"]), len(data.splits["validation"]), len(data.splits["test"])) == (200, 100, 100)

@@ -1,7 +1,9 @@
 """Each kind of bad input gets one line naming the problem and the fix, exit code 2, and no traceback."""
 import pytest
 
-from conftest import run_tformer
+from helpers import run_tformer
+
+pytestmark = pytest.mark.slow  # subprocess runs of the installed command
 
 FAST = ["data.n_train=300", "data.n_validation=100", "data.n_test=100", "trainer.epochs=1",
         "embedding_init.vocab_size=300", "trainer.test_after_fit=false"]

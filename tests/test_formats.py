@@ -2,17 +2,10 @@
 import json
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from tformer_cli.cli import config_dir
+from helpers import data_config as data_cfg
 from tformer_cli.data import sources
 from tformer_cli.errors import TformerError
-
-
-def data_cfg(name, **overrides):
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        args = [f"data={name}"] + [f"data.{k}={v}" for k, v in overrides.items()]
-        return compose(config_name="train", overrides=args).data
 
 
 def test_ag_news_original_csv(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TFORMER, run_tformer
+from helpers import TFORMER, run_tformer
 
 SMALL = ["data.n_train=3000", "data.n_validation=200", "data.n_test=200", "embedding_init.vocab_size=400",
          "trainer.batch_size=32", "trainer.precision=fp32", "trainer.test_after_fit=false"]
@@ -22,6 +22,7 @@ def run_dir_of(work: Path) -> Path:
     return runs[-1]
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
     args = [*SMALL, "trainer.epochs=3", "trainer.checkpoint_every_steps=10", "trainer.early_stopping.patience=0"]
     straight = tmp_path / "straight"
@@ -67,6 +68,7 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
     assert [{k: h[k] for k in keys} for h in h_ref] == [{k: h[k] for k in keys} for h in h_res]
 
 
+@pytest.mark.slow
 def test_two_runs_with_the_same_seed_give_identical_metrics(tmp_path):
     out = []
     for name in ("a", "b"):
@@ -78,6 +80,7 @@ def test_two_runs_with_the_same_seed_give_identical_metrics(tmp_path):
     assert strip(out[0]) == strip(out[1])
 
 
+@pytest.mark.slow
 def test_sigint_saves_and_prints_the_resume_command(tmp_path):
     proc = subprocess.Popen([TFORMER, "train", *SMALL, "trainer.epochs=50", "trainer.early_stopping.patience=0"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -142,6 +145,7 @@ class Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
+@pytest.mark.slow
 def test_malicious_pickles_are_never_loaded(tmp_path):
     work = tmp_path / "w"
     work.mkdir()

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from conftest import run_tformer
+from helpers import run_tformer
 from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier
 
 FAST = ["data.n_train=1200", "data.n_validation=200", "data.n_test=200", "trainer.epochs=2",
@@ -30,6 +30,7 @@ def is_png(path):
         return im.size
 
 
+@pytest.mark.slow
 def test_training_and_test_reports_are_written(run):
     work, run_dir = run
     w, h = is_png(run_dir / "training_curves.png")
@@ -39,6 +40,7 @@ def test_training_and_test_reports_are_written(run):
     assert set(report) >= {"negative", "positive", "macro avg"}
 
 
+@pytest.mark.slow
 def test_evaluate_writes_png_report_and_errors_sorted_by_confidence(run):
     work, run_dir = run
     r = run_tformer("evaluate", f"checkpoint={run_dir}", "normalize=false", cwd=work)
@@ -54,6 +56,7 @@ def test_evaluate_writes_png_report_and_errors_sorted_by_confidence(run):
     assert all(r["true_label"] != r["predicted_label"] and r["text"] for r in rows)
 
 
+@pytest.mark.slow
 def test_explain_weights_sum_to_one_per_text(run):
     work, run_dir = run
     r = run_tformer("predict", "--explain", "--json", "not bad at all", "the plot was dull but the cast was superb",
@@ -82,6 +85,7 @@ def test_explanations_ignore_padding(pooling):
         torch.testing.assert_close(padded[name].sum(-1), torch.ones(1))
 
 
+@pytest.mark.slow
 def test_report_command(run):
     work, run_dir = run
     r = run_tformer("report", str(run_dir), cwd=work)

@@ -34,9 +34,9 @@ def test_constant_and_scheduler_steps_per_optimizer_step():
     assert lr_multiplier("constant", 500, 1000, 0) == 1.0
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=0.1)
-    from omegaconf import OmegaConf
+    from tformer_cli.training.config import ScheduleConfig
 
-    sched = build(opt, OmegaConf.create({"name": "linear_warmup", "warmup_steps": 2, "min_lr_ratio": 0.0}), 4)
+    sched = build(opt, ScheduleConfig(name="linear_warmup", warmup_steps=2, warmup_ratio=0.0, min_lr_ratio=0.0), 4)
     lrs = []
     for _ in range(4):
         lrs.append(opt.param_groups[0]["lr"])

@@ -1,14 +1,12 @@
 """The real training loop on small data: freezing/unfreezing, optimizer state, early stopping."""
-from pathlib import Path
-
 import pytest
 import torch
-from omegaconf import OmegaConf
 
+from helpers import train_config
 from tformer_cli.data.tokenization import TokenizedSplit
+from tformer_cli.hardware import Precision
 from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier
 from tformer_cli.training.early_stopping import EarlyStopping
-from tformer_cli.training.hardware import Precision
 from tformer_cli.training.loop import Run, fit
 
 
@@ -30,21 +28,19 @@ def make_run(tmp_path, *, epochs=3, freeze_epochs=0, lr=1e-2, monitor="val_loss"
     torch.manual_seed(0)
     model = TransformerClassifier(EncoderConfig(vocab_size=50, num_classes=2, d_model=16, n_heads=2, d_ff=32,
                                                 max_len=16, embedding_dim=24))
-    trainer = OmegaConf.create({"epochs": epochs, "batch_size": 16, "eval_batch_size": 32, "seed": 0, "grad_clip": 1.0,
-                                "log_every_steps": 2, "early_stopping": {"monitor": monitor, "mode": mode,
-                                                                         "patience": patience, "min_delta": 0.0}})
-    optimizer = OmegaConf.create({"name": "adamw", "lr": lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01})
-    schedule = OmegaConf.create({"name": "constant", "warmup_steps": 0})
+    cfg = train_config(f"trainer.epochs={epochs}", "trainer.batch_size=16", "trainer.eval_batch_size=32",
+                       "trainer.seed=0", "trainer.log_every_steps=2", f"trainer.early_stopping.monitor={monitor}",
+                       f"trainer.early_stopping.mode={mode}", f"trainer.early_stopping.patience={patience}",
+                       f"optimizer.lr={lr}", "optimizer.weight_decay=0.01", "schedule=constant")
     run = None
 
-    def save(which, metrics, meta, *training_state):
+    def save(which, metrics, training_state=None):
         if which == "last" and snapshots is not None:
             snapshots.append(run.model.token_embedding.weight.detach().clone())
 
     run = Run(model=model, train=toy_split(), validation=toy_split(32, seed=1), label_names=["a", "b"], pad_id=0,
-              device=torch.device("cpu"), precision=Precision("fp32", "cpu"), trainer_cfg=trainer,
-              optimizer_cfg=optimizer, schedule_cfg=schedule, freeze_epochs=freeze_epochs,
-              embedding_lr_multiplier=1.0, save_checkpoint=save, run_dir=Path(tmp_path))
+              device=torch.device("cpu"), precision=Precision("fp32", "cpu"), trainer=cfg.trainer,
+              optimizer=cfg.optimizer, schedule=cfg.schedule, freeze_epochs=freeze_epochs, save_checkpoint=save)
     return run
 
 
@@ -63,12 +59,12 @@ def test_embeddings_frozen_then_trained_without_resetting_other_state(tmp_path, 
         real_set(model, frozen)
 
     monkeypatch.setattr(optim_lib, "set_embedding_frozen", spy)
-    fit(run)
+    state = fit(run)
     assert steps_seen == {0: True, 1: False, 2: False}
     assert torch.equal(snapshots[0], initial), "embeddings changed while frozen"
     assert not torch.equal(snapshots[1], snapshots[0]), "embeddings did not change after unfreezing"
     # other parameters did train during the frozen epoch
-    assert run.history[0]["train_loss"] > run.history[-1]["train_loss"]
+    assert state.history[0]["train_loss"] > state.history[-1]["train_loss"]
 
 
 def test_unfreezing_keeps_adam_moments_of_other_parameters():
@@ -76,8 +72,8 @@ def test_unfreezing_keeps_adam_moments_of_other_parameters():
 
     torch.manual_seed(0)
     model = TransformerClassifier(EncoderConfig(vocab_size=20, num_classes=2, d_model=8, n_heads=2, d_ff=16, max_len=8))
-    opt = optim_lib.build(model, OmegaConf.create({"name": "adamw", "lr": 0.1, "betas": [0.9, 0.999], "eps": 1e-8,
-                                                   "weight_decay": 0.0}), 1.0, torch.device("cpu"))
+    cfg = train_config("optimizer=adamw", "optimizer.lr=0.1", "optimizer.weight_decay=0.0").optimizer
+    opt = optim_lib.build(model, cfg, 1.0, torch.device("cpu"))
     ids = torch.tensor([[2, 5, 6, 3]])
     optim_lib.set_embedding_frozen(model, True)
     for _ in range(3):
@@ -110,6 +106,6 @@ def test_early_stopping_rules():
 
 def test_fit_stops_when_the_monitored_metric_stalls(tmp_path):
     run = make_run(tmp_path, epochs=10, lr=0.0, monitor="val_loss", patience=2)  # lr 0: nothing improves
-    best = fit(run)
-    assert len(run.history) == 3  # epoch 1 best, then 2 bad epochs
-    assert best["epoch"] == 1
+    state = fit(run)
+    assert len(state.history) == 3  # epoch 1 best, then 2 bad epochs
+    assert state.best_metrics["epoch"] == 1 and state.best_metrics["monitor"] == "val_loss"

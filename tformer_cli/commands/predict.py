@@ -15,7 +15,7 @@ USAGE = """usage: tformer predict [TEXT ...] [checkpoint=PATH] [top_k=N] [file=P
                        [explain=true] [batch_size=N] [device=auto|cpu|cuda] [max_chars=N] [max_lines=N]
 
 Labels each TEXT (or each line of file=PATH, or of standard input when no TEXT is given and input is piped).
-checkpoint defaults to the newest outputs/**/checkpoints/best. explain=true (--explain) shows which tokens
+checkpoint defaults to the best checkpoint of the newest run under outputs/. explain=true (--explain) shows which tokens
 drove each decision (last-layer attention from the pooled position, and attention rollout). Flags --top-k N,
 --file PATH, --json, --explain and --checkpoint PATH are accepted too."""
 
@@ -110,8 +110,8 @@ def main(argv: list[str]) -> int:
 
     from .. import checkpoint
     from ..data.tokenization import TokenizedSplit, load_tokenizer, pad_id
-    from ..training.hardware import pick_device, pick_precision
-    from ..training.inference import predict_proba
+    from ..hardware import pick_device, pick_precision
+    from ..inference import predict_proba
 
     path = checkpoint.resolve(opts["checkpoint"]) if opts["checkpoint"] else checkpoint.newest(opts["outputs_dir"])
     if not opts["checkpoint"]:

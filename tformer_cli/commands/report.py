@@ -5,27 +5,29 @@ import json
 from pathlib import Path
 
 from ..errors import TformerError
+from ..run_dir import RunDir
 
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: tformer report [RUN_DIR]   (default: the newest run under outputs/)")
         return 0 if argv else 2
-    run_dir = Path(argv[0]).expanduser()
-    if not run_dir.is_dir():
+    run_dir = RunDir(Path(argv[0]).expanduser())
+    if not run_dir.root.is_dir():
         raise TformerError(f"run directory {run_dir} does not exist; pass outputs/train/<date>/<time>")
-    ckpts = [run_dir / "checkpoints" / w for w in ("best", "last") if (run_dir / "checkpoints" / w / "config.yaml").is_file()]
+    ckpts = [c for c in (run_dir.best.existing(), run_dir.last.existing()) if c is not None and c.config.is_file()]
     if not ckpts:
-        raise TformerError(f"{run_dir} has no checkpoints/best or checkpoints/last; is it a `tformer train` run dir?")
+        raise TformerError(f"{run_dir} has no best or last checkpoint; is it a `tformer train` run dir?")
 
     import yaml
     from rich.console import Console
     from rich.table import Table
 
+    from ..evaluation import artifacts
     from ..evaluation.report import print_history, print_metrics
 
     console = Console()
-    cfg = yaml.safe_load((ckpts[0] / "config.yaml").read_text())
+    cfg = yaml.safe_load(ckpts[0].config.read_text())
     model, data, opt, sched, emb, trainer = (cfg.get(k, {}) for k in ("model", "data", "optimizer", "schedule",
                                                                       "embedding_init", "trainer"))
     summary = Table(title=f"run {run_dir}", show_header=False)
@@ -41,27 +43,25 @@ def main(argv: list[str]) -> int:
     summary.add_row("trainer", f"{trainer.get('epochs')} epochs, batch {trainer.get('batch_size')}, early stopping on "
                                f"{trainer.get('early_stopping', {}).get('monitor')}, seed {cfg.get('seed')}")
     console.print(summary)
-    history_file = run_dir / "history.json"
-    history = json.loads(history_file.read_text()) if history_file.is_file() else \
-        json.loads((run_dir / "checkpoints" / "last" / "trainer_state.json").read_text()).get("history", [])
+    last = run_dir.last.existing()
+    history = json.loads(run_dir.history.read_text()) if run_dir.finished else \
+        json.loads(last.training_json.read_text()).get("history", []) if last and last.training_json.is_file() else []
     if history:
         print_history(history, console)
-    best = json.loads((run_dir / "checkpoints" / "best" / "metrics.json").read_text()) \
-        if (run_dir / "checkpoints" / "best" / "metrics.json").is_file() else {}
+    best_ckpt = run_dir.best.existing()
+    best = json.loads(best_ckpt.metrics.read_text()) if best_ckpt and best_ckpt.metrics.is_file() else {}
     if best:
         console.print(f"best epoch {best.get('epoch')}: val_accuracy {best.get('val_accuracy', float('nan')):.4f}, "
                       f"val_f1 {best.get('val_f1', float('nan')):.4f}, val_loss {best.get('val_loss', float('nan')):.4f}",
                       highlight=False)
-    if not history_file.is_file():
+    if not run_dir.finished:
         console.print("[yellow]the run did not finish[/]; resume it with `tformer train <its overrides> "
                       f"resume={run_dir}`", highlight=False)
-    test_file = run_dir / "test_metrics.json"
-    if test_file.is_file():
-        labels = json.loads((ckpts[0] / "labels.json").read_text())
-        print_metrics(json.loads(test_file.read_text()), labels, "test (best checkpoint)", console)
-    files = [p for p in (run_dir / "training_curves.png", run_dir / "test_report" / "confusion_matrix.png",
-                         run_dir / "test_report" / "classification_report.json", run_dir / "test_report" / "errors.csv",
-                         run_dir / "checkpoints" / "best") if p.exists()]
+    if run_dir.test_metrics.is_file():
+        labels = json.loads(ckpts[0].labels.read_text())
+        print_metrics(json.loads(run_dir.test_metrics.read_text()), labels, "test (best checkpoint)", console)
+    files = [p for p in (run_dir.training_curves, *artifacts.report_paths(run_dir.test_report).values(),
+                         run_dir.best.path) if p.exists()]
     for p in files:
         console.print(f"  {p}", highlight=False)
     return 0

@@ -1,11 +1,63 @@
-"""`tformer train`: data -> tokenizer -> encoder -> fit -> best checkpoint -> test metrics."""
+"""`tformer train`: typed config -> data, tokenizer, encoder -> fit -> best checkpoint -> reports and test metrics."""
 from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Any
 
 from ..errors import TformerError
+from ..run_dir import RunDir
+from .config import TrainConfig
+
+
+def run(cfg) -> float:
+    """The Hydra entry point; returns the monitored metric's best value (what a sweeper optimises)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from ..typed_config import plain
+
+    tree = plain(cfg)
+    config = TrainConfig.from_dict(tree)
+    hydra = HydraConfig.get()
+    return train(config, RunDir(hydra.runtime.output_dir), tree, overrides=list(hydra.overrides.task))
+
+
+def train(config: TrainConfig, run_dir: RunDir, tree: dict, overrides: list[str] = ()) -> float:
+    """Train one run into `run_dir` (or continue the run named by config.resume); `tree` is the composed config
+    as plain containers, saved with every checkpoint and compared on resume."""
+    import torch
+    from rich.console import Console
+
+    from ..hardware import pick_device, pick_precision
+    from ..training.loop import Interrupted, fit
+
+    console = Console()
+    resume = load_resume(config, tree) if config.resume else None
+    if resume is not None:
+        run_dir = resume.run_dir  # a resumed run keeps writing into its own directory
+        console.print(f"[bold]resuming[/] {run_dir}", highlight=False)
+    seed_everything(config.seed)
+    device = pick_device(config.trainer.device)
+    precision = pick_precision(config.trainer.precision, device)
+    torch.set_float32_matmul_precision("high")
+    prepared = prepare(config, resume, console)
+    console.print(f"[bold]model[/] {prepared.describe(config)}; [bold]device[/] {device}, precision "
+                  f"{precision.name}; run dir {run_dir}", highlight=False)
+    fit_run = build_run(config, prepared, run_dir, tree, device, precision, resume, console)
+    _install_signal_handlers(fit_run)
+    try:
+        state = fit(fit_run)
+    except torch.cuda.OutOfMemoryError as exc:
+        raise TformerError(f"out of GPU memory with trainer.batch_size={config.trainer.batch_size} and "
+                           f"model.max_len={prepared.model_cfg.max_len}; try trainer.batch_size="
+                           f"{max(1, config.trainer.batch_size // 2)} (the last checkpoint is kept)") from exc
+    except Interrupted as exc:
+        command = " ".join(["tformer", "train", *[o for o in overrides if not o.startswith("resume=")],
+                            f"resume={run_dir}"])
+        raise Interrupted(f"{exc}; resume with: {command}") from None
+    report_run(config, run_dir, state, prepared, device, precision, console)
+    return float(state.best_metrics["best_value"])
 
 
 def seed_everything(seed: int) -> None:
@@ -17,19 +69,136 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_tokenizer_and_embeddings(cfg, train_texts):
+@dataclass
+class Prepared:
+    """The run's data, tokenizer and model, ready for `fit`."""
+
+    data: Any  # sources.LoadedData
+    tokenizer: Any  # tokenizers.Tokenizer
+    tokenized: dict  # split -> TokenizedSplit
+    model: Any  # TransformerClassifier
+    model_cfg: Any  # EncoderConfig
+    embeddings_source: str | None  # where a pretrained table came from (None: random or resumed)
+
+    @property
+    def pad_id(self) -> int:
+        from ..data import tokenization
+
+        return tokenization.pad_id(self.tokenizer)
+
+    def describe(self, config: TrainConfig) -> str:
+        c, emb = self.model_cfg, config.embedding_init
+        return (f"{self.model.num_parameters():,} parameters ({c.n_layers} layers, d_model {c.d_model}, {c.n_heads} "
+                f"heads, {c.positions} positions, {c.norm}-norm, {c.pooling} pooling); embeddings {emb.name}"
+                + (f" from {self.embeddings_source}, frozen for {emb.freeze_epochs} epoch(s)"
+                   if self.embeddings_source else ""))
+
+
+def prepare(config: TrainConfig, resume, console) -> Prepared:
+    """Data, tokenizer (the run's own when resuming) and model (built, or the checkpoint's, checked on load)."""
+    import torch
+
+    from ..data import sources, tokenization
+    from ..data.tokenization import TokenizedSplit
+    from ..model.encoder import EncoderConfig, TransformerClassifier
+
+    data = sources.load(config.data, seed=config.seed)
+    console.print(f"[bold]data[/] {config.data.name} from {data.source}: " + ", ".join(
+        f"{s} {len(ds):,}" for s, ds in data.splits.items()) + f"; {len(data.label_names)} classes")
+    max_len, pre = int(config.model["max_len"]), None
+    if resume is not None:
+        tok = tokenization.load_tokenizer(resume.checkpoint.tokenizer_file, max_len)
+    else:
+        tok, pre = build_tokenizer_and_embeddings(config, data.splits["train"]["text"])
+    tokenization.configure(tok, max_len, config.data.truncation)
+    tokenized = {s: TokenizedSplit.from_dataset(tokenization.tokenize_split(ds, tok, max_len, s))
+                 for s, ds in data.splits.items()}
+    if resume is not None:
+        if list(resume.checkpoint.label_names) != list(data.label_names):
+            raise TformerError(f"cannot resume {resume.run_dir}: the data's labels {data.label_names[:5]} differ from "
+                               f"the run's {resume.checkpoint.label_names[:5]}; resume on the same data or start a "
+                               f"new run")
+        model, model_cfg = resume.checkpoint.model, EncoderConfig.from_dict(resume.checkpoint.model_config)
+        return Prepared(data, tok, tokenized, model, model_cfg, None)
+    model_cfg = config.encoder_config(
+        vocab_size=pre.weight.shape[0] if pre is not None else tok.get_vocab_size(),
+        num_classes=len(data.label_names), embedding_dim=pre.weight.shape[1] if pre is not None else 0,
+        pad_id=tokenization.pad_id(tok))
+    model = TransformerClassifier(model_cfg)
+    if pre is not None:
+        with torch.no_grad():
+            model.token_embedding.weight.copy_(pre.weight)
+    return Prepared(data, tok, tokenized, model, model_cfg, pre.source if pre is not None else None)
+
+
+def build_tokenizer_and_embeddings(config: TrainConfig, train_texts):
     """(tokenizer, pretrained weight or None) for the chosen embedding_init."""
     from ..data import tokenization
     from ..model import pretrained
 
-    emb, max_len = cfg.embedding_init, int(cfg.model.max_len)
-    if emb.name == "random":
+    emb, max_len = config.embedding_init, int(config.model["max_len"])
+    if not emb.pretrained:
         return tokenization.train_wordpiece(train_texts, int(emb.vocab_size), max_len), None
-    pre = pretrained.load(emb, int(cfg.model.d_model))
+    pre = pretrained.load(emb, int(config.model["d_model"]))
     return tokenization.load_tokenizer(pre.tokenizer_file, max_len), pre
 
 
-def class_weights(labels, num_classes: int, mode):
+def build_run(config: TrainConfig, prepared: Prepared, run_dir: RunDir, tree: dict, device, precision, resume,
+              console):
+    from omegaconf import OmegaConf
+
+    from .. import checkpoint
+    from ..training.loop import Run
+
+    config_yaml, tokenizer_json = OmegaConf.to_yaml(OmegaConf.create(tree)), prepared.tokenizer.to_str()
+    model_config, label_names = prepared.model_cfg.to_dict(), prepared.data.label_names
+
+    def save(which: str, metrics: dict, training_state=None) -> None:
+        checkpoint.save(run_dir.checkpoint(which), prepared.model, model_config=model_config,
+                        tokenizer_json=tokenizer_json, label_names=label_names, config_yaml=config_yaml,
+                        metrics=metrics, meta={"epoch": metrics.get("epoch"), "step": metrics.get("step")},
+                        training_state=training_state)
+
+    weight = class_weights(prepared.tokenized["train"].labels, len(label_names), config.loss.class_weights)
+    emb = config.embedding_init
+    return Run(model=prepared.model, train=prepared.tokenized["train"], validation=prepared.tokenized["validation"],
+               label_names=label_names, pad_id=prepared.pad_id, device=device, precision=precision,
+               trainer=config.trainer, optimizer=config.optimizer, schedule=config.schedule, save_checkpoint=save,
+               freeze_epochs=emb.freeze_epochs if emb.pretrained else 0, embedding_lr_multiplier=emb.lr_multiplier,
+               loss_weight=weight.to(device) if weight is not None else None,
+               label_smoothing=config.loss.label_smoothing,
+               resume=(resume.tensors, resume.state) if resume is not None else None, say=console.print)
+
+
+def report_run(config: TrainConfig, run_dir: RunDir, state, prepared: Prepared, device, precision, console) -> None:
+    """history.json, training curves, and the best checkpoint's metrics and reports on the test split."""
+    from .. import checkpoint
+    from ..evaluation import report
+    from ..evaluation.evaluate import evaluate_split, write_reports
+
+    report.print_history(state.history, console)
+    run_dir.history.write_text(json.dumps(state.history, indent=2))
+    if state.history:
+        from ..evaluation.artifacts import training_curves_png
+
+        training_curves_png(run_dir.training_curves, state.history)
+    best = state.best_metrics
+    console.print(f"best checkpoint: {run_dir.best} (epoch {best.get('epoch')}, {best['monitor']} "
+                  f"{best['best_value']:.4f})", highlight=False)
+    test = prepared.tokenized.get("test")
+    if not config.trainer.test_after_fit or test is None:
+        return
+    loaded = checkpoint.load(run_dir.best, device)
+    metrics, probs = evaluate_split(loaded.model, test, loaded.label_names, pad_id=prepared.pad_id, device=device,
+                                    precision=precision, batch_size=config.trainer.eval_batch_size)
+    title = f"test ({len(test):,} examples, best checkpoint)"
+    report.print_metrics(metrics, loaded.label_names, title, console)
+    run_dir.test_metrics.write_text(json.dumps(metrics, indent=2))
+    write_reports(run_dir.test_report, metrics, loaded.label_names, prepared.data.splits["test"]["text"], test,
+                  probs, True, title, console)
+
+
+def class_weights(labels, num_classes: int, mode: str | None):
     """'balanced': n / (k * count_c), scikit-learn's inverse-frequency weights; None: unweighted."""
     import torch
 
@@ -47,7 +216,7 @@ RESUME_IGNORED = ("resume", "trainer.device", "trainer.num_workers", "trainer.lo
                   "trainer.compile")
 
 
-def config_diff(a, b, prefix: str = "") -> list[str]:
+def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between two plain (resolved) config dicts."""
     keys = []
     for k in sorted(set(a) | set(b), key=str):
@@ -62,36 +231,17 @@ def config_diff(a, b, prefix: str = "") -> list[str]:
     return keys
 
 
-def find_resume_checkpoint(resume, outputs_dir: str = "outputs") -> Path:
-    """resume=true: the newest run's last checkpoint; resume=<run dir or checkpoint dir>: that one."""
-    if resume is True or str(resume).lower() == "true":
-        found = sorted(Path(outputs_dir).glob("**/checkpoints/last/trainer_state.json"),
-                       key=lambda p: p.stat().st_mtime)
-        if not found:
-            raise TformerError(f"resume=true but no run with a last checkpoint under {outputs_dir}/; start a run "
-                               f"first or pass resume=<run dir>")
-        return found[-1].parent
-    p = Path(str(resume)).expanduser()
-    # .last.old: the previous `last`, left by a crash between the two renames of an atomic checkpoint write
-    for candidate in (p / "checkpoints" / "last", p / "checkpoints" / ".last.old", p / "last", p):
-        if (candidate / "trainer_state.json").is_file():
-            return candidate
-    raise TformerError(f"resume={resume}: no last checkpoint with training state there; pass the run directory "
-                       f"(outputs/train/<date>/<time>)")
+def load_resume(config: TrainConfig, tree: dict):
+    """The run to continue (resume=true: the newest; else the named one), refused if its config differs."""
+    from .. import checkpoint
 
-
-def load_resume_state(ckpt: Path, cfg) -> tuple[dict, dict]:
-    from omegaconf import OmegaConf
-    from safetensors.torch import load_file
-
-    saved = OmegaConf.to_container(OmegaConf.load(ckpt / "config.yaml"), resolve=True)
-    current = OmegaConf.to_container(cfg, resolve=True)
-    diff = config_diff(saved, current)
+    resume = checkpoint.load_training_state(checkpoint.find_resumable(config.resume))
+    diff = config_diff(resume.config, tree)
     if diff:
-        shown = ", ".join(f"{k} ({_get(saved, k)!r} -> {_get(current, k)!r})" for k in diff[:6])
-        raise TformerError(f"cannot resume {ckpt.parent.parent}: the config differs in {shown}; resume with the "
-                           f"run's original overrides or start a new run")
-    return load_file(str(ckpt / "training_state.safetensors")), json.loads((ckpt / "trainer_state.json").read_text())
+        shown = ", ".join(f"{k} ({_get(resume.config, k)!r} -> {_get(tree, k)!r})" for k in diff[:6])
+        raise TformerError(f"cannot resume {resume.run_dir}: the config differs in {shown}; resume with the run's "
+                           f"original overrides or start a new run")
+    return resume
 
 
 def _get(d, dotted):
@@ -115,122 +265,3 @@ def _install_signal_handlers(run) -> None:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
-
-
-def run(cfg) -> float:
-    import torch
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-    from rich.console import Console
-
-    from .. import checkpoint
-    from ..data import sources, tokenization
-    from ..data.tokenization import TokenizedSplit
-    from ..evaluation import report
-    from ..model.encoder import EncoderConfig, TransformerClassifier
-    from ..training.hardware import pick_device, pick_precision
-    from ..training.loop import Interrupted, Run, fit
-
-    console = Console()
-    # Validate the model shape before spending minutes on data.
-    EncoderConfig.from_dict({**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": 1, "num_classes": 2})
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    resume_ckpt = find_resume_checkpoint(cfg.resume) if cfg.get("resume") else None
-    resume_state = load_resume_state(resume_ckpt, cfg) if resume_ckpt is not None else None
-    if resume_ckpt is not None:
-        run_dir = resume_ckpt.parent.parent  # a resumed run keeps writing into its own directory
-        console.print(f"[bold]resuming[/] {run_dir}", highlight=False)
-    seed = int(cfg.seed)
-    seed_everything(seed)
-    device = pick_device(cfg.trainer.device)
-    precision = pick_precision(cfg.trainer.precision, device)
-    torch.set_float32_matmul_precision("high")
-
-    data = sources.load(cfg.data, seed=seed)
-    splits = data.splits
-    console.print(f"[bold]data[/] {cfg.data.name} from {data.source}: " + ", ".join(
-        f"{s} {len(ds):,}" for s, ds in splits.items()) + f"; {len(data.label_names)} classes")
-    if resume_ckpt is not None:  # the run's own tokenizer, not a retrained one
-        tok, pre = tokenization.load_tokenizer(resume_ckpt / "tokenizer.json", int(cfg.model.max_len)), None
-        if cfg.embedding_init.name != "random":
-            from ..model import pretrained
-
-            pre = pretrained.load(cfg.embedding_init, int(cfg.model.d_model))
-    else:
-        tok, pre = build_tokenizer_and_embeddings(cfg, splits["train"]["text"])
-    tokenization.configure(tok, int(cfg.model.max_len), str(cfg.data.get("truncation", "right")))
-    pad_id = tokenization.pad_id(tok)
-    tokenized = {s: TokenizedSplit.from_dataset(tokenization.tokenize_split(ds, tok, int(cfg.model.max_len), s))
-                 for s, ds in splits.items()}
-
-    model_cfg = EncoderConfig.from_dict({
-        **OmegaConf.to_container(cfg.model, resolve=True),
-        "vocab_size": pre.weight.shape[0] if pre is not None else tok.get_vocab_size(),
-        "num_classes": len(data.label_names),
-        "embedding_dim": pre.weight.shape[1] if pre is not None else 0,
-        "pad_id": pad_id,
-    })
-    model = TransformerClassifier(model_cfg)
-    if pre is not None:
-        with torch.no_grad():
-            model.token_embedding.weight.copy_(pre.weight)
-    if resume_ckpt is not None:
-        from safetensors.torch import load_file
-
-        model.load_state_dict(load_file(str(resume_ckpt / "model.safetensors")))
-    freeze_epochs = int(cfg.embedding_init.get("freeze_epochs", 0)) if pre is not None else 0
-    console.print(
-        f"[bold]model[/] {model.num_parameters():,} parameters ({model_cfg.n_layers} layers, d_model {model_cfg.d_model}, "
-        f"{model_cfg.n_heads} heads, {model_cfg.positions} positions, {model_cfg.norm}-norm, {model_cfg.pooling} pooling); "
-        f"embeddings {cfg.embedding_init.name}" + (f" from {pre.source}, frozen for {freeze_epochs} epoch(s)" if pre else "")
-        + f"; [bold]device[/] {device}, precision {precision.name}; run dir {run_dir}", highlight=False)
-
-    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    tokenizer_json = tok.to_str()
-    ckpt_dir = run_dir / "checkpoints"
-
-    def save(which: str, metrics: dict, meta: dict, tensors=None, state=None) -> None:
-        checkpoint.save(ckpt_dir / which, model, model_config=model_cfg.to_dict(), tokenizer_json=tokenizer_json,
-                        label_names=data.label_names, config_yaml=config_yaml, metrics=metrics, meta=meta,
-                        extra_tensors=tensors, extra_json=state)
-
-    loss_weight = class_weights(tokenized["train"].labels, len(data.label_names), cfg.get("loss", {}).get("class_weights"))
-    run = Run(model=model, train=tokenized["train"], validation=tokenized["validation"], label_names=data.label_names,
-              pad_id=pad_id, device=device, precision=precision, trainer_cfg=cfg.trainer, optimizer_cfg=cfg.optimizer,
-              schedule_cfg=cfg.schedule, freeze_epochs=freeze_epochs,
-              embedding_lr_multiplier=float(cfg.embedding_init.get("lr_multiplier", 1.0)), save_checkpoint=save,
-              run_dir=run_dir, loss_weight=loss_weight.to(device) if loss_weight is not None else None,
-              resume=resume_state, label_smoothing=float(cfg.loss.get("label_smoothing", 0.0)))
-    _install_signal_handlers(run)
-    try:
-        best = fit(run)
-    except torch.cuda.OutOfMemoryError as exc:
-        raise TformerError(f"out of GPU memory with trainer.batch_size={cfg.trainer.batch_size} and "
-                           f"model.max_len={cfg.model.max_len}; try trainer.batch_size="
-                           f"{max(1, int(cfg.trainer.batch_size) // 2)} (the last checkpoint is kept)") from exc
-    except Interrupted as exc:
-        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
-        command = " ".join(["tformer", "train", *overrides, f"resume={run_dir}"])
-        raise Interrupted(f"{exc}; resume with: {command}") from None
-    report.print_history(run.history, console)
-    (run_dir / "history.json").write_text(json.dumps(run.history, indent=2))
-    if run.history:
-        from ..evaluation.artifacts import training_curves_png
-
-        training_curves_png(run_dir / "training_curves.png", run.history)
-    console.print(f"best checkpoint: {ckpt_dir / 'best'} (epoch {best.get('epoch')}, "
-                  f"{best['monitor']} {best['best_value']:.4f})", highlight=False)
-
-    if cfg.trainer.get("test_after_fit", True) and "test" in tokenized:
-        from .evaluate import evaluate_split, write_reports
-
-        loaded = checkpoint.load(ckpt_dir / "best", device)
-        metrics, probs = evaluate_split(loaded.model, tokenized["test"], loaded.label_names, pad_id=pad_id,
-                                        device=device, precision=precision,
-                                        batch_size=int(cfg.trainer.eval_batch_size))
-        title = f"test ({len(tokenized['test']):,} examples, best checkpoint)"
-        report.print_metrics(metrics, data.label_names, title, console)
-        (run_dir / "test_metrics.json").write_text(json.dumps(metrics, indent=2))
-        write_reports(run_dir / "test_report", metrics, data.label_names, splits["test"]["text"], tokenized["test"],
-                      probs, True, title, console)
-    return float(best["best_value"])

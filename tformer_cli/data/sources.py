@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import TformerError
+from .config import DataConfig
 
 SPLIT_ALIASES = {"train": ["train"], "validation": ["validation", "valid", "val", "dev"], "test": ["test"]}
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
@@ -24,13 +25,9 @@ class LoadedData:
     source: str  # where it came from, for the log
 
 
-def _get(cfg, key, default=None):
-    return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-
-
-def resolve_dir(cfg) -> Path | None:
+def resolve_dir(cfg: DataConfig) -> Path | None:
     """data.dir if set, else $TFORMER_DATA_ROOT/<name> when that folder exists."""
-    if _get(cfg, "dir"):
+    if cfg.dir:
         path = Path(os.path.expanduser(str(cfg.dir)))
         if not path.is_dir():
             raise TformerError(f"data.dir={cfg.dir} is not a directory; point it at the folder holding "
@@ -42,8 +39,8 @@ def resolve_dir(cfg) -> Path | None:
     return None
 
 
-def _find_split_file(folder: Path, split: str, cfg=None) -> Path | None:
-    explicit = _get(cfg, f"{split}_file") if cfg is not None else None
+def _find_split_file(folder: Path, split: str, cfg: DataConfig) -> Path | None:
+    explicit = getattr(cfg, f"{split}_file")
     if explicit:
         path = folder / str(explicit)
         if not path.is_file():
@@ -51,7 +48,7 @@ def _find_split_file(folder: Path, split: str, cfg=None) -> Path | None:
         return path
     # data.split_names, when set, is the whole mapping (sst2: test <- dev): a split it leaves out is not read
     # from a file (validation is then carved from train), so dev.tsv is not taken as validation as well.
-    mapping = _get(cfg, "split_names") if cfg is not None else None
+    mapping = cfg.split_names
     aliases = ([mapping[split]] if mapping.get(split) else []) if mapping else SPLIT_ALIASES[split]
     for alias in aliases:
         for ext in FORMATS:
@@ -97,12 +94,12 @@ def _read_label_names(folder: Path | None) -> list[str] | None:
     return None
 
 
-def _load_hub(cfg):
+def _load_hub(cfg: DataConfig):
     import datasets
 
     try:
-        loaded = datasets.load_dataset(str(cfg.hub_id), _get(cfg, "hub_config"))
-        mapping = _get(cfg, "hub_split_names")
+        loaded = datasets.load_dataset(str(cfg.hub_id), cfg.hub_config)
+        mapping = cfg.hub_split_names
         if mapping:
             loaded = {s: loaded[h] for s, h in mapping.items() if h and h in loaded}
     except Exception as exc:
@@ -112,13 +109,13 @@ def _load_hub(cfg):
         ) from exc
     names = None
     features = loaded[next(iter(loaded))].features
-    label_feature = features.get(_get(cfg, "label_column", "label"))
+    label_feature = features.get(cfg.hub_label_column or cfg.label_column)
     if label_feature is not None and hasattr(label_feature, "names"):
         names = list(label_feature.names)
     return dict(loaded), names
 
 
-def _load_newsgroups_sklearn():
+def _load_newsgroups_sklearn(cfg: DataConfig):
     import datasets
     from sklearn.datasets import fetch_20newsgroups
 
@@ -131,46 +128,61 @@ def _load_newsgroups_sklearn():
                                f"pass data.dir=<folder with train/test parquet files>") from exc
         out[split] = datasets.Dataset.from_dict({"text": list(bunch.data), "label": [int(x) for x in bunch.target]})
         names = list(bunch.target_names)
-    return out, names
+    return out, names, "scikit-learn fetch_20newsgroups"
 
 
-def _raw_splits(cfg) -> tuple[dict, list[str] | None, str]:
-    """{split: Dataset} with the configured columns, label names if known, and a description of the source."""
-    name = str(cfg.name)
-    if name == "demo":
-        import datasets
+def _load_demo(cfg: DataConfig):
+    import datasets
 
-        from . import demo
+    from . import demo
 
-        parts = demo.splits(int(cfg.n_train), int(cfg.n_validation), int(cfg.n_test), int(cfg.seed))
-        out = {s: datasets.Dataset.from_dict({"text": t, "label": lab}) for s, (t, lab) in parts.items()}
-        return out, list(demo.LABELS), f"generated demo sentences (seed {cfg.seed})"
-    if name == "files":
-        files = {s: _get(cfg, f"{s}_file") for s in ("train", "validation", "test")}
-        files = {s: Path(os.path.expanduser(str(f))) for s, f in files.items() if f}
-        if "train" not in files:
-            raise TformerError("data=files needs data.train_file=<path> (and optionally data.validation_file, "
-                               "data.test_file)")
-        header = bool(_get(cfg, "header", True))
-        names = _get(cfg, "column_names")
-        return _load_files(files, header, list(names) if names else None), None, "local files"
-    folder = resolve_dir(cfg)
-    if folder is not None:
-        files = {s: _find_split_file(folder, s, cfg) for s in SPLIT_ALIASES}
-        files = {s: f for s, f in files.items() if f is not None}
-        if "train" not in files:
-            raise TformerError(f"no train file in {folder}; expected train.parquet, train.csv, train.tsv, "
-                               f"train.json or train.jsonl")
-        header = bool(_get(cfg, "header", True))
-        names = _get(cfg, "column_names")
-        return _load_files(files, header, list(names) if names else None), _read_label_names(folder), str(folder)
-    if name == "twenty_newsgroups":
-        out, names = _load_newsgroups_sklearn()
-        return out, names, "scikit-learn fetch_20newsgroups"
-    if not _get(cfg, "hub_id"):
-        raise TformerError(f"data={name} has neither data.dir nor data.hub_id; set data.dir=<folder>")
+    parts = demo.splits(cfg.n_train, cfg.n_validation, cfg.n_test, cfg.seed)
+    out = {s: datasets.Dataset.from_dict({"text": t, "label": lab}) for s, (t, lab) in parts.items()}
+    return out, list(demo.LABELS), f"generated demo sentences (seed {cfg.seed})"
+
+
+def _load_listed_files(cfg: DataConfig):
+    files = {s: getattr(cfg, f"{s}_file") for s in ("train", "validation", "test")}
+    files = {s: Path(os.path.expanduser(str(f))) for s, f in files.items() if f}
+    if "train" not in files:
+        raise TformerError("data=files needs data.train_file=<path> (and optionally data.validation_file, "
+                           "data.test_file)")
+    return _load_files(files, cfg.header, cfg.column_names), None, "local files"
+
+
+def _load_folder(cfg: DataConfig, folder: Path):
+    files = {s: _find_split_file(folder, s, cfg) for s in SPLIT_ALIASES}
+    files = {s: f for s, f in files.items() if f is not None}
+    if "train" not in files:
+        raise TformerError(f"no train file in {folder}; expected train.parquet, train.csv, train.tsv, "
+                           f"train.json or train.jsonl")
+    return _load_files(files, cfg.header, cfg.column_names), _read_label_names(folder), str(folder)
+
+
+def _load_from_hub(cfg: DataConfig):
+    if not cfg.hub_id:
+        raise TformerError(f"data={cfg.name} has neither data.dir nor data.hub_id; set data.dir=<folder>")
     out, names = _load_hub(cfg)
     return out, names, f"hub:{cfg.hub_id}"
+
+
+# A loader returns ({split: Dataset}, label names or None, a description of the source).
+Loader = Callable[[DataConfig], tuple[dict, "list[str] | None", str]]
+# Datasets that are not files: data.name picks the loader.
+LOADERS: dict[str, Loader] = {"demo": _load_demo, "files": _load_listed_files}
+# Every other name is a named dataset, read from its local folder (data.dir or $TFORMER_DATA_ROOT/<name>) when
+# there is one, else fetched: by its fetcher here, or from the Hugging Face Hub (data.hub_id).
+FETCHERS: dict[str, Loader] = {"twenty_newsgroups": _load_newsgroups_sklearn}
+
+
+def _raw_splits(cfg: DataConfig) -> tuple[dict, list[str] | None, str]:
+    """{split: Dataset} with the configured columns, label names if known, and a description of the source."""
+    if cfg.name in LOADERS:
+        return LOADERS[cfg.name](cfg)
+    folder = resolve_dir(cfg)
+    if folder is not None:
+        return _load_folder(cfg, folder)
+    return FETCHERS.get(cfg.name, _load_from_hub)(cfg)
 
 
 def _from_hub(source: str) -> bool:
@@ -180,8 +192,8 @@ def _from_hub(source: str) -> bool:
 def _to_text_label(ds, cfg, split: str, hub: bool = False):
     """Rename/derive the configured columns to `text` and `label`, with a clear error for unknown names.
     Hub copies may name columns differently from the original files (hub_text_column / hub_label_column)."""
-    text_column = (hub and _get(cfg, "hub_text_column")) or _get(cfg, "text_column", "text")
-    label_column = (hub and _get(cfg, "hub_label_column")) or _get(cfg, "label_column", "label")
+    text_column = (hub and cfg.hub_text_column) or cfg.text_column
+    label_column = (hub and cfg.hub_label_column) or cfg.label_column
     text_columns = list(text_column) if not isinstance(text_column, str) else [text_column]
     missing = [c for c in text_columns + [label_column] if c not in ds.column_names]
     if missing:
@@ -189,7 +201,7 @@ def _to_text_label(ds, cfg, split: str, hub: bool = False):
             f"column {missing[0]!r} not found in the {split} split; it has columns {', '.join(ds.column_names)}; "
             f"set data.text_column / data.label_column"
         )
-    separator = str(_get(cfg, "text_separator", " "))
+    separator = cfg.text_separator
     if text_columns != ["text"]:
         ds = ds.map(lambda b: {"__text": [separator.join(str(v) for v in vals if v is not None and str(v).strip())
                                           for vals in zip(*(b[c] for c in text_columns))]},
@@ -247,23 +259,23 @@ def _encode_labels(splits: dict, names: list[str] | None) -> tuple[dict, list[st
     return splits, names
 
 
-def load(cfg, seed: int = 0) -> LoadedData:
+def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
     """Load, clean, validate and split the dataset named by the `data` config."""
     import datasets
 
     raw, names, source = _raw_splits(cfg)
     hub = _from_hub(source)
     splits = {s: _to_text_label(ds, cfg, s, hub) for s, ds in raw.items() if s in SPLIT_ALIASES}
-    offset = 0 if hub else int(_get(cfg, "label_offset", 0) or 0)
+    offset = 0 if hub else cfg.label_offset
     if offset:  # e.g. AG News files number classes 1..4
         splits = {s: ds.map(lambda b: {"label": [None if x is None else int(x) - offset for x in b["label"]]},
                             batched=True, desc=f"shifting labels ({s})") for s, ds in splits.items()}
-    if names is None and _get(cfg, "label_names"):
+    if names is None and cfg.label_names:
         names = [str(n) for n in cfg.label_names]
     splits = {s: ds for s, ds in splits.items() if not _unlabelled(ds)}  # e.g. GLUE test files
     if "train" not in splits:
         raise TformerError(f"{source} has no train split; it has {', '.join(raw)}")
-    remove = list(_get(cfg, "remove", []) or [])
+    remove = list(cfg.remove)
     if remove:
         from .newsgroups import clean
 
@@ -281,17 +293,17 @@ def load(cfg, seed: int = 0) -> LoadedData:
             print(f"[tformer] {split}: skipped {before - len(ds)} empty or whitespace-only texts")
         splits[split] = ds
     splits, names = _encode_labels(splits, names)
-    if "test" not in splits and _get(cfg, "test_fraction"):  # datasets without an official split
-        parts = splits["train"].train_test_split(test_size=float(cfg.test_fraction), seed=seed,
+    if "test" not in splits and cfg.test_fraction:  # datasets without an official split
+        parts = splits["train"].train_test_split(test_size=cfg.test_fraction, seed=seed,
                                                  stratify_by_column="label")
         splits["train"], splits["test"] = parts["train"], parts["test"]
     if "validation" not in splits:
-        fraction = float(_get(cfg, "validation_fraction", 0.2))
-        parts = splits["train"].train_test_split(test_size=fraction, seed=seed, stratify_by_column="label")
+        parts = splits["train"].train_test_split(test_size=cfg.validation_fraction, seed=seed,
+                                                 stratify_by_column="label")
         splits["train"], splits["validation"] = parts["train"], parts["test"]
     for split, limit_key in (("train", "max_train_samples"), ("validation", "max_eval_samples"),
                              ("test", "max_eval_samples")):
-        limit = _get(cfg, limit_key)
+        limit = getattr(cfg, limit_key)
         if split in splits and limit and len(splits[split]) > int(limit):
             splits[split] = splits[split].shuffle(seed=seed).select(range(int(limit)))
     return LoadedData(datasets.DatasetDict(splits), names, source)

@@ -62,13 +62,18 @@ def training_curves_png(path: Path, history: list[dict]) -> Path:
     return path
 
 
+def report_paths(out_dir: Path) -> dict[str, Path]:
+    """The files `write` puts in out_dir (this module owns their names)."""
+    return {"confusion_matrix": out_dir / "confusion_matrix.png",
+            "classification_report": out_dir / "classification_report.json", "errors": out_dir / "errors.csv"}
+
+
 def write(out_dir: Path, metrics: dict, label_names: list[str], texts, y_true, probs, *, normalize: bool,
           title: str) -> dict[str, Path]:
     """confusion_matrix.png, classification_report.json and errors.csv (most confident mistakes first)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"confusion_matrix": confusion_matrix_png(out_dir / "confusion_matrix.png", metrics["confusion_matrix"],
-                                                      label_names, normalize, title)}
-    paths["classification_report"] = out_dir / "classification_report.json"
+    paths = report_paths(out_dir)
+    confusion_matrix_png(paths["confusion_matrix"], metrics["confusion_matrix"], label_names, normalize, title)
     paths["classification_report"].write_text(json.dumps(metrics["per_class"], indent=2))
     probs = np.asarray(probs)
     y_true = np.asarray(y_true)
@@ -76,7 +81,6 @@ def write(out_dir: Path, metrics: dict, label_names: list[str], texts, y_true, p
     confidence = probs.max(-1)
     wrong = np.flatnonzero(pred != y_true)
     wrong = wrong[np.argsort(-confidence[wrong], kind="stable")]
-    paths["errors"] = out_dir / "errors.csv"
     with open(paths["errors"], "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["index", "text", "true_label", "predicted_label", "confidence", "true_label_probability"])

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
+from ..registry import registrar
 
 
 @dataclass
@@ -46,7 +48,7 @@ class EncoderConfig:
                 "pick n_heads that divides d_model (e.g. model.n_heads=4)"
             )
         for key, allowed in (("positions", ("sinusoidal", "learned")), ("norm", ("post", "pre")),
-                             ("activation", ("relu", "gelu")), ("pooling", ("cls", "mean"))):
+                             ("activation", tuple(ACTIVATIONS)), ("pooling", tuple(POOLINGS))):
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"model.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
 
@@ -57,6 +59,25 @@ class EncoderConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# Poolings: (hidden states (B, T, D), mask (B, T) bool, True at real tokens) -> (B, D). `explain` pools the
+# attention matrix (B, T, T) with the same function, so a new pooling is explained by what it really does.
+POOLINGS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {}
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU}
+
+pooling = registrar(POOLINGS)
+
+
+@pooling("cls")
+def cls_pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return h[:, 0]  # the first token ([CLS]) summarises the sequence
+
+
+@pooling("mean")
+def mean_pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
+    return (h * m).sum(1) / m.sum(1).clamp(min=1.0)  # mean over real tokens only
 
 
 def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
@@ -120,7 +141,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.up = nn.Linear(cfg.d_model, cfg.d_ff)
         self.down = nn.Linear(cfg.d_ff, cfg.d_model)
-        self.act = nn.GELU() if cfg.activation == "gelu" else nn.ReLU()
+        self.act = ACTIVATIONS[cfg.activation]()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # No dropout inside: the paper drops only sub-layer outputs and embeddings, and on CPU a dropout mask
@@ -166,7 +187,7 @@ class TransformerClassifier(nn.Module):
         self.blocks = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.n_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
         if cfg.head_hidden:
-            act = nn.GELU() if cfg.activation == "gelu" else nn.ReLU()
+            act = ACTIVATIONS[cfg.activation]()
             self.head = nn.Sequential(nn.Linear(cfg.d_model, cfg.head_hidden), act, nn.Dropout(cfg.dropout),
                                       nn.Linear(cfg.head_hidden, cfg.num_classes))
         else:
@@ -203,10 +224,8 @@ class TransformerClassifier(nn.Module):
         return self.embedding_dropout(x)
 
     def pool(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if self.cfg.pooling == "cls":
-            return h[:, 0]  # (B, D): the first token ([CLS]) summarises the sequence
-        m = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
-        return (h * m).sum(1) / m.sum(1).clamp(min=1.0)  # mean over real tokens only
+        """(B, T, X) -> (B, X) by the configured pooling (X = D for hidden states, T for attention rows)."""
+        return POOLINGS[self.cfg.pooling](h, mask)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids (B, T) long, attention_mask (B, T) bool/int with 1 at real tokens -> logits (B, C)."""
@@ -231,7 +250,8 @@ class TransformerClassifier(nn.Module):
         last     attention from the pooled position in the last layer, averaged over heads;
         rollout  attention rollout (Abnar & Zuidema 2020): per layer A = 0.5 * mean-head attention + 0.5 * I
                  (the residual path), rows renormalised, multiplied through the layers; the pooled row.
-        The pooled position is [CLS] for cls pooling, the average over real tokens for mean pooling."""
+        The pooled row is what `pool` makes of the attention matrix's rows: the [CLS] row for cls pooling, the
+        average over real tokens' rows for mean pooling."""
         mask = attention_mask.bool()
         attn_mask = mask[:, None, None, :]  # (B, 1, 1, T)
         B, T = input_ids.shape
@@ -243,12 +263,7 @@ class TransformerClassifier(nn.Module):
             mixed = 0.5 * attn + 0.5 * eye * mask[:, None, :]
             rollout = (mixed / mixed.sum(-1, keepdim=True)) @ rollout
             x = block(x, attn_mask)
-        if self.cfg.pooling == "cls":
-            pooled = lambda m: m[:, 0]  # noqa: E731 - the [CLS] row
-        else:
-            share = mask.float() / mask.float().sum(1, keepdim=True)  # (B, T)
-            pooled = lambda m: (share.unsqueeze(-1) * m).sum(1)  # noqa: E731 - the average real-token row
-        return {"last": pooled(attn), "rollout": pooled(rollout)}
+        return {"last": self.pool(attn, mask), "rollout": self.pool(rollout, mask)}
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

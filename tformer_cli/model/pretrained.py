@@ -17,6 +17,24 @@ from ..errors import TformerError
 
 
 @dataclass
+class EmbeddingInitConfig:
+    """The `embedding_init` group: `random` learns a WordPiece vocabulary from the training texts; any other name
+    takes a pretrained word-embedding table and its tokenizer from path, package or hub_id (in that order)."""
+
+    name: str
+    vocab_size: int | None  # random: the WordPiece vocabulary to learn
+    hub_id: str | None
+    package: str | None  # an installed package that ships the model files (offline)
+    path: str | None  # a local folder with model.safetensors + tokenizer.json
+    freeze_epochs: int  # the table is frozen for the first k epochs, then trained
+    lr_multiplier: float  # the table's lr = optimizer.lr * lr_multiplier
+
+    @property
+    def pretrained(self) -> bool:
+        return self.name != "random"
+
+
+@dataclass
 class PretrainedEmbeddings:
     weight: torch.Tensor  # (vocab, width) float32
     tokenizer_file: Path
@@ -47,21 +65,24 @@ def _hub_dir(repo_id: str) -> Path:
     return Path(weights).parent
 
 
-def locate(cfg) -> Path:
+def locate(cfg: EmbeddingInitConfig) -> Path:
     """The folder holding model.safetensors and tokenizer.json: explicit path, offline package, or the Hub."""
-    if cfg.get("path"):
+    if cfg.path:
         path = Path(os.path.expanduser(str(cfg.path)))
         if not (path / "model.safetensors").is_file() or not (path / "tokenizer.json").is_file():
             raise TformerError(f"embedding_init.path={path} must contain model.safetensors and tokenizer.json")
         return path
-    if cfg.get("package"):
+    if cfg.package:
         found = _package_dir(str(cfg.package))
         if found is not None:
             return found
-    return _hub_dir(str(cfg.hub_id))
+    if not cfg.hub_id:
+        raise TformerError(f"embedding_init={cfg.name} names no path, installed package or hub_id; set "
+                           f"embedding_init.path=<local model dir>")
+    return _hub_dir(cfg.hub_id)
 
 
-def load(cfg, d_model: int) -> PretrainedEmbeddings:
+def load(cfg: EmbeddingInitConfig, d_model: int) -> PretrainedEmbeddings:
     from safetensors import safe_open
 
     folder = locate(cfg)

@@ -1,12 +1,15 @@
 """The training loop, readable top to bottom: epochs of length-grouped batches, validation, early stopping,
-best/last checkpoints, resumption and clean interruption. Everything it needs is built by commands/train.py and
-passed in a `Run`."""
+best/last checkpoints, resumption and clean interruption.
+
+Parts with names: `Optimization` (optimizer, LR schedule, gradient scaler: the stateful parts of a step),
+`train_step` (one optimizer step; the benchmark times this very function) and `TrainingState` (where the loop is,
+saved with every `last` checkpoint). `commands/train.py` builds a `Run` and calls `fit`.
+"""
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -15,12 +18,13 @@ import torch.nn.functional as F
 from ..data.batching import BatchLoader
 from ..data.tokenization import TokenizedSplit
 from ..errors import TformerError
+from ..hardware import MaybeCompiled, Precision
 from . import optim as optim_lib
 from . import schedules
 from . import state as state_lib
+from .config import OptimizerConfig, ScheduleConfig, TrainerConfig
 from .early_stopping import EarlyStopping
-from .hardware import MaybeCompiled, Precision
-from .inference import predict_proba
+from .state import TrainingState
 
 
 class Interrupted(TformerError):
@@ -29,8 +33,68 @@ class Interrupted(TformerError):
     exit_code = 130
 
 
+class Optimization:
+    """What a training step needs besides the batch: the model's forward (compiled or not), the loss, and the
+    stateful optimizer, LR schedule and gradient scaler (disabled, and so a pass-through, unless fp16 on CUDA)."""
+
+    def __init__(self, model: torch.nn.Module, *, optimizer: OptimizerConfig, schedule: ScheduleConfig,
+                 total_steps: int, device: torch.device, precision: Precision, grad_clip: float = 0.0,
+                 embedding_lr_multiplier: float = 1.0, loss_weight: torch.Tensor | None = None,
+                 label_smoothing: float = 0.0, compile: bool = False, say: Callable[[str], None] = print):
+        self.model, self.device, self.precision, self.grad_clip = model, device, precision, grad_clip
+        self.loss_weight, self.label_smoothing = loss_weight, label_smoothing
+        self.forward = MaybeCompiled(model, compile, say)
+        self.optimizer = optim_lib.build(model, optimizer, embedding_lr_multiplier, device)
+        self.scheduler = schedules.build(self.optimizer, schedule, total_steps)
+        self.scaler = precision.grad_scaler()
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float(), labels, weight=self.loss_weight, label_smoothing=self.label_smoothing)
+
+    @property
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def state_dict(self) -> tuple[dict, dict]:
+        tensors, opt_json = state_lib.optimizer_state(self.optimizer)
+        return tensors, {"optimizer": opt_json, "scheduler": self.scheduler.state_dict(),
+                         "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, tensors: dict, state: dict) -> None:
+        state_lib.load_optimizer_state(self.optimizer, tensors, state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+
+
+def train_step(opt: Optimization, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Forward, loss, backward, gradient clipping, optimizer and schedule step. Returns the loss (detached,
+    still on the device: reading it would wait for the step to finish)."""
+    ids = batch["input_ids"].to(opt.device, non_blocking=True)
+    mask = batch["attention_mask"].to(opt.device, non_blocking=True)
+    labels = batch["labels"].to(opt.device, non_blocking=True)
+    with opt.precision.autocast():
+        logits = opt.forward(ids, mask)
+    loss = opt.loss(logits, labels)
+    opt.scaler.scale(loss).backward()
+    if opt.grad_clip > 0:
+        opt.scaler.unscale_(opt.optimizer)  # clip the true gradients, not the scaled ones
+        torch.nn.utils.clip_grad_norm_(opt.model.parameters(), opt.grad_clip)
+    opt.scaler.step(opt.optimizer)
+    opt.scaler.update()
+    opt.scheduler.step()
+    opt.optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+# (which checkpoint: best | last, metrics, the training state (tensors, JSON) for last, or None) -> None
+SaveCheckpoint = Callable[[str, dict, "tuple[dict, dict] | None"], None]
+
+
 @dataclass
 class Run:
+    """Everything `fit` needs, built by commands/train.py (or a test)."""
+
     model: torch.nn.Module
     train: TokenizedSplit
     validation: TokenizedSplit
@@ -38,170 +102,134 @@ class Run:
     pad_id: int
     device: torch.device
     precision: Precision
-    trainer_cfg: object
-    optimizer_cfg: object
-    schedule_cfg: object
-    freeze_epochs: int
-    embedding_lr_multiplier: float
-    # (which: best|last, metrics, meta, training-state tensors or None, training-state JSON or None) -> None
-    save_checkpoint: Callable[..., None]
-    run_dir: Path
+    trainer: TrainerConfig
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig
+    save_checkpoint: SaveCheckpoint
+    freeze_epochs: int = 0
+    embedding_lr_multiplier: float = 1.0
     loss_weight: torch.Tensor | None = None
     label_smoothing: float = 0.0
-    history: list[dict] = field(default_factory=list)
-    resume: tuple[dict, dict] | None = None  # (tensors, json) of a `last` checkpoint's training state
+    resume: tuple[dict, dict] | None = None  # (tensors, JSON) of a `last` checkpoint's training state
     stop_requested: bool = False  # set by a signal handler; the loop saves and stops after the current step
+    say: Callable[..., None] | None = None  # rich-style print(text, highlight=...); default: a rich Console
 
 
-def _validate(run: Run) -> dict:
-    from ..evaluation.metrics import compute
+def fit(run: Run) -> TrainingState:
+    """Train; returns the final state (its best_metrics hold the monitored value a sweeper optimises)."""
+    if run.say is None:
+        from rich.console import Console
 
-    probs, loss = predict_proba(run.model, run.validation, batch_size=int(run.trainer_cfg.eval_batch_size),
-                                pad_id=run.pad_id, device=run.device, precision=run.precision,
-                                loss_weight=run.loss_weight, progress="validating")
-    m = compute(run.validation.labels.numpy(), probs.argmax(-1).numpy(), run.label_names, loss)
-    return {"val_loss": m["loss"], "val_accuracy": m["accuracy"], "val_f1": m["f1"],
-            "val_precision": m["precision"], "val_recall": m["recall"]}
+        run.say = Console().print
+    tcfg = run.trainer
+    model = run.model.to(run.device)
+    loader = BatchLoader(run.train, tcfg.batch_size, run.pad_id, shuffle=True, seed=tcfg.seed,
+                         num_workers=tcfg.num_workers, pin_memory=run.device.type == "cuda")
+    opt = Optimization(model, optimizer=run.optimizer, schedule=run.schedule, total_steps=tcfg.epochs * len(loader),
+                       device=run.device, precision=run.precision, grad_clip=tcfg.grad_clip,
+                       embedding_lr_multiplier=run.embedding_lr_multiplier, loss_weight=run.loss_weight,
+                       label_smoothing=run.label_smoothing, compile=tcfg.compile, say=run.say)
+    es = tcfg.early_stopping
+    state = TrainingState(EarlyStopping(es.monitor, es.mode, es.patience, es.min_delta))
+    if run.resume is not None:
+        _restore(run, state, opt)
+    while state.epoch < tcfg.epochs and not state.stopper.should_stop:
+        state.embeddings_frozen = state.epoch < run.freeze_epochs
+        optim_lib.set_embedding_frozen(model, state.embeddings_frozen)
+        seconds = _train_epoch(run, state, opt, loader)
+        metrics = _end_epoch(run, state, opt, seconds)
+        if state.stopper.should_stop:
+            run.say(f"early stopping: {state.stopper.monitor} has not improved for {state.stopper.patience} "
+                    f"epochs (best {state.stopper.best:.4f} at epoch {state.stopper.best_epoch})")
+        elif run.stop_requested:
+            raise Interrupted(f"interrupted after epoch {metrics['epoch']}, step {state.step}; the last checkpoint "
+                              f"is saved")
+    state.best_metrics.update(monitor=state.stopper.monitor, best_value=state.stopper.best)
+    return state
 
 
-def fit(run: Run) -> dict:
-    """Train; returns the best epoch's metrics (the monitored value is what a sweeper optimises)."""
-    from rich.console import Console
+def _restore(run: Run, state: TrainingState, opt: Optimization) -> None:
+    tensors, saved = run.resume
+    opt.load_state_dict(tensors, saved)
+    state.load_state_dict(tensors, saved)  # last: it also restores the random number generators
+    run.say(f"resuming at epoch {state.epoch + 1}, batch {state.batches_done} (step {state.step})", highlight=False)
+    if state.stopper.should_stop or state.epoch >= run.trainer.epochs:
+        run.say("the run had already finished; nothing to do")
+
+
+def _training_files(state: TrainingState, opt: Optimization) -> tuple[dict, dict]:
+    tensors, saved = state.state_dict()
+    opt_tensors, opt_saved = opt.state_dict()
+    return {**tensors, **opt_tensors}, {**saved, **opt_saved}
+
+
+def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: BatchLoader) -> float:
+    """One epoch from `state.batches_done` on; saves `last` every checkpoint_every_steps and on interruption.
+    Losses accumulate on the device and are read on the host once every log_every_steps."""
     from tqdm.auto import tqdm
 
-    console = Console()
-    tcfg = run.trainer_cfg
-    model, device = run.model.to(run.device), run.device
-    loader = BatchLoader(run.train, int(tcfg.batch_size), run.pad_id, shuffle=True, seed=int(tcfg.seed),
-                         num_workers=int(tcfg.get("num_workers", 0)), pin_memory=device.type == "cuda")
-    epochs = int(tcfg.epochs)
-    total_steps = epochs * len(loader)
-    optimizer = optim_lib.build(model, run.optimizer_cfg, run.embedding_lr_multiplier, device)
-    scheduler = schedules.build(optimizer, run.schedule_cfg, total_steps)
-    scaler = run.precision.grad_scaler()
-    es_cfg = tcfg.early_stopping
-    stopper = EarlyStopping(str(es_cfg.monitor), str(es_cfg.mode), int(es_cfg.patience), float(es_cfg.min_delta))
-    clip = float(tcfg.get("grad_clip", 0.0) or 0.0)
-    log_every = max(1, int(tcfg.get("log_every_steps", 20)))
-    every = int(tcfg.get("checkpoint_every_steps", 0) or 0)
-    forward = MaybeCompiled(model, bool(tcfg.get("compile", False)), console.print)
-    step, start_epoch, skip, carried = 0, 0, 0, (0.0, 0)
-    best_metrics: dict = {}
-
-    def training_state(epoch: int, batches_done: int, loss_sum: float, seen: int, frozen: bool):
-        tensors, rng = state_lib.rng_state()
-        opt_tensors, opt_json = state_lib.optimizer_state(optimizer)
-        tensors.update(opt_tensors)
-        meta = {"epoch_index": epoch, "batches_done": batches_done, "step": step, "epoch_loss_sum": loss_sum,
-                "epoch_seen": seen, "rng": rng, "optimizer": opt_json, "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict() if scaler is not None else None, "early_stopping": stopper.state_dict(),
-                "best_metrics": best_metrics, "history": run.history, "embeddings_frozen": frozen}
-        return tensors, meta
-
-    if run.resume is not None:
-        tensors, meta = run.resume
-        state_lib.load_optimizer_state(optimizer, tensors, meta["optimizer"])
-        scheduler.load_state_dict(meta["scheduler"])
-        if scaler is not None and meta.get("scaler"):
-            scaler.load_state_dict(meta["scaler"])
-        stopper.load_state_dict(meta["early_stopping"])
-        best_metrics, run.history[:] = dict(meta["best_metrics"]), list(meta["history"])
-        step, start_epoch, skip = int(meta["step"]), int(meta["epoch_index"]), int(meta["batches_done"])
-        carried = (float(meta["epoch_loss_sum"]), int(meta["epoch_seen"]))
-        state_lib.set_rng_state(tensors, meta["rng"])
-        console.print(f"resuming at epoch {start_epoch + 1}, batch {skip} (step {step})", highlight=False)
-        if stopper.should_stop or start_epoch >= epochs:
-            console.print("the run had already finished; nothing to do")
-
-    for epoch in range(start_epoch, epochs):
-        if stopper.should_stop:
-            break
-        frozen = epoch < run.freeze_epochs
-        optim_lib.set_embedding_frozen(model, frozen)
-        model.train()
-        loader.set_epoch(epoch)
-        t0 = time.perf_counter()
-        loss_sum = torch.full((), carried[0], device=device)  # accumulated on the device; read at log points
-        seen, carried = carried[1], (0.0, 0)
-        window_loss, window_n = torch.zeros((), device=device), 0
-        batches = loader.batches()[skip:]
-        first, skip = len(loader) - len(batches), 0
-        bar = tqdm(loader.iterate(batches), total=len(loader), initial=first, unit="batch", leave=False,
-                   desc=f"epoch {epoch + 1}/{epochs}" + (" (embeddings frozen)" if frozen else ""),
-                   dynamic_ncols=True, disable=None)
-        for i, batch in enumerate(bar, start=first + 1):
-            ids = batch["input_ids"].to(device, non_blocking=True)
-            mask = batch["attention_mask"].to(device, non_blocking=True)
-            labels = batch["labels"].to(device, non_blocking=True)
-            with run.precision.autocast():
-                logits = forward(ids, mask)
-            loss = F.cross_entropy(logits.float(), labels, weight=run.loss_weight,
-                                   label_smoothing=run.label_smoothing)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-            else:
-                loss.backward()
-            if clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            b = labels.shape[0]
-            loss_sum += loss.detach() * b
-            window_loss += loss.detach()
-            window_n += 1
-            seen += b
-            if step % log_every == 0:
-                running = float(window_loss) / window_n  # the one host sync, every log_every steps
-                if not math.isfinite(running):
-                    raise TformerError(f"loss became {running} near step {step} (epoch {epoch + 1}); the best "
-                                       f"checkpoint is kept; try a lower learning rate (optimizer.lr) or "
-                                       f"trainer.grad_clip=1.0")
-                bar.set_postfix(loss=f"{running:.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
-                window_loss.zero_()
-                window_n = 0
-            stop = run.stop_requested
-            if (every and step % every == 0 and i < len(loader)) or (stop and i < len(loader)):
-                tensors, meta = training_state(epoch, i, float(loss_sum), seen, frozen)
-                run.save_checkpoint("last", {"step": step, "epoch": epoch + 1, "batches_done": i},
-                                    {"epoch": epoch + 1, "step": step, "embeddings_frozen": frozen}, tensors, meta)
-            if stop and i < len(loader):
+    tcfg, epoch = run.trainer, state.epoch
+    run.model.train()
+    loader.set_epoch(epoch)
+    t0 = time.perf_counter()
+    loss_sum = torch.full((), state.epoch_loss_sum, device=run.device)
+    window, window_n = torch.zeros((), device=run.device), 0
+    batches = loader.batches()[state.batches_done:]
+    bar = tqdm(loader.iterate(batches), total=len(loader), initial=state.batches_done, unit="batch", leave=False,
+               desc=f"epoch {epoch + 1}/{tcfg.epochs}" + (" (embeddings frozen)" if state.embeddings_frozen else ""),
+               dynamic_ncols=True, disable=None)
+    for batch in bar:
+        loss = train_step(opt, batch)
+        state.step, state.batches_done = state.step + 1, state.batches_done + 1
+        loss_sum += loss * batch["labels"].shape[0]
+        state.epoch_seen += batch["labels"].shape[0]
+        window, window_n = window + loss, window_n + 1
+        if state.step % tcfg.log_every_steps == 0:
+            running = float(window) / window_n  # the one host sync, every log_every_steps
+            _check_finite(running, f"near step {state.step} (epoch {epoch + 1})")
+            bar.set_postfix(loss=f"{running:.4f}", lr=f"{opt.lr:.2e}")
+            window, window_n = torch.zeros((), device=run.device), 0
+        mid_epoch = state.batches_done < len(loader)
+        every = tcfg.checkpoint_every_steps
+        if mid_epoch and (run.stop_requested or (every and state.step % every == 0)):
+            state.epoch_loss_sum = float(loss_sum)
+            run.save_checkpoint("last", {"step": state.step, "epoch": epoch + 1, "batches_done": state.batches_done},
+                                _training_files(state, opt))
+            if run.stop_requested:
                 bar.close()
-                raise Interrupted(f"interrupted at epoch {epoch + 1}, step {step}; the last checkpoint is saved")
-        bar.close()
-        train_loss = float(loss_sum) / max(seen, 1)
-        if not math.isfinite(train_loss):
-            raise TformerError(f"training loss is {train_loss} in epoch {epoch + 1} (step {step}); the best checkpoint "
-                               f"is kept; try a lower learning rate (optimizer.lr) or trainer.grad_clip=1.0")
-        train_time = time.perf_counter() - t0
-        metrics = {"epoch": epoch + 1, "step": step, "train_loss": train_loss, **_validate(run),
-                   "lr": scheduler.get_last_lr()[0], "epoch_seconds": train_time,
-                   "train_samples_per_s": seen / train_time}
-        run.history.append(metrics)
-        is_best = stopper.update(metrics, epoch + 1)
-        meta = {"epoch": epoch + 1, "step": step, "embeddings_frozen": frozen}
-        if is_best:
-            best_metrics = dict(metrics)
-            run.save_checkpoint("best", metrics, meta, None, None)
-        tensors, state = training_state(epoch + 1, 0, 0.0, 0, frozen)
-        run.save_checkpoint("last", metrics, meta, tensors, state)
-        console.print(
-            f"epoch {epoch + 1:>3}/{epochs}  train_loss {train_loss:.4f}  val_loss {metrics['val_loss']:.4f}  "
+                raise Interrupted(f"interrupted at epoch {epoch + 1}, step {state.step}; the last checkpoint is saved")
+    bar.close()
+    state.epoch_loss_sum = float(loss_sum)
+    return time.perf_counter() - t0
+
+
+def _end_epoch(run: Run, state: TrainingState, opt: Optimization, seconds: float) -> dict:
+    """Validate, record, save `best` (if it is) and `last`, print the epoch line."""
+    from ..evaluation.evaluate import validation_metrics
+
+    epoch, seen = state.epoch + 1, state.epoch_seen
+    train_loss = state.epoch_loss_sum / max(seen, 1)
+    _check_finite(train_loss, f"in epoch {epoch} (step {state.step})")
+    metrics = {"epoch": epoch, "step": state.step, "train_loss": train_loss,
+               **validation_metrics(run.model, run.validation, run.label_names, pad_id=run.pad_id, device=run.device,
+                                    precision=run.precision, batch_size=run.trainer.eval_batch_size,
+                                    loss_weight=run.loss_weight),
+               "lr": opt.lr, "epoch_seconds": seconds, "train_samples_per_s": seen / seconds}
+    state.history.append(metrics)
+    is_best = state.stopper.update(metrics, epoch)
+    if is_best:
+        state.best_metrics = dict(metrics)
+        run.save_checkpoint("best", metrics, None)
+    state.start_epoch()
+    run.save_checkpoint("last", metrics, _training_files(state, opt))
+    run.say(f"epoch {epoch:>3}/{run.trainer.epochs}  train_loss {train_loss:.4f}  val_loss {metrics['val_loss']:.4f}  "
             f"val_acc {metrics['val_accuracy']:.4f}  val_f1 {metrics['val_f1']:.4f}  "
-            f"{seen / train_time:,.0f} samples/s  {train_time:.1f}s" + ("  [green]* best[/]" if is_best else ""),
+            f"{seen / seconds:,.0f} samples/s  {seconds:.1f}s" + ("  [green]* best[/]" if is_best else ""),
             highlight=False)
-        if stopper.should_stop:
-            console.print(f"early stopping: {stopper.monitor} has not improved for {stopper.patience} epochs "
-                          f"(best {stopper.best:.4f} at epoch {stopper.best_epoch})")
-            break
-        if run.stop_requested:
-            raise Interrupted(f"interrupted after epoch {epoch + 1}, step {step}; the last checkpoint is saved")
-    best_metrics["monitor"] = stopper.monitor
-    best_metrics["best_value"] = stopper.best
-    return best_metrics
+    return metrics
+
+
+def _check_finite(loss: float, where: str) -> None:
+    if not math.isfinite(loss):
+        raise TformerError(f"loss became {loss} {where}; the best checkpoint is kept; try a lower learning rate "
+                           f"(optimizer.lr) or trainer.grad_clip=1.0")

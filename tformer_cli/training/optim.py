@@ -1,22 +1,55 @@
-"""Optimizer construction and the embedding freeze switch.
+"""Optimizers (a registry: one function per name) and the embedding freeze switch.
 
-The pretrained token table has its own parameter group (learning-rate multiplier, no weight decay). Freezing
-only flips `requires_grad`: a frozen parameter gets no gradient, so the optimizer skips it and the other
-parameters' Adam moments and step counts carry on untouched when it is unfrozen.
+Parameter groups are decided by what a parameter *is*, not by its name: matrices of linear layers decay;
+biases, LayerNorm gains (anything 1-D) and embedding tables (nn.Embedding) do not. The token table has its own
+group (learning-rate multiplier, no weight decay). Freezing only flips `requires_grad`: a frozen parameter gets
+no gradient, so the optimizer skips it and the other parameters' Adam moments and step counts carry on
+untouched when it is unfrozen.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+from torch import nn
 
-from ..errors import TformerError
+from ..errors import ConfigError
+from ..registry import registrar
+from .config import OptimizerConfig
+
+# name -> builder(param_groups, config, extra kwargs such as fused=True) -> optimizer
+OPTIMIZERS: dict[str, Callable[[list[dict], OptimizerConfig, dict], torch.optim.Optimizer]] = {}
+
+register = registrar(OPTIMIZERS)
 
 
-def param_groups(model, lr: float, weight_decay: float, embedding_lr_multiplier: float) -> list[dict]:
+@register("adamw")
+def adamw(groups, cfg: OptimizerConfig, fused: dict) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.option("betas")), eps=float(cfg.option("eps")),
+                             **fused)
+
+
+@register("adam")
+def adam(groups, cfg: OptimizerConfig, fused: dict) -> torch.optim.Optimizer:
+    return torch.optim.Adam(groups, lr=cfg.lr, betas=tuple(cfg.option("betas")), eps=float(cfg.option("eps")),
+                            **fused)
+
+
+@register("sgd")
+def sgd(groups, cfg: OptimizerConfig, fused: dict) -> torch.optim.Optimizer:
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=float(cfg.option("momentum")),
+                           nesterov=bool(cfg.option("nesterov")))
+
+
+def param_groups(model: nn.Module, lr: float, weight_decay: float, embedding_lr_multiplier: float) -> list[dict]:
+    token_table = getattr(model, "token_embedding", None)
+    token_table = token_table.weight if token_table is not None else None
+    no_decay_ids = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     embedding, decay, no_decay = [], [], []
-    for name, p in model.named_parameters():
-        if name == "token_embedding.weight":
+    for p in model.parameters():
+        if p is token_table:
             embedding.append(p)
-        elif p.ndim < 2 or "norm" in name or "position_embedding" in name:
+        elif p.ndim < 2 or id(p) in no_decay_ids:
             no_decay.append(p)
         else:
             decay.append(p)
@@ -28,20 +61,16 @@ def param_groups(model, lr: float, weight_decay: float, embedding_lr_multiplier:
     return [g for g in groups if g["params"]]
 
 
-def build(model, cfg, embedding_lr_multiplier: float, device: torch.device) -> torch.optim.Optimizer:
-    name, lr, wd = str(cfg.name), float(cfg.lr), float(cfg.get("weight_decay", 0.0))
-    groups = param_groups(model, lr, wd, embedding_lr_multiplier)
+def build(model: nn.Module, cfg: OptimizerConfig, embedding_lr_multiplier: float,
+          device: torch.device) -> torch.optim.Optimizer:
+    builder = OPTIMIZERS.get(cfg.name)
+    if builder is None:
+        raise ConfigError(f"optimizer.name={cfg.name!r} is not one of {', '.join(sorted(OPTIMIZERS))}")
+    groups = param_groups(model, cfg.lr, cfg.weight_decay, embedding_lr_multiplier)
     # One fused kernel for the whole update (CUDA, and CPU since torch 2.4) instead of a loop over tensors.
     fused = {"fused": True} if device.type in ("cuda", "cpu") else {}
-    if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.betas), eps=float(cfg.eps), **fused)
-    if name == "adam":
-        return torch.optim.Adam(groups, lr=lr, betas=tuple(cfg.betas), eps=float(cfg.eps), **fused)
-    if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=float(cfg.get("momentum", 0.0)),
-                               nesterov=bool(cfg.get("nesterov", False)))
-    raise TformerError(f"optimizer.name={name} is not one of adamw, adam, sgd")
+    return builder(groups, cfg, fused)
 
 
-def set_embedding_frozen(model, frozen: bool) -> None:
+def set_embedding_frozen(model: nn.Module, frozen: bool) -> None:
     model.token_embedding.weight.requires_grad_(not frozen)

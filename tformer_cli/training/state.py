@@ -1,15 +1,53 @@
 """Everything a resumed run needs beyond the weights, split into tensors (safetensors) and JSON.
 
-Optimizer moments, the LR schedule, the gradient scaler, early-stopping state, the epoch/step position and the
-random number generators of Python, NumPy and torch (CPU and CUDA). The batch order needs no state: it is a
-pure function of (seed, epoch), so a resumed epoch replays the same batches and skips those already done.
+`TrainingState` is where the loop is (epoch, step, batches done in the epoch, the epoch's running loss), what
+it has learnt about itself (history, best metrics, early stopping, whether the embeddings are frozen) and the
+random number generators of Python, NumPy and torch (CPU and CUDA). The optimizer, LR schedule and gradient
+scaler are saved beside it by `Optimization.state_dict()`. The batch order needs no state: it is a pure function
+of (seed, epoch), so a resumed epoch replays the same batches and skips those already done.
 """
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from .early_stopping import EarlyStopping
+
+
+@dataclass
+class TrainingState:
+    stopper: EarlyStopping
+    epoch: int = 0  # 0-based index of the epoch in progress (= epochs finished, at an epoch boundary)
+    batches_done: int = 0  # batches of that epoch already trained
+    step: int = 0  # optimizer steps taken in the whole run
+    epoch_loss_sum: float = 0.0  # sum of per-sample losses so far in the epoch
+    epoch_seen: int = 0  # samples so far in the epoch
+    best_metrics: dict = field(default_factory=dict)
+    history: list[dict] = field(default_factory=list)
+    embeddings_frozen: bool = False
+
+    def start_epoch(self) -> None:
+        """Called at an epoch boundary: the next epoch starts from its first batch."""
+        self.epoch, self.batches_done, self.epoch_loss_sum, self.epoch_seen = self.epoch + 1, 0, 0.0, 0
+
+    def state_dict(self) -> tuple[dict, dict]:
+        """(tensors, JSON) of this state, RNGs included; the JSON keys are those of the saved training state."""
+        tensors, rng = rng_state()
+        return tensors, {"epoch_index": self.epoch, "batches_done": self.batches_done, "step": self.step,
+                         "epoch_loss_sum": self.epoch_loss_sum, "epoch_seen": self.epoch_seen, "rng": rng,
+                         "early_stopping": self.stopper.state_dict(), "best_metrics": self.best_metrics,
+                         "history": self.history, "embeddings_frozen": self.embeddings_frozen}
+
+    def load_state_dict(self, tensors: dict, state: dict) -> None:
+        self.epoch, self.batches_done, self.step = int(state["epoch_index"]), int(state["batches_done"]), int(state["step"])
+        self.epoch_loss_sum, self.epoch_seen = float(state["epoch_loss_sum"]), int(state["epoch_seen"])
+        self.stopper.load_state_dict(state["early_stopping"])
+        self.best_metrics, self.history = dict(state["best_metrics"]), list(state["history"])
+        self.embeddings_frozen = bool(state.get("embeddings_frozen", False))
+        set_rng_state(tensors, state["rng"])
 
 
 def rng_state() -> tuple[dict, dict]:

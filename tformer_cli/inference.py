@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..data.batching import BatchLoader
-from ..data.tokenization import TokenizedSplit
+from .data.batching import BatchLoader
+from .data.tokenization import TokenizedSplit
 
 
 @torch.inference_mode()

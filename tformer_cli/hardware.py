@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import TformerError
+from .errors import TformerError
 
 
 def pick_device(name: str) -> torch.device:
@@ -55,8 +55,9 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=self.dtype)
 
-    def grad_scaler(self):
-        return torch.amp.GradScaler("cuda") if self.name == "fp16" and self.device_type == "cuda" else None
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """Loss scaling for fp16 on CUDA; a disabled scaler (its calls pass straight through) elsewhere."""
+        return torch.amp.GradScaler(self.device_type, enabled=self.name == "fp16" and self.device_type == "cuda")
 
 
 def pick_precision(name: str, device: torch.device) -> Precision:

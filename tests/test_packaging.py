@@ -1,0 +1,66 @@
+"""The package declares what it imports, and only the checkpoint layout's owner spells its file names."""
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import ROOT
+
+# import name -> distribution name, where they differ
+DISTRIBUTIONS = {"yaml": "pyyaml", "sklearn": "scikit-learn", "hydra": "hydra-core", "PIL": "pillow"}
+
+
+def third_party_imports(folder: Path) -> set[str]:
+    names = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names and n != "tformer_cli"}
+
+
+def declared() -> set[str]:
+    text = (ROOT / "pyproject.toml").read_text()
+    block = re.search(r"^dependencies = \[(.*?)\]", text, re.S | re.M).group(1)
+    return {re.split(r"[<>=\[ ]", d.strip().strip('",'))[0].lower() for d in block.splitlines() if d.strip(' ",')}
+
+
+def test_dependencies_match_imports():
+    imported = {DISTRIBUTIONS.get(n, n).lower().replace("_", "-") for n in third_party_imports(ROOT / "tformer_cli")}
+    deps = {d.replace("_", "-") for d in declared()}
+    assert imported == deps, f"imported but undeclared: {imported - deps}; declared but unused: {deps - imported}"
+
+
+def string_literals(path: Path) -> list[str]:
+    """Every string constant in a module's code (docstrings, which may describe the layout, left out)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docstrings]
+
+
+def test_only_the_layout_module_spells_run_and_checkpoint_file_names():
+    names = ["history.json", "trainer_state.json", "training_state.safetensors", "model.safetensors", "model.json",
+             "labels.json", "meta.json", "metrics.json", "tokenizer.json", "config.yaml", "training_curves.png",
+             "test_report", ".old", ".tmp-", "checkpoints/"]
+    # model/pretrained.py owns another format, a Hugging Face model folder, which shares two of the names.
+    allowed = {"run_dir.py": set(names), "pretrained.py": {"model.safetensors", "tokenizer.json"}}
+    offenders = []
+    for path in (ROOT / "tformer_cli").rglob("*.py"):
+        literals = string_literals(path)
+        offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n not in allowed.get(path.name, ())
+                      and any(n in s for s in literals)]
+    assert not offenders, offenders
+
+
+def test_predict_imports_neither_training_nor_heavy_libraries():
+    code = ("import sys; import tformer_cli.commands.predict as p, tformer_cli.checkpoint, tformer_cli.inference; "
+            "print(sorted(m for m in sys.modules if m.startswith(('tformer_cli.training', 'transformers', "
+            "'datasets', 'sklearn', 'hydra', 'matplotlib'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

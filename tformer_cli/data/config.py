@@ -1,0 +1,37 @@
+"""The typed `data` config. Every key has its default in configs/data/_base.yaml (each data/*.yaml starts from
+it), so a dataset file only says what is its own."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DataConfig:
+    name: str  # a loader in data/sources.py LOADERS, or a named dataset read from data.dir / fetched
+    dir: str | None  # local folder with train/validation/test files (+ labels.txt)
+    hub_id: str | None  # Hugging Face Hub dataset, used when no local folder is given
+    hub_config: str | None
+    hub_split_names: dict | None  # {our split: hub split}
+    hub_text_column: str | None  # when the Hub copy names columns differently from the original files
+    hub_label_column: str | None
+    split_names: dict | None  # {our split: file stem}; when set, the whole mapping (a split left out is carved)
+    train_file: str | None
+    validation_file: str | None
+    test_file: str | None
+    text_column: str | list[str]  # a list is joined with text_separator
+    text_separator: str
+    label_column: str
+    label_offset: int  # subtracted from integer labels (AG News numbers classes 1..4)
+    label_names: list[str] | None
+    header: bool  # CSV/TSV: false when the file has no header row
+    column_names: list[str] | None  # CSV/TSV without header: the names to give the columns
+    validation_fraction: float  # carved from train (stratified, seeded) when there is no validation split
+    test_fraction: float | None  # carved from train when the data has no test split
+    remove: list[str]  # 20 Newsgroups: headers, footers, quotes
+    truncation: str  # right: keep the start of long texts; left: keep the end
+    max_train_samples: int | None
+    max_eval_samples: int | None
+    n_train: int | None  # demo only: generated sizes and seed
+    n_validation: int | None
+    n_test: int | None
+    seed: int | None

@@ -1,0 +1,139 @@
+"""The on-disk layout of a run and of a checkpoint. This module is the only place that spells their file names;
+everything else asks a `RunDir` or a `CheckpointDir` for a path.
+
+    <run dir>/                      a `tformer train` (or evaluate) run
+      checkpoints/best/             the best epoch so far            (a CheckpointDir)
+      checkpoints/last/             the newest state, with the training state needed to resume
+      checkpoints/.last.old         the previous `last`, present only if a crash hit between two renames
+      history.json                  per-epoch metrics, written when training finished
+      test_metrics.json, test_report/, training_curves.png
+      metrics.json                  (evaluate runs) the metrics of the evaluated split
+
+    <checkpoint dir>/
+      model.safetensors  model.json  tokenizer.json  labels.json  config.yaml  metrics.json  meta.json
+      training_state.safetensors  trainer_state.json          (`last` only: optimizer, schedule, RNG, ...)
+
+No torch here: `tformer report` reads runs without paying for it.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class CheckpointDir:
+    """Paths inside one checkpoint directory."""
+
+    REQUIRED = ("model.safetensors", "model.json", "tokenizer.json", "labels.json", "meta.json")
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"CheckpointDir({str(self.path)!r})"
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    weights = property(lambda self: self.path / "model.safetensors")
+    model_config = property(lambda self: self.path / "model.json")
+    tokenizer = property(lambda self: self.path / "tokenizer.json")
+    labels = property(lambda self: self.path / "labels.json")
+    config = property(lambda self: self.path / "config.yaml")
+    metrics = property(lambda self: self.path / "metrics.json")
+    meta = property(lambda self: self.path / "meta.json")
+    training_tensors = property(lambda self: self.path / "training_state.safetensors")
+    training_json = property(lambda self: self.path / "trainer_state.json")
+
+    def missing(self) -> list[str]:
+        return [name for name in self.REQUIRED if not (self.path / name).is_file()]
+
+    def has_training_state(self) -> bool:
+        return self.training_json.is_file() and self.training_tensors.is_file()
+
+    # The atomic write: files go to `tmp`, the current directory is moved to `old`, `tmp` is renamed into place.
+    def tmp_sibling(self) -> Path:
+        return self.path.parent / f".{self.path.name}.tmp-{os.getpid()}"
+
+    def old_sibling(self) -> Path:
+        return self.path.parent / f".{self.path.name}.old"
+
+    def existing(self) -> "CheckpointDir | None":
+        """This checkpoint, or the previous one a crash left mid-swap (between the two renames), or None."""
+        if self.path.is_dir():
+            return self
+        old = self.old_sibling()
+        return CheckpointDir(old) if old.is_dir() else None
+
+
+class RunDir:
+    """Paths of one run directory."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.root)!r})"
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    checkpoints = property(lambda self: self.root / "checkpoints")
+    history = property(lambda self: self.root / "history.json")
+    test_metrics = property(lambda self: self.root / "test_metrics.json")
+    test_report = property(lambda self: self.root / "test_report")
+    training_curves = property(lambda self: self.root / "training_curves.png")
+    eval_metrics = property(lambda self: self.root / "metrics.json")
+
+    def checkpoint(self, which: str) -> CheckpointDir:
+        """`best` or `last`, as written (not necessarily existing)."""
+        return CheckpointDir(self.checkpoints / which)
+
+    @property
+    def best(self) -> CheckpointDir:
+        return self.checkpoint("best")
+
+    @property
+    def last(self) -> CheckpointDir:
+        return self.checkpoint("last")
+
+    def is_run(self) -> bool:
+        return any(self.checkpoint(w).existing() is not None for w in ("best", "last"))
+
+    @property
+    def finished(self) -> bool:
+        """Training ran to its end (a killed or interrupted run has no history file yet)."""
+        return self.history.is_file()
+
+    @classmethod
+    def of_checkpoint(cls, ckpt: CheckpointDir) -> "RunDir":
+        return cls(ckpt.path.parent.parent)
+
+
+def resolve_checkpoint(path: str | Path) -> CheckpointDir | None:
+    """A checkpoint dir, or a run dir (-> its best checkpoint); a checkpoint left mid-swap is found by its
+    `.old` sibling. None when there is nothing there."""
+    p = Path(os.path.expanduser(str(path)))
+    run = RunDir(p)
+    if run.best.existing() is not None:
+        return run.best.existing()
+    return CheckpointDir(p).existing()
+
+
+def resolve_resumable(path: str | Path) -> CheckpointDir | None:
+    """The `last` checkpoint (with training state) of a run dir, or the given checkpoint dir itself."""
+    p = Path(os.path.expanduser(str(path)))
+    for candidate in (RunDir(p).last, CheckpointDir(p / "last"), CheckpointDir(p)):
+        found = candidate.existing()
+        if found is not None and found.training_json.is_file():
+            return found
+    return None
+
+
+def newest_checkpoints(root: str | Path, which: str = "best") -> list[CheckpointDir]:
+    """Every `which` checkpoint under root, oldest first by the time its meta file was written."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [CheckpointDir(p.parent) for p in root.glob(f"**/checkpoints/{which}/model.safetensors")]
+    return sorted(found, key=lambda c: c.meta.stat().st_mtime if c.meta.exists() else 0.0)

@@ -1,0 +1,111 @@
+"""Typed configs at the command boundary: the composed Hydra tree becomes plain dataclasses here, once, and the
+library below (training/, data/, model/) never sees OmegaConf.
+
+Defaults live in the YAML files only: a dataclass field has no default unless the key is optional by nature,
+so a key missing from a YAML file, an unknown key (a typo added with `+`) and a value of the wrong type each
+fail here with one line naming the dotted key, before any data is read.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Union
+
+from .errors import ConfigError
+
+def plain(node: Any) -> Any:
+    """An OmegaConf node (or anything) as plain Python containers, interpolations resolved."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        return node
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def build(cls, node: Any, where: str = ""):
+    """Dataclass `cls` from a mapping; `where` is the dotted prefix used in messages (e.g. 'trainer').
+    A class with a `from_mapping(dict)` classmethod builds itself (e.g. to gather free-form keys)."""
+    data = plain(node)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - names, key=str)
+    if unknown:
+        raise ConfigError(f"{_dotted(where, unknown[0])} is not a known key; {where or 'the config'} takes "
+                          f"{', '.join(sorted(names))} (check the spelling; a leading + adds keys that nothing reads)")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        key = _dotted(where, f.name)
+        if f.name in data:
+            kwargs[f.name] = _coerce(data[f.name], hints[f.name], key)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{key} is missing; add it to the config file or pass +{key}=<value>")
+    return cls(**kwargs)
+
+
+def _dotted(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    if value == "???":
+        raise ConfigError(f"{key} is required; pass {key}=<value>")
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Union or isinstance(tp, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, option, key)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise errors[0] if len(errors) == 1 else ConfigError(f"{key}={value!r} has the wrong type; see its YAML file")
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if hasattr(tp, "from_mapping"):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key} must be a mapping of keys, got {value!r}")
+            return tp.from_mapping(value, key)
+        return build(tp, value, key)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}={value!r} must be a list, e.g. {key}=[a,b]")
+        item = args[0] if args else Any
+        out = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={value!r} must be a mapping, e.g. {key}={{a: 1}}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={value!r} must be true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key}={value!r} must be a whole number")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}={value!r} must be a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}={value!r} must be a string")
+    return value
