@@ -37,15 +37,9 @@ from tformer_cli.training.loop import Optimization, train_step  # noqa: E402
 
 
 def train_config(*overrides):
-    """The typed config of `tformer train <overrides>` (real Hydra composition)."""
-    from hydra import compose, initialize_config_dir
-
-    from tformer_cli.cli import config_dir
     from tformer_cli.commands.config import TrainConfig
-    from tformer_cli.typed_config import plain
 
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return TrainConfig.from_dict(plain(compose(config_name="train", overrides=list(overrides))))
+    return TrainConfig.compose(overrides)
 
 
 def flops_per_sequence(cfg: EncoderConfig, T: float, T2: float, train: bool) -> float:

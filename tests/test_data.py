@@ -124,3 +124,42 @@ def test_tokenized_storage_is_flat_and_cached(tmp_path):
     assert int(split.lengths.max()) == 6  # truncation is exactly max_len, [CLS] ... [SEP] included
     assert split.values[split.offsets[0]].item() == tok.token_to_id("[CLS]")
     assert split.labels.tolist() == [i % 2 for i in range(50)]
+
+
+def test_head_tail_keeps_the_first_and_last_tokens():
+    from tformer_cli.data import tokenization
+
+    texts = [" ".join(f"w{i}" for i in range(100)), "w1 w2"]
+    tok = tokenization.train_wordpiece(texts * 2, 300, max_len=512)  # every word twice: a whole token
+    long_text = tokenization.LongText("head_tail", head_tokens=3)
+    tokenization.configure(tok, 10, "right", long_text)
+    (ids, tokens), (short_ids, short_tokens) = tokenization.encode_batch(tok, texts, 10, long_text)
+    assert tokens == ["[CLS]", "w0", "w1", "w2", "w95", "w96", "w97", "w98", "w99", "[SEP]"]
+    assert len(ids) == 10 and short_tokens == ["[CLS]", "w1", "w2", "[SEP]"]  # short texts are left alone
+    default = tokenization.LongText("head_tail")  # a quarter of max_len from the start
+    assert default.cut(list(range(50)), 22) == [0, 1, 2, 3, 4, 5] + list(range(34, 50))
+    tokenization.configure(tok, 10, "left")  # truncate keeps one side
+    assert tokenization.encode_batch(tok, texts, 10)[0][1][1:3] == ["w92", "w93"]
+    with pytest.raises(TformerError, match="head_tokens=9 must be between 0 and model.max_len - 2 = 8"):
+        tokenization.LongText("head_tail", 9).head(10)
+
+
+@pytest.mark.slow
+def test_head_tail_trains_evaluates_and_predicts_alike(tmp_path):
+    from helpers import run_tformer
+
+    args = ["data.long_text=head_tail", "data.head_tokens=4", "model.max_len=12", "data.n_train=300",
+            "data.n_validation=100", "data.n_test=100", "trainer.epochs=1", "embedding_init.vocab_size=300"]
+    r = run_tformer("train", *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = next(tmp_path.glob("outputs/train/*/*"))
+    meta = json.loads((run / "checkpoints" / "best" / "meta.json").read_text())
+    assert (meta["long_text"], meta["head_tokens"]) == ("head_tail", 4)
+    r = run_tformer("evaluate", f"checkpoint={run}", cwd=tmp_path)
+    test = json.loads((run / "test_metrics.json").read_text())
+    out = json.loads(next(tmp_path.glob("outputs/evaluate/*/*/metrics.json")).read_text())
+    assert r.returncode == 0 and out["accuracy"] == test["accuracy"]
+    long = "this film was great " * 30 + "but the ending was boring"
+    r = run_tformer("predict", "--explain", "--json", long, cwd=tmp_path)
+    tokens = json.loads(r.stdout)["explanation"]["tokens"]
+    assert len(tokens) == 12 and tokens[:5] == ["[CLS]", "this", "film", "was", "great"] and tokens[-2] == "boring"

@@ -53,10 +53,9 @@ def test_embeddings_frozen_then_trained_without_resetting_other_state(tmp_path, 
 
     real_set = optim_lib.set_embedding_frozen
 
-    def spy(model, frozen):
-        # record the optimizer's Adam step count of a non-embedding weight at each epoch start
+    def spy(model, frozen, layers=0):
         steps_seen[len(steps_seen)] = frozen
-        real_set(model, frozen)
+        real_set(model, frozen, layers)
 
     monkeypatch.setattr(optim_lib, "set_embedding_frozen", spy)
     state = fit(run)
@@ -109,3 +108,37 @@ def test_fit_stops_when_the_monitored_metric_stalls(tmp_path):
     state = fit(run)
     assert len(state.history) == 3  # epoch 1 best, then 2 bad epochs
     assert state.best_metrics["epoch"] == 1 and state.best_metrics["monitor"] == "val_loss"
+
+
+def test_layer_wise_lr_decay_gives_lower_layers_smaller_rates():
+    from tformer_cli.training import optim as optim_lib
+
+    model = TransformerClassifier(EncoderConfig(vocab_size=20, num_classes=2, d_model=8, n_heads=2, d_ff=16, max_len=8,
+                                                n_layers=3, positions="learned", embedding_norm=True))
+    groups = optim_lib.param_groups(model, 1.0, 0.01, 1.0, layer_decay=0.5)
+    lr_of = {id(p): g["lr"] for g in groups for p in g["params"]}
+    assert lr_of[id(model.head.weight)] == 1.0  # the top: the full rate
+    assert [lr_of[id(b.ff.up.weight)] for b in model.blocks] == [0.125, 0.25, 0.5]
+    assert lr_of[id(model.token_embedding.weight)] == lr_of[id(model.embedding_norm.weight)] == 0.0625
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    flat = optim_lib.param_groups(model, 1.0, 0.01, 1.0)  # no decay: the three groups of old
+    assert [g["name"] for g in flat] == ["decay", "no_decay", "embedding"]
+
+
+def test_freezing_lower_layers_then_unfreezing(tmp_path):
+    run = make_run(tmp_path, epochs=2)
+    run.freeze_epochs, run.freeze_layers = 1, 1
+    low = run.model.blocks[0].ff.up.weight.detach().clone()
+    high = run.model.blocks[1].ff.up.weight.detach().clone()
+    frozen_after_epoch = []
+
+    def save(which, metrics, training_state=None):
+        if which == "best" or training_state is None:
+            return
+        frozen_after_epoch.append((torch.equal(run.model.blocks[0].ff.up.weight, low),
+                                   torch.equal(run.model.blocks[1].ff.up.weight, high)))
+
+    run.save_checkpoint = save
+    fit(run)
+    assert frozen_after_epoch[0] == (True, False)  # epoch 1: the lowest block frozen, the next one trained
+    assert frozen_after_epoch[-1] == (False, False)  # epoch 2: everything trains

@@ -12,10 +12,23 @@ from ..model.pretrained import EmbeddingInitConfig
 from ..training.config import LossConfig, OptimizerConfig, ScheduleConfig, TrainerConfig
 from ..typed_config import build, plain
 
-# Model keys that are not part of the encoder's shape: read by the YAML itself (optimizer.lr interpolates it).
-MODEL_CONFIG_ONLY = ("recommended_lr",)
-# Filled in from the data and the tokenizer, never from the model YAML.
+# Filled in from the data and the tokenizer (or a pretrained model), never from the model YAML.
 MODEL_FROM_DATA = ("vocab_size", "num_classes", "embedding_dim", "pad_id")
+
+
+@dataclass
+class ModelOptions:
+    """The model YAML's keys that are not the encoder's shape."""
+
+    recommended_lr: float  # optimizer.lr interpolates it
+    pretrained: str | None  # load the whole encoder from this BERT-family folder or Hub id
+    pretrained_package: str | None  # an installed package with an offline copy, tried first
+    layer_lr_decay: float  # lr of layer l = lr * decay^(top - l)
+    freeze_layers: int  # frozen for freeze_epochs: the token table, and with N > 0 all embeddings + N blocks
+    freeze_epochs: int
+
+
+OPTION_KEYS = tuple(f.name for f in fields(ModelOptions))
 
 
 @dataclass
@@ -34,15 +47,39 @@ class TrainConfig:
     def from_dict(cls, tree: dict) -> "TrainConfig":
         """From the composed config as plain containers (`typed_config.plain(cfg)`)."""
         out = build(cls, tree)
-        out.encoder_config(vocab_size=1, num_classes=2)  # checks the model's shape now, not after the data
+        if out.long_text.mode == "head_tail":
+            out.long_text.head(int(out.model["max_len"]))  # head_tokens fits max_len
+        options = out.model_options  # checks the model's options and shape now, not after the data
+        if options.pretrained is None:
+            out.encoder_config(vocab_size=1, num_classes=2)
+        elif out.embedding_init.pretrained:
+            raise ConfigError(f"model.pretrained={options.pretrained} brings its own embeddings and tokenizer; "
+                              f"drop embedding_init={out.embedding_init.name}")
         return out
 
+    @classmethod
+    def compose(cls, overrides=()) -> "TrainConfig":
+        """The typed config `tformer train <overrides>` would run with (real Hydra composition, nothing run)."""
+        return cls.from_dict(compose_tree("train", overrides))
+
+    @property
+    def long_text(self):
+        from ..data.tokenization import LongText
+
+        return LongText(self.data.long_text, self.data.head_tokens)
+
+    @property
+    def model_options(self) -> ModelOptions:
+        return build(ModelOptions, {k: v for k, v in self.model.items() if k in OPTION_KEYS}, "model")
+
     def encoder_config(self, **from_data) -> EncoderConfig:
+        """The encoder's config: the model YAML's shape keys, with `from_data` (vocabulary, classes, or the
+        shape of a pretrained model) taking precedence."""
         known = {f.name for f in fields(EncoderConfig)}
-        unknown = sorted(set(self.model) - known - set(MODEL_CONFIG_ONLY))
+        unknown = sorted(set(self.model) - known - set(OPTION_KEYS))
         if unknown:
             raise ConfigError(f"model.{unknown[0]} is not a known key; model takes "
-                              f"{', '.join(sorted(known - set(MODEL_FROM_DATA)))}")
+                              f"{', '.join(sorted((known - set(MODEL_FROM_DATA)) | set(OPTION_KEYS)))}")
         shape = {k: v for k, v in self.model.items() if k in known and k not in MODEL_FROM_DATA}
         return build(EncoderConfig, {**shape, **from_data}, "model")
 
@@ -63,6 +100,16 @@ class EvaluateConfig:
     @classmethod
     def from_hydra(cls, cfg) -> "EvaluateConfig":
         return build(cls, plain(cfg))
+
+
+def compose_tree(name: str, overrides=()) -> dict:
+    """The composed `configs/<name>.yaml` with Hydra overrides, as plain containers."""
+    from hydra import compose, initialize_config_dir
+
+    from ..cli import config_dir
+
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        return plain(compose(config_name=name, overrides=list(overrides)))
 
 
 def data_config(saved: dict, **overrides) -> DataConfig:

@@ -44,9 +44,11 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir) -> float:
         raise TformerError(f"the data's labels {data.label_names[:5]} differ from the checkpoint's "
                            f"{loaded.label_names[:5]}; evaluate on the dataset the model was trained on")
     max_len = int(loaded.model_config["max_len"])
-    tok = tokenization.load_tokenizer(loaded.tokenizer_file, max_len)
+    long_text = tokenization.LongText.from_meta(loaded.meta)  # read texts the way training did
+    tok = tokenization.load_tokenizer(loaded.tokenizer_file, max_len, long_text)
     texts = data.splits[config.split]
-    split = tokenization.TokenizedSplit.from_dataset(tokenization.tokenize_split(texts, tok, max_len, config.split))
+    split = tokenization.TokenizedSplit.from_dataset(
+        tokenization.tokenize_split(texts, tok, max_len, config.split, long_text))
     metrics, probs = evaluate_split(loaded.model, split, loaded.label_names, pad_id=tokenization.pad_id(tok),
                                     device=device, precision=precision, batch_size=config.batch_size)
     metrics.update({"checkpoint": str(loaded.path), "split": config.split, "data": data_cfg.name})

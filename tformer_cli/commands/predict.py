@@ -109,7 +109,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     from .. import checkpoint
-    from ..data.tokenization import TokenizedSplit, load_tokenizer, pad_id
+    from ..data.tokenization import LongText, TokenizedSplit, encode_batch, load_tokenizer, pad_id
     from ..hardware import pick_device, pick_precision
     from ..inference import predict_proba
 
@@ -118,9 +118,10 @@ def main(argv: list[str]) -> int:
         print(f"[tformer] using the newest checkpoint: {path}", file=sys.stderr)
     device = pick_device(opts["device"])
     loaded = checkpoint.load(path, device)
-    tok = load_tokenizer(loaded.tokenizer_file, int(loaded.model_config["max_len"]))
-    encodings = tok.encode_batch(texts)
-    split = TokenizedSplit.from_ids([e.ids for e in encodings])
+    max_len, long_text = int(loaded.model_config["max_len"]), LongText.from_meta(loaded.meta)
+    tok = load_tokenizer(loaded.tokenizer_file, max_len, long_text)
+    encodings = encode_batch(tok, texts, max_len, long_text)
+    split = TokenizedSplit.from_ids([ids for ids, _ in encodings])
     precision = pick_precision("fp32" if device.type == "cpu" else "auto", device)
     probs, _ = predict_proba(loaded.model, split, batch_size=opts["batch_size"], pad_id=pad_id(tok), device=device,
                              precision=precision)
@@ -132,7 +133,7 @@ def main(argv: list[str]) -> int:
                for t, p, i in zip(texts, top_p, top_i)]
     if opts["explain"]:
         for r, e, w in zip(results, encodings, explain(loaded.model, split, pad_id(tok), device, opts["batch_size"])):
-            r["explanation"] = {"tokens": e.tokens, "last_layer": [round(x, 6) for x in w["last"]],
+            r["explanation"] = {"tokens": e[1], "last_layer": [round(x, 6) for x in w["last"]],
                                 "rollout": [round(x, 6) for x in w["rollout"]]}
     if opts["json"]:
         for r in results:

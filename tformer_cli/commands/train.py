@@ -78,7 +78,7 @@ class Prepared:
     tokenized: dict  # split -> TokenizedSplit
     model: Any  # TransformerClassifier
     model_cfg: Any  # EncoderConfig
-    embeddings_source: str | None  # where a pretrained table came from (None: random or resumed)
+    embeddings_source: str | None  # where a pretrained table or encoder came from (None: random or resumed)
 
     @property
     def pad_id(self) -> int:
@@ -87,11 +87,15 @@ class Prepared:
         return tokenization.pad_id(self.tokenizer)
 
     def describe(self, config: TrainConfig) -> str:
-        c, emb = self.model_cfg, config.embedding_init
+        c, options = self.model_cfg, config.model_options
+        epochs, layers = freeze_plan(config)
+        frozen = (f", frozen for {epochs} epoch(s)" + (f" with the lowest {layers} blocks" if layers else "")
+                  if epochs else "")
+        source = ("encoder" if options.pretrained else f"embeddings {config.embedding_init.name}") + \
+            (f" pretrained, from {self.embeddings_source}" if self.embeddings_source else "")
         return (f"{self.model.num_parameters():,} parameters ({c.n_layers} layers, d_model {c.d_model}, {c.n_heads} "
-                f"heads, {c.positions} positions, {c.norm}-norm, {c.pooling} pooling); embeddings {emb.name}"
-                + (f" from {self.embeddings_source}, frozen for {emb.freeze_epochs} epoch(s)"
-                   if self.embeddings_source else ""))
+                f"heads, {c.positions} positions, {c.norm}-norm, {c.pooling} pooling); {source}{frozen}"
+                + (f"; layer-wise lr decay {options.layer_lr_decay}" if options.layer_lr_decay != 1.0 else ""))
 
 
 def prepare(config: TrainConfig, resume, console) -> Prepared:
@@ -105,13 +109,19 @@ def prepare(config: TrainConfig, resume, console) -> Prepared:
     data = sources.load(config.data, seed=config.seed)
     console.print(f"[bold]data[/] {config.data.name} from {data.source}: " + ", ".join(
         f"{s} {len(ds):,}" for s, ds in data.splits.items()) + f"; {len(data.label_names)} classes")
-    max_len, pre = int(config.model["max_len"]), None
+    max_len, pre, encoder = int(config.model["max_len"]), None, None
+    options = config.model_options
     if resume is not None:
         tok = tokenization.load_tokenizer(resume.checkpoint.tokenizer_file, max_len)
+    elif options.pretrained:
+        from ..model import pretrained
+
+        encoder = pretrained.load_encoder(options.pretrained, options.pretrained_package, max_len)
+        tok = tokenization.load_tokenizer(encoder.tokenizer_file, max_len)
     else:
         tok, pre = build_tokenizer_and_embeddings(config, data.splits["train"]["text"])
-    tokenization.configure(tok, max_len, config.data.truncation)
-    tokenized = {s: TokenizedSplit.from_dataset(tokenization.tokenize_split(ds, tok, max_len, s))
+    tokenization.configure(tok, max_len, config.data.truncation, config.long_text)
+    tokenized = {s: TokenizedSplit.from_dataset(tokenization.tokenize_split(ds, tok, max_len, s, config.long_text))
                  for s, ds in data.splits.items()}
     if resume is not None:
         if list(resume.checkpoint.label_names) != list(data.label_names):
@@ -120,6 +130,13 @@ def prepare(config: TrainConfig, resume, console) -> Prepared:
                                f"new run")
         model, model_cfg = resume.checkpoint.model, EncoderConfig.from_dict(resume.checkpoint.model_config)
         return Prepared(data, tok, tokenized, model, model_cfg, None)
+    if encoder is not None:
+        from ..model import pretrained
+
+        model_cfg = config.encoder_config(**encoder.shape, num_classes=len(data.label_names))
+        model = TransformerClassifier(model_cfg)
+        pretrained.load_into(model, encoder)
+        return Prepared(data, tok, tokenized, model, model_cfg, encoder.source)
     model_cfg = config.encoder_config(
         vocab_size=pre.weight.shape[0] if pre is not None else tok.get_vocab_size(),
         num_classes=len(data.label_names), embedding_dim=pre.weight.shape[1] if pre is not None else 0,
@@ -129,6 +146,15 @@ def prepare(config: TrainConfig, resume, console) -> Prepared:
         with torch.no_grad():
             model.token_embedding.weight.copy_(pre.weight)
     return Prepared(data, tok, tokenized, model, model_cfg, pre.source if pre is not None else None)
+
+
+def freeze_plan(config: TrainConfig) -> tuple[int, int]:
+    """(epochs, lower blocks) to freeze: a whole pretrained encoder's model.freeze_*, else a pretrained
+    embedding table's embedding_init.freeze_epochs (the table alone)."""
+    options, emb = config.model_options, config.embedding_init
+    if options.pretrained or options.freeze_epochs:
+        return options.freeze_epochs, options.freeze_layers
+    return (emb.freeze_epochs, 0) if emb.pretrained else (0, 0)
 
 
 def build_tokenizer_and_embeddings(config: TrainConfig, train_texts):
@@ -156,15 +182,18 @@ def build_run(config: TrainConfig, prepared: Prepared, run_dir: RunDir, tree: di
     def save(which: str, metrics: dict, training_state=None) -> None:
         checkpoint.save(run_dir.checkpoint(which), prepared.model, model_config=model_config,
                         tokenizer_json=tokenizer_json, label_names=label_names, config_yaml=config_yaml,
-                        metrics=metrics, meta={"epoch": metrics.get("epoch"), "step": metrics.get("step")},
+                        metrics=metrics, meta={"epoch": metrics.get("epoch"), "step": metrics.get("step"),
+                                               **config.long_text.to_meta()},
                         training_state=training_state)
 
     weight = class_weights(prepared.tokenized["train"].labels, len(label_names), config.loss.class_weights)
-    emb = config.embedding_init
+    freeze_epochs, freeze_layers = freeze_plan(config)
     return Run(model=prepared.model, train=prepared.tokenized["train"], validation=prepared.tokenized["validation"],
                label_names=label_names, pad_id=prepared.pad_id, device=device, precision=precision,
                trainer=config.trainer, optimizer=config.optimizer, schedule=config.schedule, save_checkpoint=save,
-               freeze_epochs=emb.freeze_epochs if emb.pretrained else 0, embedding_lr_multiplier=emb.lr_multiplier,
+               freeze_epochs=freeze_epochs, freeze_layers=freeze_layers,
+               embedding_lr_multiplier=config.embedding_init.lr_multiplier,
+               layer_lr_decay=config.model_options.layer_lr_decay,
                loss_weight=weight.to(device) if weight is not None else None,
                label_smoothing=config.loss.label_smoothing,
                resume=(resume.tensors, resume.state) if resume is not None else None, say=console.print)

