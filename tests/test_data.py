@@ -133,13 +133,13 @@ def test_head_tail_keeps_the_first_and_last_tokens():
     tok = tokenization.train_wordpiece(texts * 2, 300, max_len=512)  # every word twice: a whole token
     long_text = tokenization.LongText("head_tail", head_tokens=3)
     tokenization.configure(tok, 10, "right", long_text)
-    (ids, tokens), (short_ids, short_tokens) = tokenization.encode_batch(tok, texts, 10, long_text)
+    [(ids, tokens)], [(short_ids, short_tokens)] = tokenization.encode_batch(tok, texts, 10, long_text)
     assert tokens == ["[CLS]", "w0", "w1", "w2", "w95", "w96", "w97", "w98", "w99", "[SEP]"]
     assert len(ids) == 10 and short_tokens == ["[CLS]", "w1", "w2", "[SEP]"]  # short texts are left alone
     default = tokenization.LongText("head_tail")  # a quarter of max_len from the start
     assert default.cut(list(range(50)), 22) == [0, 1, 2, 3, 4, 5] + list(range(34, 50))
     tokenization.configure(tok, 10, "left")  # truncate keeps one side
-    assert tokenization.encode_batch(tok, texts, 10)[0][1][1:3] == ["w92", "w93"]
+    assert tokenization.encode_batch(tok, texts, 10)[0][0][1][1:3] == ["w92", "w93"]
     with pytest.raises(TformerError, match="head_tokens=9 must be between 0 and model.max_len - 2 = 8"):
         tokenization.LongText("head_tail", 9).head(10)
 
@@ -163,3 +163,60 @@ def test_head_tail_trains_evaluates_and_predicts_alike(tmp_path):
     r = run_tformer("predict", "--explain", "--json", long, cwd=tmp_path)
     tokens = json.loads(r.stdout)["explanation"]["tokens"]
     assert len(tokens) == 12 and tokens[:5] == ["[CLS]", "this", "film", "was", "great"] and tokens[-2] == "boring"
+
+
+def test_chunks_cover_the_whole_text_in_overlapping_windows():
+    from tformer_cli.data.tokenization import LongText
+
+    seq = ["[CLS]", *range(20), "[SEP]"]
+    windows = LongText("chunks", chunk_overlap=2).windows(seq, 8)  # 6 body tokens a window, 4 new each
+    assert windows == [["[CLS]", 0, 1, 2, 3, 4, 5, "[SEP]"], ["[CLS]", 4, 5, 6, 7, 8, 9, "[SEP]"],
+                       ["[CLS]", 8, 9, 10, 11, 12, 13, "[SEP]"], ["[CLS]", 12, 13, 14, 15, 16, 17, "[SEP]"],
+                       ["[CLS]", 14, 15, 16, 17, 18, 19, "[SEP]"]]  # the last window ends with the text
+    assert LongText("chunks").windows(seq[:5], 8) == [seq[:5]]  # a short text is one window
+    with pytest.raises(TformerError, match="chunk_overlap=6 must be between 0 and model.max_len - 3 = 5"):
+        LongText("chunks", chunk_overlap=6).windows(seq, 8)
+
+
+def test_chunked_evaluation_is_the_mean_of_the_window_logits():
+    import torch
+
+    from tformer_cli.data.tokenization import TokenizedSplit
+    from tformer_cli.hardware import Precision
+    from tformer_cli.inference import predict_proba
+    from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier
+
+    torch.manual_seed(0)
+    model = TransformerClassifier(EncoderConfig(vocab_size=30, num_classes=3, d_model=16, n_heads=2, d_ff=32,
+                                                max_len=8)).eval()
+    windows = [[2, 5, 6, 7, 3], [2, 8, 9, 3], [2, 10, 11, 12, 13, 3], [2, 14, 3]]
+    split = TokenizedSplit.from_ids(windows, labels=[0, 0, 2, 1], docs=[0, 0, 1, 2])  # doc 0 has two windows
+    probs, loss = predict_proba(model, split, batch_size=2, pad_id=0, device=torch.device("cpu"),
+                                precision=Precision("fp32", "cpu"))
+    with torch.no_grad():
+        each = [model(torch.tensor([w])) [0] for w in windows]
+    expected = torch.stack([(each[0] + each[1]) / 2, each[2], each[3]]).softmax(-1)
+    torch.testing.assert_close(probs, expected, rtol=1e-5, atol=1e-6)
+    assert split.doc_labels.tolist() == [0, 2, 1]
+    nll = -torch.log(expected[torch.arange(3), torch.tensor([0, 2, 1])]).mean()
+    assert loss == pytest.approx(float(nll), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_chunks_train_evaluate_and_predict_per_document(tmp_path):
+    from helpers import run_tformer
+
+    args = ["data.long_text=chunks", "data.chunk_overlap=2", "model.max_len=8", "data.n_train=300",
+            "data.n_validation=100", "data.n_test=100", "trainer.epochs=1", "embedding_init.vocab_size=300"]
+    r = run_tformer("train", *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = next(tmp_path.glob("outputs/train/*/*"))
+    test = json.loads((run / "test_metrics.json").read_text())
+    assert test["n"] == 100  # documents, not windows
+    r = run_tformer("evaluate", f"checkpoint={run}", cwd=tmp_path)
+    out = json.loads(next(tmp_path.glob("outputs/evaluate/*/*/metrics.json")).read_text())
+    assert r.returncode == 0 and (out["n"], out["accuracy"]) == (100, test["accuracy"])
+    long = "this film was great " * 10 + "but the ending was boring"
+    r = run_tformer("predict", "--json", "--explain", long, "short one", cwd=tmp_path)
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert r.returncode == 0 and len(rows) == 2 and len(rows[0]["explanation"]["tokens"]) == 8

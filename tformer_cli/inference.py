@@ -1,4 +1,5 @@
-"""Batched forward passes over a tokenized split: class probabilities in the split's original order."""
+"""Batched forward passes over a tokenized split: class probabilities per document, in the split's order.
+A document read as several windows (long_text=chunks) gets the softmax of its windows' mean logits."""
 from __future__ import annotations
 
 import torch
@@ -11,11 +12,9 @@ from .data.tokenization import TokenizedSplit
 @torch.inference_mode()
 def predict_proba(model, split: TokenizedSplit, *, batch_size: int, pad_id: int, device: torch.device,
                   precision, loss_weight: torch.Tensor | None = None, progress: str | None = None):
-    """(probs (N, C) float32 on CPU, mean cross-entropy or None when the split has no labels)."""
+    """(probs (documents, C) float32 on CPU, mean cross-entropy over documents)."""
     model.eval()
-    n = len(split)
-    probs = torch.empty(n, model.cfg.num_classes)
-    loss_sum = torch.zeros((), device=device)
+    logits_all = torch.empty(len(split), model.cfg.num_classes)
     loader = BatchLoader(split, batch_size, pad_id, shuffle=False, pin_memory=device.type == "cuda")
     iterator = loader
     if progress:
@@ -25,9 +24,18 @@ def predict_proba(model, split: TokenizedSplit, *, batch_size: int, pad_id: int,
     for batch in iterator:
         ids = batch["input_ids"].to(device, non_blocking=True)
         mask = batch["attention_mask"].to(device, non_blocking=True)
-        labels = batch["labels"].to(device, non_blocking=True)
         with precision.autocast():
-            logits = model(ids, mask).float()
-        loss_sum += F.cross_entropy(logits, labels, weight=loss_weight, reduction="sum")
-        probs[batch["index"]] = logits.softmax(-1).cpu()
-    return probs, float(loss_sum) / max(n, 1)
+            logits_all[batch["index"]] = model(ids, mask).float().cpu()
+    logits = document_logits(logits_all, split.docs)
+    weight = None if loss_weight is None else loss_weight.cpu()
+    loss = F.cross_entropy(logits, split.doc_labels, weight=weight, reduction="sum") / max(len(logits), 1)
+    return logits.softmax(-1), float(loss)
+
+
+def document_logits(logits: torch.Tensor, docs: torch.Tensor | None) -> torch.Tensor:
+    """(sequences, C) -> (documents, C): the mean of each document's windows (identity with one per document)."""
+    if docs is None:
+        return logits
+    n_docs = int(docs.max()) + 1 if len(docs) else 0
+    total = torch.zeros(n_docs, logits.shape[1]).index_add_(0, docs, logits)
+    return total / torch.bincount(docs, minlength=n_docs).clamp(min=1).unsqueeze(1).to(logits.dtype)

@@ -47,8 +47,9 @@ class TrainConfig:
     def from_dict(cls, tree: dict) -> "TrainConfig":
         """From the composed config as plain containers (`typed_config.plain(cfg)`)."""
         out = build(cls, tree)
-        if out.long_text.mode == "head_tail":
-            out.long_text.head(int(out.model["max_len"]))  # head_tokens fits max_len
+        if out.long_text.mode != "truncate":  # head_tokens / chunk_overlap fit max_len
+            out.long_text.head(int(out.model["max_len"]))
+            out.long_text.windows(list(range(2 * int(out.model["max_len"]))), int(out.model["max_len"]))
         options = out.model_options  # checks the model's options and shape now, not after the data
         if options.pretrained is None:
             out.encoder_config(vocab_size=1, num_classes=2)
@@ -66,7 +67,7 @@ class TrainConfig:
     def long_text(self):
         from ..data.tokenization import LongText
 
-        return LongText(self.data.long_text, self.data.head_tokens)
+        return LongText(self.data.long_text, self.data.head_tokens, self.data.chunk_overlap)
 
     @property
     def model_options(self) -> ModelOptions:

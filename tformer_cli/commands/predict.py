@@ -120,8 +120,8 @@ def main(argv: list[str]) -> int:
     loaded = checkpoint.load(path, device)
     max_len, long_text = int(loaded.model_config["max_len"]), LongText.from_meta(loaded.meta)
     tok = load_tokenizer(loaded.tokenizer_file, max_len, long_text)
-    encodings = encode_batch(tok, texts, max_len, long_text)
-    split = TokenizedSplit.from_ids([ids for ids, _ in encodings])
+    windows = encode_batch(tok, texts, max_len, long_text)  # one window per text unless long_text=chunks
+    split = TokenizedSplit.from_windows(windows)
     precision = pick_precision("fp32" if device.type == "cpu" else "auto", device)
     probs, _ = predict_proba(loaded.model, split, batch_size=opts["batch_size"], pad_id=pad_id(tok), device=device,
                              precision=precision)
@@ -131,9 +131,10 @@ def main(argv: list[str]) -> int:
                 "top_k": [{"label": loaded.label_names[int(j)], "probability": round(float(q), 6)}
                           for q, j in zip(p, i)]}
                for t, p, i in zip(texts, top_p, top_i)]
-    if opts["explain"]:
-        for r, e, w in zip(results, encodings, explain(loaded.model, split, pad_id(tok), device, opts["batch_size"])):
-            r["explanation"] = {"tokens": e[1], "last_layer": [round(x, 6) for x in w["last"]],
+    if opts["explain"]:  # of each text's first window (its only one unless long_text=chunks)
+        first = TokenizedSplit.from_ids([ws[0][0] for ws in windows])
+        for r, ws, w in zip(results, windows, explain(loaded.model, first, pad_id(tok), device, opts["batch_size"])):
+            r["explanation"] = {"tokens": ws[0][1], "last_layer": [round(x, 6) for x in w["last"]],
                                 "rollout": [round(x, 6) for x in w["rollout"]]}
     if opts["json"]:
         for r in results:

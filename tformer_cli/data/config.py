@@ -31,6 +31,7 @@ class DataConfig:
     truncation: str  # right: keep the start of long texts; left: keep the end
     long_text: str  # truncate (data.truncation) | head_tail (the first head_tokens + the end)
     head_tokens: int | None  # head_tail: tokens kept from the start (null: a quarter of model.max_len)
+    chunk_overlap: int | None  # chunks: tokens neighbouring windows share (null: a quarter of model.max_len)
     max_train_samples: int | None
     max_eval_samples: int | None
     n_train: int | None  # demo only: generated sizes and seed

@@ -43,18 +43,20 @@ def train_wordpiece(texts, vocab_size: int, max_len: int):
     return configure(tok, max_len)
 
 
-LONG_TEXT_MODES = ("truncate", "head_tail")
+LONG_TEXT_MODES = ("truncate", "head_tail", "chunks")
 
 
 @dataclass(frozen=True)
 class LongText:
-    """How a text longer than max_len tokens becomes max_len tokens: `truncate` cuts one side (data.truncation);
-    `head_tail` keeps the first head_tokens and fills the rest from the end (Sun et al. 2019: the head and the
-    tail of a review carry most of its verdict). Saved in the checkpoint, so evaluate and predict read texts the
-    way training did."""
+    """How a text longer than max_len tokens is read: `truncate` cuts one side (data.truncation); `head_tail`
+    keeps the first head_tokens and fills the rest from the end (Sun et al. 2019: the head and the tail of a review
+    carry most of its verdict); `chunks` splits it into windows of max_len that overlap by chunk_overlap tokens:
+    training learns from every window (with the document's label), evaluate and predict average the windows'
+    logits per document. Saved in the checkpoint, so evaluate and predict read texts the way training did."""
 
     mode: str = "truncate"
     head_tokens: int | None = None  # head_tail: tokens kept from the start (None: a quarter of max_len)
+    chunk_overlap: int | None = None  # chunks: tokens shared by neighbouring windows (None: a quarter of max_len)
 
     def __post_init__(self) -> None:
         if self.mode not in LONG_TEXT_MODES:
@@ -70,6 +72,19 @@ class LongText:
             raise ConfigError(f"data.head_tokens={head} must be between 0 and model.max_len - 2 = {max_len - 2}")
         return head
 
+    def windows(self, seq: list, max_len: int) -> list[list]:
+        """[CLS] body [SEP] -> one sequence of at most max_len, or (chunks) several, each [CLS] part [SEP]."""
+        if self.mode != "chunks" or len(seq) <= max_len:
+            return [self.cut(seq, max_len)]
+        body, width = seq[1:-1], max_len - 2
+        overlap = self.chunk_overlap if self.chunk_overlap is not None else width // 4
+        if not 0 <= overlap < width:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"data.chunk_overlap={overlap} must be between 0 and model.max_len - 3 = {width - 1}")
+        starts = list(range(0, len(body) - width, width - overlap)) + [len(body) - width]  # the last ends the text
+        return [seq[:1] + body[a:a + width] + seq[-1:] for a in starts]
+
     def cut(self, seq: list, max_len: int) -> list:
         """[CLS] a b ... y z [SEP] -> [CLS] + the first head + the last (max_len - 2 - head) + [SEP]."""
         if self.mode != "head_tail" or len(seq) <= max_len:
@@ -79,11 +94,11 @@ class LongText:
         return seq[: 1 + head] + seq[len(seq) - tail - 1:]
 
     def to_meta(self) -> dict:
-        return {"long_text": self.mode, "head_tokens": self.head_tokens}
+        return {"long_text": self.mode, "head_tokens": self.head_tokens, "chunk_overlap": self.chunk_overlap}
 
     @classmethod
     def from_meta(cls, meta: dict) -> "LongText":
-        return cls(str(meta.get("long_text", "truncate")), meta.get("head_tokens"))
+        return cls(str(meta.get("long_text", "truncate")), meta.get("head_tokens"), meta.get("chunk_overlap"))
 
 
 def configure(tok, max_len: int, side: str | None = None, long_text: LongText = LongText()):
@@ -98,16 +113,17 @@ def configure(tok, max_len: int, side: str | None = None, long_text: LongText = 
 
         raise ConfigError(f"data.truncation={side!r} must be right (keep the start) or left (keep the end)")
     tok.no_padding()
-    if long_text.mode == "head_tail":
+    if long_text.mode != "truncate":
         tok.no_truncation()
     else:
         tok.enable_truncation(max_length=max_len, direction=side)
     return tok
 
 
-def encode_batch(tok, texts: list[str], max_len: int, long_text: LongText = LongText()) -> list[tuple[list, list]]:
-    """(ids, tokens) of each text, at most max_len long."""
-    return [(long_text.cut(e.ids, max_len), long_text.cut(e.tokens, max_len)) for e in tok.encode_batch(texts)]
+def encode_batch(tok, texts: list[str], max_len: int, long_text: LongText = LongText()) -> list[list[tuple]]:
+    """Per text, its windows' (ids, tokens), each at most max_len long (one window unless long_text is chunks)."""
+    return [list(zip(long_text.windows(e.ids, max_len), long_text.windows(e.tokens, max_len)))
+            for e in tok.encode_batch(texts)]
 
 
 def load_tokenizer(path: str | Path, max_len: int, long_text: LongText = LongText()):
@@ -129,28 +145,45 @@ def tokenize_split(ds, tok, max_len: int, desc: str, long_text: LongText = LongT
     """Add `input_ids` (int32 Arrow lists) to a text/label dataset; cached on disk by datasets fingerprint."""
     import datasets
 
-    key = f"{ds._fingerprint}|{tokenizer_hash(tok)}|{max_len}|{long_text.mode}|{long_text.head_tokens}|v1"
+    key = f"{ds._fingerprint}|{tokenizer_hash(tok)}|{max_len}|{long_text}|v2"
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:32]
-    features = datasets.Features({"label": ds.features["label"],
+    features = datasets.Features({"label": ds.features["label"], "doc": datasets.Value("int64"),
                                   "input_ids": datasets.Sequence(datasets.Value("int32"))})
 
-    def encode(batch):
-        return {"input_ids": [ids for ids, _ in encode_batch(tok, batch["text"], max_len, long_text)]}
+    def encode(batch, indices):  # one row per window; `doc` is the row's document
+        rows = [(w, label, i) for windows, label, i in
+                zip(encode_batch(tok, batch["text"], max_len, long_text), batch["label"], indices) for w, _ in windows]
+        return {"input_ids": [r[0] for r in rows], "label": [r[1] for r in rows], "doc": [r[2] for r in rows]}
 
-    return ds.map(encode, batched=True, batch_size=2000, remove_columns=["text"], features=features,
-                  new_fingerprint=fingerprint, desc=f"tokenizing {desc}")
+    return ds.map(encode, batched=True, batch_size=2000, with_indices=True, remove_columns=ds.column_names,
+                  features=features, new_fingerprint=fingerprint, desc=f"tokenizing {desc}")
 
 
 @dataclass
 class TokenizedSplit:
-    """Ragged token ids: sequence i is values[offsets[i]:offsets[i+1]]."""
+    """Ragged token ids: sequence i is values[offsets[i]:offsets[i+1]]. With long_text=chunks a document is
+    several sequences (windows): docs[i] is sequence i's document, and doc_labels the documents' labels."""
 
     values: torch.Tensor  # (total_tokens,) int32
     offsets: torch.Tensor  # (N + 1,) int64
-    labels: torch.Tensor  # (N,) int64
+    labels: torch.Tensor  # (N,) int64, per sequence
+    docs: torch.Tensor | None = None  # (N,) int64 document index of each sequence; None: one sequence per document
 
     def __len__(self) -> int:
         return self.labels.shape[0]
+
+    @property
+    def n_docs(self) -> int:
+        return len(self) if self.docs is None else int(self.docs.max()) + 1 if len(self) else 0
+
+    @property
+    def doc_labels(self) -> torch.Tensor:
+        """(n_docs,) the label of each document (what metrics are computed on)."""
+        if self.docs is None:
+            return self.labels
+        out = torch.empty(self.n_docs, dtype=self.labels.dtype)
+        out[self.docs] = self.labels
+        return out
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -168,15 +201,26 @@ class TokenizedSplit:
         offsets = arr.offsets.to_numpy().astype(np.int64)
         values = arr.values.to_numpy(zero_copy_only=False)
         start = offsets[0]
-        labels = np.asarray(ds.with_format("numpy")["label"], dtype=np.int64)
+        table = ds.with_format("numpy")
+        labels = np.asarray(table["label"], dtype=np.int64)
+        docs = np.asarray(table["doc"], dtype=np.int64) if "doc" in ds.column_names else None
+        single = docs is None or (len(docs) and int(docs.max()) + 1 == len(docs))
         return cls(torch.from_numpy(np.array(values[start:offsets[-1]], dtype=np.int32)),
-                   torch.from_numpy(offsets - start), torch.from_numpy(labels))
+                   torch.from_numpy(offsets - start), torch.from_numpy(labels),
+                   None if single else torch.from_numpy(docs))
 
     @classmethod
-    def from_ids(cls, ids: list[list[int]], labels=None) -> "TokenizedSplit":
+    def from_ids(cls, ids: list[list[int]], labels=None, docs: list[int] | None = None) -> "TokenizedSplit":
         lengths = torch.tensor([len(x) for x in ids], dtype=torch.int64)
         offsets = torch.zeros(len(ids) + 1, dtype=torch.int64)
         offsets[1:] = torch.cumsum(lengths, 0)
         values = torch.tensor([t for x in ids for t in x], dtype=torch.int32)
         lab = torch.as_tensor(labels if labels is not None else [0] * len(ids), dtype=torch.int64)
-        return cls(values, offsets, lab)
+        single = docs is None or list(docs) == list(range(len(ids)))
+        return cls(values, offsets, lab, None if single else torch.as_tensor(docs, dtype=torch.int64))
+
+    @classmethod
+    def from_windows(cls, windows: list[list[tuple]]) -> "TokenizedSplit":
+        """From `encode_batch`'s output: every window of every text, with its text as its document."""
+        return cls.from_ids([ids for ws in windows for ids, _ in ws],
+                            docs=[d for d, ws in enumerate(windows) for _ in ws])

@@ -14,7 +14,7 @@ def evaluate_split(model, split, label_names, *, pad_id, device, precision, batc
 
     probs, loss = predict_proba(model, split, batch_size=batch_size, pad_id=pad_id, device=device,
                                 precision=precision, loss_weight=loss_weight, progress=progress)
-    return compute(split.labels.numpy(), probs.argmax(-1).numpy(), label_names, loss), probs.numpy()
+    return compute(split.doc_labels.numpy(), probs.argmax(-1).numpy(), label_names, loss), probs.numpy()
 
 
 def validation_metrics(model, split, label_names, *, pad_id, device, precision, batch_size, loss_weight=None) -> dict:
@@ -28,6 +28,6 @@ def write_reports(out_dir: Path, metrics, label_names, texts, split, probs, norm
                   console) -> None:
     from . import artifacts
 
-    paths = artifacts.write(out_dir, metrics, label_names, texts, split.labels.numpy(), probs, normalize=normalize,
+    paths = artifacts.write(out_dir, metrics, label_names, texts, split.doc_labels.numpy(), probs, normalize=normalize,
                             title=title)
     console.print("reports: " + ", ".join(str(p) for p in paths.values()), highlight=False)
