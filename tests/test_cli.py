@@ -66,13 +66,18 @@ def test_predict_texts_json_topk_and_stdin(trained):
     assert [x["text"] for x in rows] == ["not bad at all", "the plot was dull"]
     assert all(x["label"] in ("negative", "positive") and 0.5 <= x["probability"] <= 1 for x in rows)
     r = run_tformer("predict", "--json", "--top-k", "2", cwd=work, input="first line\n\nsecond line\n")
-    rows = [json.loads(line) for line in r.stdout.splitlines()]
-    assert len(rows) == 2 and [len(x["top_k"]) for x in rows] == [2, 2]
-    assert all(abs(sum(t["probability"] for t in x["top_k"]) - 1) < 1e-4 for x in rows)
+    rows = [json.loads(line) for line in r.stdout.splitlines()]  # one answer per input line, in order
+    assert [x["text"] for x in rows] == ["first line", "", "second line"] and [len(x["top_k"]) for x in rows] == [2, 0, 2]
+    assert rows[1]["empty"] is True and rows[1]["label"] is None and "1 empty text(s)" in r.stderr
+    assert all(abs(sum(t["probability"] for t in x["top_k"]) - 1) < 1e-4 for x in (rows[0], rows[2]))
     newest = sorted((work / "outputs" / "train").glob("*/*"))[-1]
     assert f"using the newest checkpoint: {newest.relative_to(work)}/checkpoints/best" in r.stderr  # without checkpoint=: the newest run, said aloud
     r = run_tformer("predict", "the cast was superb", cwd=work)
     assert r.returncode == 0 and "the cast was superb" in r.stdout and "probability" in r.stdout
+    r = run_tformer("predict", "--topk", "3", "some text", cwd=work)
+    assert r.returncode == 2 and "unknown flag '--topk'; predict knows --top-k" in r.stderr
+    r = run_tformer("predict", "batch_size=0", "some text", cwd=work)
+    assert r.returncode == 2 and "batch_size=0 must be at least 1" in r.stderr
 
 
 def test_bad_input_gets_one_line_and_no_traceback(tmp_path):

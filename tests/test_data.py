@@ -220,3 +220,15 @@ def test_chunks_train_evaluate_and_predict_per_document(tmp_path):
     r = run_tformer("predict", "--json", "--explain", long, "short one", cwd=tmp_path)
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert r.returncode == 0 and len(rows) == 2 and len(rows[0]["explanation"]["tokens"]) == 8
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([("a text", 1)] * 30, "the train split has a single class"),
+    ([("a text", 0.5), ("b text", 1.0)] * 15, "labels must be whole numbers or strings, found 0.5"),
+    ([("a", 0), ("b", 1), ("c", 0)], "the train split has 3 rows: too few to carve a validation split"),
+])
+def test_data_that_cannot_train_a_classifier_is_refused(tmp_path, rows, message):
+    p = tmp_path / "train.jsonl"
+    p.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows))
+    with pytest.raises(TformerError, match=message):
+        sources.load(files_cfg(train_file=str(p)))

@@ -93,6 +93,10 @@ def test_report_command(run):
     assert "training summary" in r.stdout and "best epoch" in r.stdout and "confusion_matrix.png" in r.stdout
     r = run_tformer("report", str(work / "nope"), cwd=work)
     assert r.returncode == 2 and "does not exist" in r.stderr
+    r = run_tformer("report", cwd=work)  # no argument: the newest run
+    assert r.returncode == 0 and f"run {run_dir.relative_to(work)}" in r.stdout.replace("\n", "")
+    r = run_tformer("--version", cwd=work)
+    assert r.returncode == 0 and r.stdout.startswith("tformer ")
 
 
 def test_experiment_configs_compose():

@@ -17,6 +17,7 @@ USAGE = """usage: tformer {train,evaluate,predict} [overrides ...]
   tformer report RUN_DIR                  config, per-epoch metrics, test metrics and plots of a run
 
   tformer train --help / --cfg job        Hydra's config help and the composed config
+  tformer --version
 Set TFORMER_DEBUG=1 for full tracebacks."""
 
 
@@ -65,6 +66,11 @@ def main() -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         sys.exit(0 if argv else 2)
+    if argv[0] in ("--version", "-V", "version"):
+        from . import __version__
+
+        print(f"tformer {__version__}")
+        sys.exit(0)
     task, rest = argv[0], argv[1:]
     if task == "predict":
         from .commands import predict

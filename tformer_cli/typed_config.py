@@ -2,8 +2,8 @@
 library below (training/, data/, model/) never sees OmegaConf.
 
 Defaults live in the YAML files only: a dataclass field has no default unless the key is optional by nature,
-so a key missing from a YAML file, an unknown key (a typo added with `+`) and a value of the wrong type each
-fail here with one line naming the dotted key, before any data is read.
+so a key missing from a YAML file, an unknown key (a typo added with `+`), a value of the wrong type and a number
+outside its range (a class's `RANGES`) each fail here with one line naming the dotted key, before any data is read.
 """
 from __future__ import annotations
 
@@ -48,7 +48,33 @@ def build(cls, node: Any, where: str = ""):
             kwargs[f.name] = _coerce(data[f.name], hints[f.name], key)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{key} is missing; add it to the config file or pass +{key}=<value>")
+    check_ranges(cls, kwargs, where)
     return cls(**kwargs)
+
+
+# RANGES = {field: (low, high, bounds)}: bounds "[]", "[)", "(]" or "()" say whether low and high are allowed;
+# None means unbounded on that side. A None value (an optional key left unset) is not checked.
+Range = tuple
+
+
+def check_ranges(cls, values: dict, where: str = "") -> None:
+    for name, (low, high, bounds) in getattr(cls, "RANGES", {}).items():
+        value = values.get(name)
+        if value is None:
+            continue
+        too_low = low is not None and (value < low if bounds[0] == "[" else value <= low)
+        too_high = high is not None and (value > high if bounds[1] == "]" else value >= high)
+        if too_low or too_high:
+            raise ConfigError(f"{_dotted(where, name)}={value} must be {_describe(low, high, bounds)}")
+
+
+def _describe(low, high, bounds: str) -> str:
+    if high is None:
+        return f"at least {low}" if bounds[0] == "[" else f"greater than {low}"
+    if low is None:
+        return f"at most {high}" if bounds[1] == "]" else f"less than {high}"
+    excluded = [str(v) for v, b in ((low, bounds[0] == "("), (high, bounds[1] == ")")) if b]
+    return f"between {low} and {high}" + (f" ({' and '.join(excluded)} excluded)" if excluded else "")
 
 
 def _dotted(where: str, name: str) -> str:

@@ -25,6 +25,8 @@ DEFAULTS = {"checkpoint": None, "top_k": 1, "file": None, "json": False, "explai
 _OVERRIDE = re.compile(r"^([a-z_]+)=(.*)$", re.S)
 _FLAGS = {"--top-k": "top_k", "-k": "top_k", "--file": "file", "-f": "file", "--checkpoint": "checkpoint",
           "--batch-size": "batch_size", "--device": "device"}
+_SWITCHES = ("--json", "--explain")
+_FLAG_LIKE = re.compile(r"^--?[A-Za-z][\w-]*$")  # one word after - or --: a flag, never a text
 
 
 def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
@@ -53,6 +55,9 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
         elif m and " " not in m.group(1):
             raise TformerError(f"unknown option {m.group(1)!r}; predict takes {', '.join(DEFAULTS)} "
                                f"(put `--` before texts that contain '=')")
+        elif _FLAG_LIKE.match(arg):
+            raise TformerError(f"unknown flag {arg!r}; predict knows {', '.join([*_FLAGS, *_SWITCHES, '--help'])} "
+                               f"(put `--` before texts that start with '-')")
         else:
             texts.append(arg)
         i += 1
@@ -66,8 +71,9 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
     for key in ("json", "explain"):
         if isinstance(opts[key], str):
             opts[key] = opts[key].lower() in ("1", "true", "yes")
-    if opts["top_k"] < 1:
-        raise TformerError("top_k must be at least 1")
+    for key in ("top_k", "batch_size", "max_chars", "max_lines"):
+        if opts[key] < 1:
+            raise TformerError(f"{key}={opts[key]} must be at least 1")
     return opts, texts
 
 
@@ -88,8 +94,7 @@ def read_lines(source: str, max_lines: int) -> list[str]:
             except UnicodeDecodeError as exc:
                 raise TformerError(f"{source} line {n} is not valid UTF-8 (byte {exc.start}); convert the file, "
                                    f"e.g. `iconv -f latin1 -t utf-8`") from exc
-            if line.strip():
-                lines.append(line)
+            lines.append(line)  # blank lines too: the answers line up with the input lines
     return lines
 
 
@@ -120,27 +125,35 @@ def main(argv: list[str]) -> int:
     loaded = checkpoint.load(path, device)
     max_len, long_text = int(loaded.model_config["max_len"]), LongText.from_meta(loaded.meta)
     tok = load_tokenizer(loaded.tokenizer_file, max_len, long_text)
-    windows = encode_batch(tok, texts, max_len, long_text)  # one window per text unless long_text=chunks
+    filled = [i for i, t in enumerate(texts) if t.strip()]  # empty lines get an answer too, marked empty
+    if len(filled) < len(texts):
+        print(f"[tformer] {len(texts) - len(filled)} empty text(s) have no label (marked empty)", file=sys.stderr)
+    windows = encode_batch(tok, [texts[i] for i in filled], max_len, long_text)  # one each unless chunks
     split = TokenizedSplit.from_windows(windows)
     precision = pick_precision("fp32" if device.type == "cpu" else "auto", device)
     probs, _ = predict_proba(loaded.model, split, batch_size=opts["batch_size"], pad_id=pad_id(tok), device=device,
                              precision=precision)
+    if not bool(torch.isfinite(probs).all()):
+        raise TformerError(f"checkpoint {path} gives non-finite probabilities (NaN or inf): its weights are "
+                           f"corrupt; retrain or use another checkpoint")
     k = min(opts["top_k"], probs.shape[1])
     top_p, top_i = torch.topk(probs, k, dim=-1)
-    results = [{"text": t, "label": loaded.label_names[int(i[0])], "probability": round(float(p[0]), 6),
-                "top_k": [{"label": loaded.label_names[int(j)], "probability": round(float(q), 6)}
-                          for q, j in zip(p, i)]}
-               for t, p, i in zip(texts, top_p, top_i)]
+    results = [{"text": t, "label": None, "probability": None, "empty": True, "top_k": []} for t in texts]
+    for i, p, j in zip(filled, top_p, top_i):
+        results[i] = {"text": texts[i], "label": loaded.label_names[int(j[0])], "probability": round(float(p[0]), 6),
+                      "top_k": [{"label": loaded.label_names[int(c)], "probability": round(float(q), 6)}
+                                for q, c in zip(p, j)]}
     if opts["explain"]:  # of each text's first window (its only one unless long_text=chunks)
         first = TokenizedSplit.from_ids([ws[0][0] for ws in windows])
-        for r, ws, w in zip(results, windows, explain(loaded.model, first, pad_id(tok), device, opts["batch_size"])):
+        explained = [results[i] for i in filled]
+        for r, ws, w in zip(explained, windows, explain(loaded.model, first, pad_id(tok), device, opts["batch_size"])):
             r["explanation"] = {"tokens": ws[0][1], "last_layer": [round(x, 6) for x in w["last"]],
                                 "rollout": [round(x, 6) for x in w["rollout"]]}
     if opts["json"]:
         for r in results:
             if k == 1:
                 r.pop("top_k")
-            print(json.dumps(r, ensure_ascii=False))
+            print(json.dumps(r, ensure_ascii=False, allow_nan=False))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -152,6 +165,9 @@ def main(argv: list[str]) -> int:
     if k > 1:
         table.add_column(f"top {k}")
     for r in results:
+        if r.get("empty"):
+            table.add_row(repr(r["text"]), "(empty)", "-", *(["-"] if k > 1 else []))
+            continue
         row = [r["text"] if len(r["text"]) <= 200 else r["text"][:197] + "...", r["label"], f"{r['probability']:.3f}"]
         if k > 1:
             row.append(", ".join(f"{x['label']} {x['probability']:.3f}" for x in r["top_k"]))
@@ -160,7 +176,8 @@ def main(argv: list[str]) -> int:
     console.print(table)
     if opts["explain"]:
         for r in results:
-            console.print(render_explanation(r))
+            if not r.get("empty"):
+                console.print(render_explanation(r))
     return 0
 
 

@@ -5,14 +5,20 @@ import json
 from pathlib import Path
 
 from ..errors import TformerError
-from ..run_dir import RunDir
+from ..run_dir import RunDir, newest_checkpoints
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         print("usage: tformer report [RUN_DIR]   (default: the newest run under outputs/)")
-        return 0 if argv else 2
-    run_dir = RunDir(Path(argv[0]).expanduser())
+        return 0
+    if argv:
+        run_dir = RunDir(Path(argv[0]).expanduser())
+    else:
+        runs = newest_checkpoints("outputs", "best") or newest_checkpoints("outputs", "last")
+        if not runs:
+            raise TformerError(f"no run under {Path('outputs').resolve()}/; pass a run directory")
+        run_dir = RunDir.of_checkpoint(runs[-1])
     if not run_dir.root.is_dir():
         raise TformerError(f"run directory {run_dir} does not exist; pass outputs/train/<date>/<time>")
     ckpts = [c for c in (run_dir.best.existing(), run_dir.last.existing()) if c is not None and c.config.is_file()]

@@ -230,6 +230,17 @@ def _encode_labels(splits: dict, names: list[str] | None) -> tuple[dict, list[st
     if len(kinds) > 1:
         raise TformerError(f"the label column mixes types ({', '.join(sorted(kinds))}); use all strings or all "
                            f"integers")
+    if len({str(x) for x in train_labels}) < 2:
+        raise TformerError(f"the train split has a single class ({train_labels[0]}); a classifier needs examples "
+                           f"of at least two classes")
+    if kinds - {"str", "int", "float"}:
+        raise TformerError(f"labels must be integers or strings, found {', '.join(sorted(kinds))}; convert the "
+                           f"label column")
+    if kinds == {"float"}:
+        fractional = [x for x in train_labels if not float(x).is_integer()]
+        if fractional:
+            raise TformerError(f"labels must be whole numbers or strings, found {fractional[0]}; tformer classifies "
+                               f"(it does not regress): use class ids or names")
     if kinds == {"str"}:
         names = sorted(set(train_labels))
         index = {n: i for i, n in enumerate(names)}
@@ -257,6 +268,22 @@ def _encode_labels(splits: dict, names: list[str] | None) -> tuple[dict, list[st
     feature = datasets.ClassLabel(names=names)
     splits = {s: ds.cast_column("label", feature) for s, ds in splits.items()}
     return splits, names
+
+
+def _carve(ds, fraction: float, seed: int, name: str):
+    """(rest, a stratified seeded `fraction` of ds) with a clear error when ds is too small to split."""
+    k = len(ds.features["label"].names)
+    n_part = int(round(fraction * len(ds)))
+    if n_part < k or len(ds) - n_part < k:
+        raise TformerError(f"the train split has {len(ds)} rows: too few to carve a {name} split of "
+                           f"data.{name}_fraction={fraction} with every one of its {k} classes on both sides; add "
+                           f"data, change the fraction, or give a {name} file (data.{name}_file)")
+    try:
+        parts = ds.train_test_split(test_size=fraction, seed=seed, stratify_by_column="label")
+    except ValueError as exc:  # a class with a single example cannot be stratified
+        raise TformerError(f"cannot carve a stratified {name} split from the train split ({exc}); add examples of "
+                           f"the rare classes or give a {name} file (data.{name}_file)") from exc
+    return parts["train"], parts["test"]
 
 
 def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
@@ -294,13 +321,9 @@ def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
         splits[split] = ds
     splits, names = _encode_labels(splits, names)
     if "test" not in splits and cfg.test_fraction:  # datasets without an official split
-        parts = splits["train"].train_test_split(test_size=cfg.test_fraction, seed=seed,
-                                                 stratify_by_column="label")
-        splits["train"], splits["test"] = parts["train"], parts["test"]
+        splits["train"], splits["test"] = _carve(splits["train"], cfg.test_fraction, seed, "test")
     if "validation" not in splits:
-        parts = splits["train"].train_test_split(test_size=cfg.validation_fraction, seed=seed,
-                                                 stratify_by_column="label")
-        splits["train"], splits["validation"] = parts["train"], parts["test"]
+        splits["train"], splits["validation"] = _carve(splits["train"], cfg.validation_fraction, seed, "validation")
     for split, limit_key in (("train", "max_train_samples"), ("validation", "max_eval_samples"),
                              ("test", "max_eval_samples")):
         limit = getattr(cfg, limit_key)

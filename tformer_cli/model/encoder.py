@@ -49,7 +49,15 @@ class EncoderConfig:
     embedding_norm: bool = False  # LayerNorm over token + position embeddings (BERT-family: true)
     norm_eps: float = 1e-5  # every LayerNorm's eps (BERT-family: 1e-12)
 
+    RANGES = {"vocab_size": (1, None, "[)"), "num_classes": (2, None, "[)"), "d_model": (1, None, "[)"),
+              "n_layers": (0, None, "[)"), "n_heads": (1, None, "[)"), "d_ff": (1, None, "[)"),
+              "max_len": (2, None, "[)"), "dropout": (0, 1, "[)"), "attention_dropout": (0, 1, "[)"),
+              "head_hidden": (0, None, "[)"), "embedding_dim": (0, None, "[)"), "norm_eps": (0, None, "()")}
+
     def __post_init__(self) -> None:
+        from ..typed_config import check_ranges
+
+        check_ranges(type(self), asdict(self), "model")
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "

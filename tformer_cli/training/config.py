@@ -15,6 +15,12 @@ class EarlyStoppingConfig:
     patience: int
     min_delta: float
 
+    RANGES = {"patience": (0, None, "[)"), "min_delta": (0, None, "[)")}
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("min", "max"):
+            raise ConfigError(f"trainer.early_stopping.mode={self.mode!r} must be min or max")
+
 
 @dataclass
 class TrainerConfig:
@@ -32,6 +38,10 @@ class TrainerConfig:
     test_after_fit: bool
     early_stopping: EarlyStoppingConfig
 
+    RANGES = {"epochs": (1, None, "[)"), "batch_size": (1, None, "[)"), "eval_batch_size": (1, None, "[)"),
+              "grad_clip": (0, None, "[)"), "log_every_steps": (1, None, "[)"), "num_workers": (0, None, "[)"),
+              "checkpoint_every_steps": (0, None, "[)")}
+
 
 @dataclass
 class OptimizerConfig:
@@ -42,6 +52,8 @@ class OptimizerConfig:
     lr: float
     weight_decay: float
     options: dict[str, Any] = field(default_factory=dict)
+
+    RANGES = {"lr": (0, None, "[)"), "weight_decay": (0, None, "[)")}
 
     @classmethod
     def from_mapping(cls, data: dict, where: str = "optimizer") -> "OptimizerConfig":
@@ -65,8 +77,16 @@ class ScheduleConfig:
     warmup_ratio: float
     min_lr_ratio: float
 
+    RANGES = {"warmup_steps": (0, None, "[)"), "warmup_ratio": (0, 1, "[)"), "min_lr_ratio": (0, 1, "[]")}
+
 
 @dataclass
 class LossConfig:
     class_weights: str | None  # null | balanced
     label_smoothing: float
+
+    RANGES = {"label_smoothing": (0, 1, "[)")}
+
+    def __post_init__(self) -> None:
+        if self.class_weights not in (None, "balanced"):
+            raise ConfigError(f"loss.class_weights={self.class_weights!r} must be null or balanced")
