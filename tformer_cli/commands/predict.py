@@ -155,6 +155,12 @@ def main(argv: list[str]) -> int:
                 r.pop("top_k")
             print(json.dumps(r, ensure_ascii=False, allow_nan=False))
         return 0
+    print_table(results, k, opts["explain"])
+    return 0
+
+
+def print_table(results: list[dict], k: int, explained: bool) -> None:
+    """The answers as a rich table (top-k column when k > 1), then the explanations."""
     from rich.console import Console
     from rich.table import Table
 
@@ -174,11 +180,9 @@ def main(argv: list[str]) -> int:
         table.add_row(*row)
     console = Console()
     console.print(table)
-    if opts["explain"]:
-        for r in results:
-            if not r.get("empty"):
-                console.print(render_explanation(r))
-    return 0
+    for r in results if explained else []:
+        if not r.get("empty"):
+            console.print(render_explanation(r))
 
 
 def explain(model, split, pad: int, device, batch_size: int) -> list[dict]:
