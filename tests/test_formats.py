@@ -58,3 +58,22 @@ def test_sst2_glue_tsv(tmp_path):
     assert len(data.splits["test"]) == 10 and data.splits["test"][0]["text"] == "dev 0"
     assert len(data.splits["train"]) + len(data.splits["validation"]) == 60  # validation carved from train, not dev
     assert any('"quoted"' in t for t in data.splits["train"]["text"])  # quotes kept as text
+
+
+@pytest.mark.slow
+def test_a_run_records_where_its_data_is_so_evaluate_works_from_anywhere(tmp_path):
+    from helpers import run_tformer
+
+    data = tmp_path / "work" / "data"
+    data.mkdir(parents=True)
+    (data / "train.csv").write_text("text,label\n" + "".join(f"good film {i},pos\nbad film {i},neg\n" for i in range(60)))
+    (data / "test.csv").write_text("text,label\n" + "".join(f"good one {i},pos\nbad one {i},neg\n" for i in range(10)))
+    r = run_tformer("train", "data=imdb", "data.dir=data", "trainer.epochs=1", "embedding_init.vocab_size=100",
+                    "model.max_len=16", cwd=tmp_path / "work")
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = next((tmp_path / "work").glob("outputs/train/*/*"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = run_tformer("evaluate", f"checkpoint={run}", cwd=elsewhere)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert str(data.resolve()) in (run / "checkpoints" / "best" / "config.yaml").read_text()

@@ -1,6 +1,7 @@
 """`tformer train`: typed config -> data, tokenizer, encoder -> fit -> best checkpoint -> reports and test metrics."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass
@@ -17,8 +18,13 @@ def run(cfg) -> float:
 
     from ..typed_config import plain
 
+    from ..data.sources import absolute_locations
+
     tree = plain(cfg)
     config = TrainConfig.from_dict(tree)
+    located = absolute_locations(config.data)  # the saved config must find the data from any directory
+    tree["data"].update(located)
+    config.data = dataclasses.replace(config.data, **located)
     hydra = HydraConfig.get()
     return train(config, RunDir(hydra.runtime.output_dir), tree, overrides=list(hydra.overrides.task))
 

@@ -39,6 +39,20 @@ def resolve_dir(cfg: DataConfig) -> Path | None:
     return None
 
 
+def absolute_locations(cfg: DataConfig) -> dict:
+    """The data config's local paths made absolute (data.dir, and files given relative to the working directory),
+    so a checkpoint's saved config finds its data from any directory. Files named relative to data.dir stay so."""
+    out = {}
+    if cfg.dir:
+        out["dir"] = str(Path(os.path.expanduser(cfg.dir)).resolve())
+    else:
+        for key in ("train_file", "validation_file", "test_file"):
+            value = getattr(cfg, key)
+            if value and Path(os.path.expanduser(value)).exists():
+                out[key] = str(Path(os.path.expanduser(value)).resolve())
+    return out
+
+
 def _find_split_file(folder: Path, split: str, cfg: DataConfig) -> Path | None:
     explicit = getattr(cfg, f"{split}_file")
     if explicit:
