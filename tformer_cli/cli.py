@@ -31,7 +31,9 @@ def config_dir() -> str:
 
 
 def _fail(exc: BaseException) -> None:
-    print(f"error: {exc}", file=sys.stderr)
+    from .safe_text import terminal
+
+    print(f"error: {terminal(exc)}", file=sys.stderr)
     sys.exit(getattr(exc, "exit_code", 2))
 
 

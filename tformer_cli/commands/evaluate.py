@@ -34,8 +34,10 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir) -> float:
         raise TformerError(f"checkpoint {loaded.path} has no {loaded.files.config.name} to say which data it was "
                            f"trained on; pass data=<name>")
     data_cfg = data_config(saved_data, dir=config.data_dir, max_eval_samples=config.max_samples)
-    console.print(f"[bold]checkpoint[/] {loaded.path}  [bold]data[/] {data_cfg.name}  [bold]split[/] {config.split}  "
-                  f"[bold]device[/] {device} ({precision.name})", highlight=False)
+    from ..safe_text import markup
+
+    console.print(f"[bold]checkpoint[/] {markup(loaded.path)}  [bold]data[/] {markup(data_cfg.name)}  [bold]split[/] "
+                  f"{markup(config.split)}  [bold]device[/] {device} ({precision.name})", highlight=False)
     seed = int(saved.seed) if saved is not None and "seed" in saved else 0
     data = sources.load(data_cfg, seed=seed)
     if config.split not in data.splits:

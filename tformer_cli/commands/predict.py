@@ -164,6 +164,8 @@ def print_table(results: list[dict], k: int, explained: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from ..safe_text import rich
+
     table = Table(header_style="bold", show_lines=False)
     table.add_column("text", overflow="fold", max_width=70)
     table.add_column("label")
@@ -172,11 +174,12 @@ def print_table(results: list[dict], k: int, explained: bool) -> None:
         table.add_column(f"top {k}")
     for r in results:
         if r.get("empty"):
-            table.add_row(repr(r["text"]), "(empty)", "-", *(["-"] if k > 1 else []))
+            table.add_row(rich(repr(r["text"])), "(empty)", "-", *(["-"] if k > 1 else []))
             continue
-        row = [r["text"] if len(r["text"]) <= 200 else r["text"][:197] + "...", r["label"], f"{r['probability']:.3f}"]
+        text = r["text"] if len(r["text"]) <= 200 else r["text"][:197] + "..."
+        row = [rich(text), rich(r["label"]), f"{r['probability']:.3f}"]
         if k > 1:
-            row.append(", ".join(f"{x['label']} {x['probability']:.3f}" for x in r["top_k"]))
+            row.append(rich(", ".join(f"{x['label']} {x['probability']:.3f}" for x in r["top_k"])))
         table.add_row(*row)
     console = Console()
     console.print(table)
@@ -222,9 +225,11 @@ def render_explanation(result: dict):
     exp = result["explanation"]
     pairs = words_and_weights(exp["tokens"], exp["rollout"])
     top = max((w for _, w in pairs), default=1.0) or 1.0
-    text = Text(f"{result['label']} {result['probability']:.3f}: ", style="bold")
+    from ..safe_text import terminal
+
+    text = Text(f"{terminal(result['label'])} {result['probability']:.3f}: ", style="bold")
     for word, w in pairs:
         level = int(255 - 180 * (w / top))
-        text.append(word, style=f"black on rgb(255,{level},{level})" if w / top > 0.15 else "")
+        text.append(terminal(word), style=f"black on rgb(255,{level},{level})" if w / top > 0.15 else "")
         text.append(" ")
     return text

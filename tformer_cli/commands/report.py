@@ -36,18 +36,24 @@ def main(argv: list[str]) -> int:
     cfg = yaml.safe_load(ckpts[0].config.read_text())
     model, data, opt, sched, emb, trainer = (cfg.get(k, {}) for k in ("model", "data", "optimizer", "schedule",
                                                                       "embedding_init", "trainer"))
-    summary = Table(title=f"run {run_dir}", show_header=False)
+    from ..safe_text import markup, rich
+
+    summary = Table(title=markup(f"run {run_dir}"), show_header=False)
     summary.add_column(style="bold")
     summary.add_column()
-    summary.add_row("data", f"{data.get('name')}" + (f" from {data['dir']}" if data.get("dir") else ""))
-    summary.add_row("model", f"{model.get('n_layers')} layers, d_model {model.get('d_model')}, {model.get('n_heads')} "
-                             f"heads, d_ff {model.get('d_ff')}, max_len {model.get('max_len')}, {model.get('positions')}"
-                             f" positions, {model.get('norm')}-norm, {model.get('pooling')} pooling")
-    summary.add_row("embeddings", f"{emb.get('name')}" + (f", frozen {emb.get('freeze_epochs')} epoch(s)"
-                                                           if emb.get("name") != "random" else ""))
-    summary.add_row("optimizer", f"{opt.get('name')} lr {opt.get('lr')}, schedule {sched.get('name')}")
-    summary.add_row("trainer", f"{trainer.get('epochs')} epochs, batch {trainer.get('batch_size')}, early stopping on "
-                               f"{trainer.get('early_stopping', {}).get('monitor')}, seed {cfg.get('seed')}")
+    rows = {
+        "data": f"{data.get('name')}" + (f" from {data['dir']}" if data.get("dir") else ""),
+        "model": f"{model.get('n_layers')} layers, d_model {model.get('d_model')}, {model.get('n_heads')} heads, d_ff "
+                 f"{model.get('d_ff')}, max_len {model.get('max_len')}, {model.get('positions')} positions, "
+                 f"{model.get('norm')}-norm, {model.get('pooling')} pooling",
+        "embeddings": f"{emb.get('name')}" + (f", frozen {emb.get('freeze_epochs')} epoch(s)"
+                                              if emb.get("name") != "random" else ""),
+        "optimizer": f"{opt.get('name')} lr {opt.get('lr')}, schedule {sched.get('name')}",
+        "trainer": f"{trainer.get('epochs')} epochs, batch {trainer.get('batch_size')}, early stopping on "
+                   f"{trainer.get('early_stopping', {}).get('monitor')}, seed {cfg.get('seed')}",
+    }
+    for key, value in rows.items():
+        summary.add_row(key, rich(value))  # values come from a file: shown as written, never as markup
     console.print(summary)
     last = run_dir.last.existing()
     history = json.loads(run_dir.history.read_text()) if run_dir.finished else \

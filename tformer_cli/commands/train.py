@@ -113,7 +113,9 @@ def prepare(config: TrainConfig, resume, console) -> Prepared:
     from ..model.encoder import EncoderConfig, TransformerClassifier
 
     data = sources.load(config.data, seed=config.seed)
-    console.print(f"[bold]data[/] {config.data.name} from {data.source}: " + ", ".join(
+    from ..safe_text import markup
+
+    console.print(f"[bold]data[/] {markup(config.data.name)} from {markup(data.source)}: " + ", ".join(
         f"{s} {len(ds):,}" for s, ds in data.splits.items()) + f"; {len(data.label_names)} classes")
     max_len, pre, encoder = int(config.model["max_len"]), None, None
     options = config.model_options

@@ -14,6 +14,10 @@ def confusion_matrix_png(path: Path, matrix, label_names: list[str], normalize: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from ..safe_text import mathtext
+
+    label_names = [mathtext(n) for n in label_names]
+    title = mathtext(title)
     m = np.asarray(matrix, dtype=float)
     if normalize:  # each row sums to 1: recall per true class on the diagonal
         m = m / np.clip(m.sum(axis=1, keepdims=True), 1, None)

@@ -7,7 +7,9 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
     from rich.table import Table
 
     console = console or Console()
-    summary = Table(title=title, show_header=True, header_style="bold")
+    from ..safe_text import markup, rich
+
+    summary = Table(title=markup(title), show_header=True, header_style="bold")
     for col in ("n", "accuracy", f"precision ({metrics['average']})", f"recall ({metrics['average']})",
                 f"f1 ({metrics['average']})", "loss"):
         summary.add_column(col, justify="right")
@@ -21,7 +23,7 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
         per_class.add_column(col, justify="left" if col == "label" else "right")
     for name in label_names:
         row = metrics["per_class"].get(name, {})
-        per_class.add_row(name, f"{row.get('precision', 0):.3f}", f"{row.get('recall', 0):.3f}",
+        per_class.add_row(rich(name), f"{row.get('precision', 0):.3f}", f"{row.get('recall', 0):.3f}",
                           f"{row.get('f1-score', 0):.3f}", f"{int(row.get('support', 0)):,}")
     console.print(per_class)
 
@@ -30,9 +32,9 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
         short = [n if len(n) <= 12 else n[:11] + "…" for n in label_names]
         cm.add_column("")
         for n in short:
-            cm.add_column(n, justify="right")
+            cm.add_column(rich(n), justify="right")
         for name, row in zip(short, metrics["confusion_matrix"]):
-            cm.add_row(name, *[str(v) for v in row])
+            cm.add_row(rich(name), *[str(v) for v in row])
         console.print(cm)
 
 
