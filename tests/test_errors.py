@@ -1,4 +1,6 @@
 """Each kind of bad input gets one line naming the problem and the fix, exit code 2, and no traceback."""
+import json
+
 import pytest
 
 from helpers import run_tformer
@@ -72,5 +74,5 @@ def test_checkpoint_and_predict_input_errors(files, tmp_path):
     r = run_tformer("predict", "max_chars=10", "--json", "a very long text that goes on and on", cwd=tmp_path)
     assert r.returncode == 0 and "were cut" in r.stderr and '"text": "a very lon"' in r.stdout
     meta = next(tmp_path.glob("outputs/train/*/*/checkpoints/best/meta.json"))
-    meta.write_text(meta.read_text().replace('"format_version": 1', '"format_version": 99'))
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "format_version": 99}))
     check(run_tformer("predict", f"checkpoint={meta.parent}", "x", cwd=tmp_path), "format version 99")

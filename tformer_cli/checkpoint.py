@@ -22,10 +22,12 @@ from pathlib import Path
 
 import torch
 
+from .atomic import sha256_file, write_problem
 from .errors import TformerError
 from .run_dir import CheckpointDir, RunDir, newest_checkpoints, resolve_checkpoint, resolve_resumable
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: manifest.json (SHA-256 of every file) written and checked
+READABLE_VERSIONS = (1, 2)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -49,16 +51,17 @@ def save(target: CheckpointDir | str | Path, model, *, model_config: dict, token
          label_names: list[str], config_yaml: str, metrics: dict, meta: dict,
          training_state: tuple[dict, dict] | None = None) -> CheckpointDir:
     """Write a checkpoint atomically; `training_state` is (tensors, JSON) for a resumable `last`."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     target = target if isinstance(target, CheckpointDir) else CheckpointDir(target)
-    target.path.parent.mkdir(parents=True, exist_ok=True)
     tmp_path, old = target.tmp_sibling(), target.old_sibling()
-    if tmp_path.exists():
-        shutil.rmtree(tmp_path)
-    tmp_path.mkdir()
     tmp = CheckpointDir(tmp_path)
     try:
+        target.path.parent.mkdir(parents=True, exist_ok=True)
+        if tmp_path.exists():
+            shutil.rmtree(tmp_path)
+        tmp_path.mkdir()
         state = {k: v.detach().float().cpu().contiguous() if v.is_floating_point() else v.detach().cpu().contiguous()
                  for k, v in model.state_dict().items()}
         save_file(state, str(tmp.weights), metadata={"format": "pt"})
@@ -72,6 +75,7 @@ def save(target: CheckpointDir | str | Path, model, *, model_config: dict, token
             tensors, saved = training_state
             save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp.training_tensors))
             _write_json(tmp.training_json, saved)
+        _write_json(tmp.manifest, _digests(tmp))
         for f in tmp_path.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -84,12 +88,44 @@ def save(target: CheckpointDir | str | Path, model, *, model_config: dict, token
         _fsync_dir(target.path.parent)
         if old.exists():
             shutil.rmtree(old)
-    except OSError as exc:
+    except (OSError, SafetensorError) as exc:  # safetensors reports a full disk as its own error type
         shutil.rmtree(tmp_path, ignore_errors=True)
-        hint = "free some disk space" if getattr(exc, "errno", None) == 28 else "check the output directory"
-        raise TformerError(f"could not save checkpoint {target}: {exc.strerror or exc}; {hint} "
+        raise TformerError(f"could not save checkpoint {target}: {write_problem(exc)} "
                            f"(the previous checkpoint is kept)") from exc
     return target
+
+
+def _digests(ckpt: CheckpointDir) -> dict:
+    return {f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+            for f in sorted(ckpt.path.iterdir()) if f.is_file() and f != ckpt.manifest}
+
+
+def verify_manifest(ckpt: CheckpointDir) -> None:
+    """Every file the manifest lists must be there with the same size and SHA-256, and every file the checkpoint
+    needs must be listed: a flipped byte, a truncated copy or a file swapped in from another run is refused here
+    instead of producing NaN or wrong labels later. (Integrity, not authenticity: the field checks in `load`
+    are what stop a deliberately crafted checkpoint.)"""
+    try:
+        listed = json.loads(ckpt.manifest.read_text())
+        entries = {str(name): (str(e["sha256"]), int(e["bytes"])) for name, e in listed.items()}
+    except (OSError, json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
+        raise TformerError(f"checkpoint {ckpt} has a missing or unreadable {ckpt.manifest.name}; retrain or use "
+                           f"another checkpoint") from None
+    unlisted = [n for n in CheckpointDir.REQUIRED if n not in entries]
+    if unlisted:
+        raise TformerError(f"checkpoint {ckpt}: {ckpt.manifest.name} does not list {', '.join(unlisted)}; the "
+                           f"checkpoint was assembled by hand or corrupted")
+    for name, (digest, size) in entries.items():
+        f = ckpt.path / name
+        if "/" in name or "\\" in name or name.startswith("."):
+            raise TformerError(f"checkpoint {ckpt}: {ckpt.manifest.name} names an invalid file; retrain or use "
+                               f"another checkpoint")
+        if not f.is_file():
+            raise TformerError(f"checkpoint {ckpt} is incomplete (missing {name}); retrain or use another checkpoint")
+        if f.stat().st_size != size or sha256_file(f) != digest:
+            raise TformerError(f"checkpoint {ckpt}: {name} changed after it was written (size or SHA-256 differs "
+                               f"from {ckpt.manifest.name}); the file is corrupted or was edited, retrain or use "
+                               f"another checkpoint")
 
 
 def resolve(path: str | Path) -> CheckpointDir:
@@ -101,11 +137,27 @@ def resolve(path: str | Path) -> CheckpointDir:
 
 
 def newest(root: str | Path = "outputs") -> CheckpointDir:
+    """The newest run's best checkpoint; when that run is a job of a `-m` sweep, the sweep's best job (by the
+    metric each job monitored), not whichever job happened to finish last."""
     found = newest_checkpoints(root, "best")
     if not found:
         raise TformerError(f"no trained checkpoint under {Path(root).resolve()}/; run `tformer train` first or pass "
                            f"checkpoint=<path>")
-    return found[-1]
+    sweep = RunDir.of_checkpoint(found[-1]).sweep()
+    if sweep is None:
+        return found[-1]
+    jobs = [c for c in found if RunDir.of_checkpoint(c).sweep() == sweep]
+    return max(jobs, key=_monitored_score)
+
+
+def _monitored_score(ckpt: CheckpointDir) -> float:
+    """The value a job's early stopping monitored, signed so that larger is better (-inf when unreadable)."""
+    try:
+        stopping = read_config(ckpt).get("trainer", {}).get("early_stopping", {})
+        value = float(json.loads(ckpt.metrics.read_text())[stopping.get("monitor", "val_accuracy")])
+    except (TformerError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return float("-inf")
+    return -value if stopping.get("mode") == "min" else value
 
 
 @dataclass
@@ -119,18 +171,32 @@ class Loaded:
     path: Path
     files: CheckpointDir
 
-    def saved_config(self):
-        """The run's saved config as an OmegaConf tree (None for a checkpoint without one)."""
-        from omegaconf import OmegaConf
+    def saved_config(self) -> dict | None:
+        """The run's saved config (None for a checkpoint without one), see `read_config`."""
+        return read_config(self.files) if self.files.config.is_file() else None
 
-        return OmegaConf.load(self.files.config) if self.files.config.is_file() else None
+
+def read_config(ckpt: CheckpointDir) -> dict:
+    """A checkpoint's saved config as plain data: YAML's safe loader (no Python tags) and no interpolation, so a
+    `${oc.env:SECRET}` planted in the file stays that literal text and is never resolved or printed resolved."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(ckpt.config.read_text())
+    except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
+        raise TformerError(f"checkpoint {ckpt} has an unreadable saved config ({type(exc).__name__}); retrain or "
+                           f"use another checkpoint") from None
+    if not isinstance(data, dict):
+        raise TformerError(f"checkpoint {ckpt} has a saved config that is not a mapping; retrain or use another "
+                           f"checkpoint")
+    return data
 
 
 def load(path: str | Path | CheckpointDir, device: str | torch.device = "cpu") -> Loaded:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from .model.encoder import EncoderConfig, TransformerClassifier
+    from .model.encoder import TransformerClassifier
 
     ckpt = path if isinstance(path, CheckpointDir) else resolve(path)
     p = ckpt.path
@@ -145,28 +211,96 @@ def load(path: str | Path | CheckpointDir, device: str | torch.device = "cpu") -
         metrics = json.loads(ckpt.metrics.read_text()) if ckpt.metrics.is_file() else {}
     except json.JSONDecodeError as exc:
         raise TformerError(f"checkpoint {p} has a corrupt JSON file ({exc}); retrain or use another checkpoint") from exc
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise TformerError(f"checkpoint {p} has format version {meta.get('format_version')}, this tformer reads "
-                           f"{FORMAT_VERSION}; retrain with this version")
-    cfg = EncoderConfig.from_dict(model_config)
-    model = TransformerClassifier(cfg)
+    if not isinstance(meta, dict) or meta.get("format_version") not in READABLE_VERSIONS:
+        version = meta.get("format_version") if isinstance(meta, dict) else None
+        raise TformerError(f"checkpoint {p} has format version {version}, this tformer reads "
+                           f"{', '.join(map(str, READABLE_VERSIONS))}; retrain with this version")
+    if meta["format_version"] >= 2:
+        verify_manifest(ckpt)
+    cfg = _checked_model_config(ckpt, model_config, label_names)
+    _check_weights_header(ckpt, cfg)  # shapes checked against the file's header before anything is allocated
+    _check_tokenizer(ckpt, cfg.vocab_size)
     try:
         state = load_file(str(ckpt.weights))
     except (SafetensorError, OSError) as exc:
         raise TformerError(f"checkpoint {ckpt.weights} is unreadable ({exc}); retrain or use another "
                            f"checkpoint") from exc
-    expected = model.state_dict()
-    missing_keys = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong = sorted(k for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape))
-    if missing_keys or unexpected or wrong:
-        detail = (f"missing {missing_keys[:3]}" if missing_keys else f"unexpected {unexpected[:3]}" if unexpected
-                  else f"shape mismatch in {wrong[:3]}")
-        raise TformerError(f"checkpoint weights {ckpt.weights} do not match {ckpt.model_config.name} ({detail}); "
-                           f"the files are from different runs or corrupted")
+    model = TransformerClassifier(cfg)
     model.load_state_dict(state)
     model.to(device).eval()
     return Loaded(model, model_config, ckpt.tokenizer, label_names, metrics, meta, p, ckpt)
+
+
+def _checked_model_config(ckpt: CheckpointDir, model_config, label_names):
+    """model.json as a typed, range-checked EncoderConfig; labels.json as one name per class."""
+    from .errors import ConfigError
+    from .model.encoder import EncoderConfig
+    from .typed_config import build
+
+    if not isinstance(model_config, dict):
+        raise TformerError(f"checkpoint {ckpt}: {ckpt.model_config.name} is not a mapping; retrain or use another "
+                           f"checkpoint")
+    try:
+        cfg = build(EncoderConfig, model_config, ckpt.model_config.name)
+    except (ConfigError, TypeError) as exc:
+        raise TformerError(f"checkpoint {ckpt} is invalid: {exc}") from None
+    if not (isinstance(label_names, list) and all(isinstance(n, str) for n in label_names)
+            and len(label_names) == cfg.num_classes):
+        raise TformerError(f"checkpoint {ckpt}: {ckpt.labels.name} must list {cfg.num_classes} label names (one per "
+                           f"class of {ckpt.model_config.name}); the files are from different runs or edited")
+    return cfg
+
+
+def _check_weights_header(ckpt: CheckpointDir, cfg) -> None:
+    """Compare the tensors the config implies (a model built on the meta device: no memory) with the names and
+    shapes in the safetensors header, so a doctored model.json cannot make us allocate gigabytes first."""
+    from safetensors import SafetensorError, safe_open
+
+    from .model.encoder import TransformerClassifier
+
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in TransformerClassifier(cfg).state_dict().items()}
+    try:
+        with safe_open(str(ckpt.weights), framework="pt") as f:
+            header = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError) as exc:
+        raise TformerError(f"checkpoint {ckpt.weights} is unreadable ({exc}); retrain or use another "
+                           f"checkpoint") from exc
+    missing, unexpected = sorted(set(expected) - set(header)), sorted(set(header) - set(expected))
+    wrong = sorted(k for k in expected if k in header and header[k] != expected[k])
+    if missing or unexpected or wrong:
+        detail = (f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected
+                  else f"shape mismatch in {wrong[:3]}")
+        raise TformerError(f"checkpoint weights {ckpt.weights} do not match {ckpt.model_config.name} ({detail}); "
+                           f"the files are from different runs or corrupted")
+
+
+def _check_tokenizer(ckpt: CheckpointDir, vocab_size: int) -> None:
+    """Every id the tokenizer can produce must have a row in the embedding table."""
+    try:
+        tok = json.loads(ckpt.tokenizer.read_text())
+        ids = [int(i) for i in tok["model"]["vocab"].values()] + [int(t["id"]) for t in tok.get("added_tokens", [])]
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise TformerError(f"checkpoint {ckpt}: {ckpt.tokenizer.name} is unreadable ({type(exc).__name__}); retrain "
+                           f"or use another checkpoint") from None
+    if ids and (max(ids) >= vocab_size or min(ids) < 0):
+        raise TformerError(f"checkpoint {ckpt}: {ckpt.tokenizer.name} produces token ids up to {max(ids)}, but the "
+                           f"embedding has {vocab_size} rows; the files are from different runs or edited")
+
+
+def drop_training_state(ckpt: CheckpointDir) -> None:
+    """Remove a finished run's optimizer state from `last`. The manifest is rewritten first (atomically), then the
+    files go: a crash in between leaves unlisted extra files, which loading ignores, never a listed missing one."""
+    from .atomic import write_json
+
+    if not ckpt.has_training_state():
+        return
+    dropped = (ckpt.training_tensors.name, ckpt.training_json.name)
+    if ckpt.manifest.is_file():
+        listed = json.loads(ckpt.manifest.read_text())
+        write_json(ckpt.manifest, {k: v for k, v in listed.items() if k not in dropped})
+    for name in dropped:
+        (ckpt.path / name).unlink(missing_ok=True)
 
 
 @dataclass
@@ -190,14 +324,19 @@ class ResumeState:
 
 
 def find_resumable(resume, outputs_dir: str | Path = "outputs") -> CheckpointDir:
-    """resume=true: the newest run's last checkpoint; resume=<run dir or checkpoint dir>: that one."""
+    """resume=true: the newest unfinished run's last checkpoint; resume=<run dir or checkpoint dir>: that one."""
     if resume is True or str(resume).lower() == "true":
-        found = [c for c in newest_checkpoints(outputs_dir, "last") if c.training_json.is_file()]
+        found = [c for c in newest_checkpoints(outputs_dir, "last")
+                 if c.training_json.is_file() and not RunDir.of_checkpoint(c).finished]
         if not found:
-            raise TformerError(f"resume=true but no run with a last checkpoint under {outputs_dir}/; start a run "
-                               f"first or pass resume=<run dir>")
+            raise TformerError(f"resume=true but no unfinished run with a last checkpoint under {outputs_dir}/ "
+                               f"(finished runs are never resumed implicitly; a run killed before its first "
+                               f"checkpoint has nothing to resume); start a new run or pass resume=<run dir>")
         return found[-1]
     found = resolve_resumable(resume)
+    if found is None and RunDir(resume).last.existing() is not None:
+        raise TformerError(f"resume={resume}: its last checkpoint holds no optimizer state (the run was trained "
+                           f"with trainer.keep_optimizer_state=false), so it cannot be continued; start a new run")
     if found is None:
         raise TformerError(f"resume={resume}: no last checkpoint with training state there; pass the run directory "
                            f"(outputs/train/<date>/<time>)")
@@ -205,7 +344,6 @@ def find_resumable(resume, outputs_dir: str | Path = "outputs") -> CheckpointDir
 
 
 def load_training_state(ckpt: CheckpointDir, device: str | torch.device = "cpu") -> ResumeState:
-    from omegaconf import OmegaConf
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -217,5 +355,5 @@ def load_training_state(ckpt: CheckpointDir, device: str | torch.device = "cpu")
         state = json.loads(ckpt.training_json.read_text())
     except (SafetensorError, OSError, json.JSONDecodeError) as exc:
         raise TformerError(f"the training state in {ckpt} is unreadable ({exc}); start a new run") from exc
-    config = OmegaConf.to_container(OmegaConf.load(ckpt.config), resolve=True) if ckpt.config.is_file() else {}
+    config = read_config(ckpt) if ckpt.config.is_file() else {}
     return ResumeState(RunDir.of_checkpoint(ckpt), loaded, config, tensors, state)

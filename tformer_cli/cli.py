@@ -17,6 +17,7 @@ USAGE = """usage: tformer {train,evaluate,predict} [overrides ...]
   tformer report RUN_DIR                  config, per-epoch metrics, test metrics and plots of a run
 
   tformer train --help / --cfg job        Hydra's config help and the composed config
+  eval "$(tformer -sc install=bash)"      tab completion of commands, config groups and keys (bash)
   tformer --version
 Set TFORMER_DEBUG=1 for full tracebacks."""
 
@@ -31,10 +32,28 @@ def config_dir() -> str:
 
 
 def _fail(exc: BaseException) -> None:
+    from . import console
     from .safe_text import terminal
 
-    print(f"error: {terminal(exc)}", file=sys.stderr)
+    line = f"error: {terminal(exc)}"
+    print(line, file=sys.stderr)
+    if console._output is not None:  # the run log ends with what ended the run
+        console._output.log_only(line)
+        console._output.close_log()
+    _discard_empty_run_dir()
     sys.exit(getattr(exc, "exit_code", 2))
+
+
+def _discard_empty_run_dir() -> None:
+    """A refused or failed train/evaluate leaves no folder behind unless it holds a result (a checkpoint...)."""
+    if "hydra" not in sys.modules:
+        return
+    from hydra.core.hydra_config import HydraConfig
+
+    from .run_dir import RunDir
+
+    if HydraConfig.initialized():
+        RunDir(HydraConfig.get().runtime.output_dir).discard_if_empty()
 
 
 def _guarded(fn):
@@ -48,8 +67,20 @@ def _guarded(fn):
             return fn(*args, **kwargs)
         except TformerError as exc:
             _fail(exc)
+        except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves and stops by itself)
+            _fail(Stopped())
 
     return wrapper
+
+
+class Stopped(Exception):
+    """Ctrl-C in any phase but training: every write is atomic, so what exists on disk is whole."""
+
+    exit_code = 130
+
+    def __str__(self) -> str:
+        return ("interrupted (Ctrl-C); nothing was left half-written. A run that had saved a checkpoint continues "
+                "with `tformer train <same overrides> resume=<run dir>`")
 
 
 def _run_hydra(task: str, args: list[str]) -> None:
@@ -63,6 +94,45 @@ def _run_hydra(task: str, args: list[str]) -> None:
     hydra.main(version_base="1.3", config_path=config_dir(), config_name=task)(_guarded(fn))()
 
 
+COMMANDS = ("train", "evaluate", "predict", "report")
+
+
+def _shell_completion(args: list[str]) -> None:
+    """`eval "$(tformer -sc install=bash)"` registers completion for `tformer`; the shell then asks
+    `tformer -sc query=bash` with COMP_LINE set. The first word after `tformer` is our command, so it is completed
+    here, and the rest is handed to Hydra's completion of that command's config as if the command were the program."""
+    import hydra
+
+    words = os.environ.get("COMP_LINE", "").split()
+    querying = any(a.startswith("query=") for a in args)
+    if querying and (len(words) < 2 or (len(words) == 2 and not os.environ["COMP_LINE"].endswith(" "))):
+        typed = words[1] if len(words) == 2 else ""
+        print(" ".join(c for c in COMMANDS if c.startswith(typed)))
+        return
+    task = words[1] if querying else "train"
+    if task not in ("train", "evaluate"):
+        return  # predict and report take texts and paths: the shell's own file completion applies
+    if querying:
+        os.environ["COMP_LINE"] = " ".join(["tformer", *words[2:]]) + (" " if os.environ["COMP_LINE"].endswith(" ")
+                                                                        else "")
+    from .commands import evaluate as evaluate_cmd
+    from .commands import train as train_cmd
+
+    sys.argv = ["tformer", "-sc", *args]  # Hydra names the completed program after argv[0]
+    fn = {"train": train_cmd.run, "evaluate": evaluate_cmd.run}[task]
+    hydra.main(version_base="1.3", config_path=config_dir(), config_name=task)(fn)()
+
+
+def _sigterm_like_ctrl_c() -> None:
+    """SIGTERM (a scheduler, `kill`, a container stop) takes the same clean path as Ctrl-C."""
+    import signal
+
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, raise_interrupt)
+
+
 def main() -> None:
     argv = sys.argv[1:]
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -74,6 +144,10 @@ def main() -> None:
         print(f"tformer {__version__}")
         sys.exit(0)
     task, rest = argv[0], argv[1:]
+    _sigterm_like_ctrl_c()
+    if task in ("-sc", "--shell-completion"):
+        _shell_completion(rest)
+        return
     if task == "predict":
         from .commands import predict
 
@@ -83,7 +157,10 @@ def main() -> None:
 
         sys.exit(_guarded(report.main)(rest))
     if task in ("train", "evaluate"):
-        _run_hydra(task, rest)
+        try:
+            _run_hydra(task, rest)
+        except KeyboardInterrupt:  # before our code runs (while Hydra composes the config)
+            _fail(Stopped())
         return
     print(f"error: unknown command {task!r}; use train, evaluate, predict or report", file=sys.stderr)
     sys.exit(2)

@@ -8,9 +8,11 @@ everything else asks a `RunDir` or a `CheckpointDir` for a path.
       history.json                  per-epoch metrics, written when training finished
       test_metrics.json, test_report/, training_curves.png
       metrics.json                  (evaluate runs) the metrics of the evaluated split
+      train.log / evaluate.log      the composed config, then everything the terminal showed
 
     <checkpoint dir>/
       model.safetensors  model.json  tokenizer.json  labels.json  config.yaml  metrics.json  meta.json
+      manifest.json                 SHA-256 and size of every other file, checked on load
       training_state.safetensors  trainer_state.json          (`last` only: optimizer, schedule, RNG, ...)
 
 No torch here: `tformer report` reads runs without paying for it.
@@ -19,6 +21,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+
+def temporary_sibling(path: Path) -> Path:
+    """Where a file or directory is written before it is renamed into place (hidden, per process)."""
+    return path.parent / f".{path.name}.tmp-{os.getpid()}"
 
 
 class CheckpointDir:
@@ -44,6 +51,7 @@ class CheckpointDir:
     meta = property(lambda self: self.path / "meta.json")
     training_tensors = property(lambda self: self.path / "training_state.safetensors")
     training_json = property(lambda self: self.path / "trainer_state.json")
+    manifest = property(lambda self: self.path / "manifest.json")
 
     def missing(self) -> list[str]:
         return [name for name in self.REQUIRED if not (self.path / name).is_file()]
@@ -53,7 +61,7 @@ class CheckpointDir:
 
     # The atomic write: files go to `tmp`, the current directory is moved to `old`, `tmp` is renamed into place.
     def tmp_sibling(self) -> Path:
-        return self.path.parent / f".{self.path.name}.tmp-{os.getpid()}"
+        return temporary_sibling(self.path)
 
     def old_sibling(self) -> Path:
         return self.path.parent / f".{self.path.name}.old"
@@ -85,6 +93,26 @@ class RunDir:
     training_curves = property(lambda self: self.root / "training_curves.png")
     eval_metrics = property(lambda self: self.root / "metrics.json")
 
+    BOOKKEEPING = (".hydra", ".lock", "train.log", "evaluate.log")  # what a run dir holds before any result
+
+    def discard_if_empty(self) -> bool:
+        """Remove this run dir if it holds nothing but bookkeeping (a refused or failed command's folder, or the
+        folder Hydra made for a resume that continued elsewhere); runs with any result are never touched."""
+        import shutil
+
+        try:
+            entries = list(self.root.iterdir())
+        except OSError:
+            return False
+        if any(e.name not in self.BOOKKEEPING for e in entries):
+            return False
+        shutil.rmtree(self.root, ignore_errors=True)
+        return True
+
+    def log(self, task: str) -> Path:
+        """`train.log` / `evaluate.log`: what the terminal showed, plus the composed config."""
+        return self.root / f"{task}.log"
+
     def checkpoint(self, which: str) -> CheckpointDir:
         """`best` or `last`, as written (not necessarily existing)."""
         return CheckpointDir(self.checkpoints / which)
@@ -105,9 +133,51 @@ class RunDir:
         """Training ran to its end (a killed or interrupted run has no history file yet)."""
         return self.history.is_file()
 
+    lock_file = property(lambda self: self.root / ".lock")
+
+    def lock(self) -> "RunLock":
+        """Held while a process trains into this run: a second `train`/`resume=` of it is refused."""
+        return RunLock(self.lock_file)
+
+    def sweep(self) -> Path | None:
+        """The `-m` sweep directory this run is a job of (Hydra writes multirun.yaml there), else None."""
+        return self.root.parent if (self.root.parent / "multirun.yaml").is_file() else None
+
     @classmethod
     def of_checkpoint(cls, ckpt: CheckpointDir) -> "RunDir":
         return cls(ckpt.path.parent.parent)
+
+
+class RunLock:
+    """An exclusive advisory lock (flock) on a run directory's lock file, released when the process ends however
+    it ends (the kernel drops it), so a crash never leaves a stale lock behind."""
+
+    def __init__(self, path: Path):
+        self.path, self._fd = path, None
+
+    def __enter__(self) -> "RunLock":
+        import fcntl
+
+        from .errors import TformerError
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(str(self.path), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise TformerError(f"run {self.path.parent} is in use by another tformer process (pid {holder}); wait "
+                               f"for it to finish or stop it, or start a new run") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the lock
+            self._fd = None
 
 
 def resolve_checkpoint(path: str | Path) -> CheckpointDir | None:

@@ -42,6 +42,7 @@ class TrainConfig:
     loss: LossConfig
     seed: int
     resume: str | bool | None
+    resume_ignore_data_change: bool
 
     @classmethod
     def from_dict(cls, tree: dict) -> "TrainConfig":

@@ -1,35 +1,39 @@
 """`tformer evaluate`: a checkpoint on a dataset split -> rich tables, metrics.json and report files."""
 from __future__ import annotations
 
-import json
-
+from ..atomic import write_json
 from ..errors import TformerError
 from ..run_dir import RunDir
 from .config import EvaluateConfig, data_config
+from .train import log_header
 
 
 def run(cfg) -> float:
     from hydra.core.hydra_config import HydraConfig
 
-    return evaluate(EvaluateConfig.from_hydra(cfg), RunDir(HydraConfig.get().runtime.output_dir))
+    from ..typed_config import plain
+
+    hydra = HydraConfig.get()
+    return evaluate(EvaluateConfig.from_hydra(cfg), RunDir(hydra.runtime.output_dir), plain(cfg),
+                    list(hydra.overrides.task))
 
 
-def evaluate(config: EvaluateConfig, run_dir: RunDir) -> float:
-    from rich.console import Console
-
+def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, overrides=()) -> float:
     from .. import checkpoint
+    from ..console import output
     from ..data import sources, tokenization
     from ..evaluation import report
     from ..evaluation.evaluate import evaluate_split, write_reports
     from ..hardware import pick_device, pick_precision
 
-    console = Console()
+    console = output()
+    console.open_log(run_dir.log("evaluate"), log_header("evaluate", overrides, tree))
     device = pick_device(config.device)
     precision = pick_precision(config.precision, device)
     loaded = checkpoint.load(checkpoint.resolve(config.checkpoint) if config.checkpoint
                              else checkpoint.newest(config.outputs_dir), device)
     saved = loaded.saved_config()
-    saved_data = config.data or (_plain(saved.data) if saved is not None and "data" in saved else None)
+    saved_data = config.data or (saved or {}).get("data")
     if saved_data is None:
         raise TformerError(f"checkpoint {loaded.path} has no {loaded.files.config.name} to say which data it was "
                            f"trained on; pass data=<name>")
@@ -38,7 +42,7 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir) -> float:
 
     console.print(f"[bold]checkpoint[/] {markup(loaded.path)}  [bold]data[/] {markup(data_cfg.name)}  [bold]split[/] "
                   f"{markup(config.split)}  [bold]device[/] {device} ({precision.name})", highlight=False)
-    seed = int(saved.seed) if saved is not None and "seed" in saved else 0
+    seed = int((saved or {}).get("seed", 0))
     data = sources.load(data_cfg, seed=seed)
     if config.split not in data.splits:
         raise TformerError(f"split {config.split!r} not in the data; it has {', '.join(data.splits)}")
@@ -56,14 +60,8 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir) -> float:
     metrics.update({"checkpoint": str(loaded.path), "split": config.split, "data": data_cfg.name})
     title = f"{data_cfg.name} {config.split} ({len(split):,} examples)"
     report.print_metrics(metrics, loaded.label_names, title, console)
-    run_dir.eval_metrics.write_text(json.dumps(metrics, indent=2))
+    write_json(run_dir.eval_metrics, metrics)
     console.print(f"metrics written to {run_dir.eval_metrics}", highlight=False)
     write_reports(run_dir.root, metrics, loaded.label_names, texts["text"], split, probs, config.normalize, title,
                   console)
     return float(metrics["accuracy"])
-
-
-def _plain(node):
-    from ..typed_config import plain
-
-    return plain(node)

@@ -161,9 +161,9 @@ def main(argv: list[str]) -> int:
 
 def print_table(results: list[dict], k: int, explained: bool) -> None:
     """The answers as a rich table (top-k column when k > 1), then the explanations."""
-    from rich.console import Console
     from rich.table import Table
 
+    from ..console import screen_console
     from ..safe_text import rich
 
     table = Table(header_style="bold", show_lines=False)
@@ -181,7 +181,7 @@ def print_table(results: list[dict], k: int, explained: bool) -> None:
         if k > 1:
             row.append(rich(", ".join(f"{x['label']} {x['probability']:.3f}" for x in r["top_k"])))
         table.add_row(*row)
-    console = Console()
+    console = screen_console()
     console.print(table)
     for r in results if explained else []:
         if not r.get("empty"):

@@ -26,13 +26,14 @@ def main(argv: list[str]) -> int:
         raise TformerError(f"{run_dir} has no best or last checkpoint; is it a `tformer train` run dir?")
 
     import yaml
-    from rich.console import Console
     from rich.table import Table
+
+    from ..console import screen_console
 
     from ..evaluation import artifacts
     from ..evaluation.report import print_history, print_metrics
 
-    console = Console()
+    console = screen_console()
     cfg = yaml.safe_load(ckpts[0].config.read_text())
     model, data, opt, sched, emb, trainer = (cfg.get(k, {}) for k in ("model", "data", "optimizer", "schedule",
                                                                       "embedding_init", "trainer"))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -32,26 +31,40 @@ def run(cfg) -> float:
 def train(config: TrainConfig, run_dir: RunDir, tree: dict, overrides: list[str] = ()) -> float:
     """Train one run into `run_dir` (or continue the run named by config.resume); `tree` is the composed config
     as plain containers, saved with every checkpoint and compared on resume."""
+    from .. import checkpoint
+    from ..console import output
+
+    console = output()
+    resume_from = checkpoint.find_resumable(config.resume) if config.resume else None
+    if resume_from is not None:
+        run_dir.discard_if_empty()  # the folder Hydra made for this invocation: the run goes on in its own
+        run_dir = RunDir.of_checkpoint(resume_from)  # a resumed run keeps writing into its own directory
+    with run_dir.lock():  # before reading `last`: another process may be writing it
+        # a resume's log lines wait in memory until its checks pass: a refused resume leaves the run as it was
+        console.open_log(run_dir.log("train"), log_header("train", overrides, tree, resumed=resume_from is not None),
+                         defer=resume_from is not None)
+        if resume_from is not None:
+            console.print(f"[bold]resuming[/] {run_dir}", highlight=False)
+        resume = load_resume(resume_from, tree) if resume_from is not None else None
+        return _train_locked(config, run_dir, tree, overrides, resume, console)
+
+
+def _train_locked(config: TrainConfig, run_dir: RunDir, tree: dict, overrides, resume, console) -> float:
     import torch
-    from rich.console import Console
 
     from ..hardware import pick_device, pick_precision
     from ..training.loop import Interrupted, fit
 
-    console = Console()
-    resume = load_resume(config, tree) if config.resume else None
-    if resume is not None:
-        run_dir = resume.run_dir  # a resumed run keeps writing into its own directory
-        console.print(f"[bold]resuming[/] {run_dir}", highlight=False)
     seed_everything(config.seed)
     device = pick_device(config.trainer.device)
     precision = pick_precision(config.trainer.precision, device)
     torch.set_float32_matmul_precision("high")
     prepared = prepare(config, resume, console)
+    console.commit_log()
     console.print(f"[bold]model[/] {prepared.describe(config)}; [bold]device[/] {device}, precision "
                   f"{precision.name}; run dir {run_dir}", highlight=False)
     fit_run = build_run(config, prepared, run_dir, tree, device, precision, resume, console)
-    _install_signal_handlers(fit_run)
+    restore = _install_signal_handlers(fit_run)
     try:
         state = fit(fit_run)
     except torch.cuda.OutOfMemoryError as exc:
@@ -62,8 +75,27 @@ def train(config: TrainConfig, run_dir: RunDir, tree: dict, overrides: list[str]
         command = " ".join(["tformer", "train", *[o for o in overrides if not o.startswith("resume=")],
                             f"resume={run_dir}"])
         raise Interrupted(f"{exc}; resume with: {command}") from None
+    finally:
+        restore()  # Ctrl-C while reporting: the generic one-line stop (the checkpoints are complete)
     report_run(config, run_dir, state, prepared, device, precision, console)
+    if not config.trainer.keep_optimizer_state:
+        from .. import checkpoint
+
+        checkpoint.drop_training_state(run_dir.last)
     return float(state.best_metrics["best_value"])
+
+
+def log_header(task: str, overrides, tree: dict, resumed: bool = False) -> str:
+    """The top of a run log: the command, when, and the composed config."""
+    import time
+
+    import yaml
+
+    command = " ".join(["tformer", task, *overrides])
+    if resumed:
+        return f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} resumed: {command}\n"
+    return (f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {command}\n"
+            + yaml.safe_dump(tree, sort_keys=False, allow_unicode=True) + "=====\n")
 
 
 def seed_everything(seed: int) -> None:
@@ -85,6 +117,7 @@ class Prepared:
     model: Any  # TransformerClassifier
     model_cfg: Any  # EncoderConfig
     embeddings_source: str | None  # where a pretrained table or encoder came from (None: random or resumed)
+    data_fingerprint: dict  # sources.fingerprint: saved with every checkpoint, checked on resume
 
     @property
     def pad_id(self) -> int:
@@ -112,11 +145,14 @@ def prepare(config: TrainConfig, resume, console) -> Prepared:
     from ..data.tokenization import TokenizedSplit
     from ..model.encoder import EncoderConfig, TransformerClassifier
 
-    data = sources.load(config.data, seed=config.seed)
     from ..safe_text import markup
 
+    data = sources.load(config.data, seed=config.seed)
     console.print(f"[bold]data[/] {markup(config.data.name)} from {markup(data.source)}: " + ", ".join(
         f"{s} {len(ds):,}" for s, ds in data.splits.items()) + f"; {len(data.label_names)} classes")
+    fingerprint = sources.fingerprint(data)
+    if resume is not None:
+        check_same_data(resume, fingerprint, config.resume_ignore_data_change, console)
     max_len, pre, encoder = int(config.model["max_len"]), None, None
     options = config.model_options
     if resume is not None:
@@ -132,19 +168,15 @@ def prepare(config: TrainConfig, resume, console) -> Prepared:
     tokenized = {s: TokenizedSplit.from_dataset(tokenization.tokenize_split(ds, tok, max_len, s, config.long_text))
                  for s, ds in data.splits.items()}
     if resume is not None:
-        if list(resume.checkpoint.label_names) != list(data.label_names):
-            raise TformerError(f"cannot resume {resume.run_dir}: the data's labels {data.label_names[:5]} differ from "
-                               f"the run's {resume.checkpoint.label_names[:5]}; resume on the same data or start a "
-                               f"new run")
         model, model_cfg = resume.checkpoint.model, EncoderConfig.from_dict(resume.checkpoint.model_config)
-        return Prepared(data, tok, tokenized, model, model_cfg, None)
+        return Prepared(data, tok, tokenized, model, model_cfg, None, fingerprint)
     if encoder is not None:
         from ..model import pretrained
 
         model_cfg = config.encoder_config(**encoder.shape, num_classes=len(data.label_names))
         model = TransformerClassifier(model_cfg)
         pretrained.load_into(model, encoder)
-        return Prepared(data, tok, tokenized, model, model_cfg, encoder.source)
+        return Prepared(data, tok, tokenized, model, model_cfg, encoder.source, fingerprint)
     model_cfg = config.encoder_config(
         vocab_size=pre.weight.shape[0] if pre is not None else tok.get_vocab_size(),
         num_classes=len(data.label_names), embedding_dim=pre.weight.shape[1] if pre is not None else 0,
@@ -153,7 +185,28 @@ def prepare(config: TrainConfig, resume, console) -> Prepared:
     if pre is not None:
         with torch.no_grad():
             model.token_embedding.weight.copy_(pre.weight)
-    return Prepared(data, tok, tokenized, model, model_cfg, pre.source if pre is not None else None)
+    return Prepared(data, tok, tokenized, model, model_cfg, pre.source if pre is not None else None, fingerprint)
+
+
+def check_same_data(resume, fingerprint: dict, ignore: bool, console) -> None:
+    """Refuse to continue a run on data that differs from what it trained on (its history would mix two datasets),
+    unless resume_ignore_data_change=true; a different label set is always refused (the classifier's shape)."""
+    from ..data.sources import fingerprint_changes
+
+    saved = resume.checkpoint.meta.get("data")
+    labels_now, labels_then = fingerprint["label_names"], list(resume.checkpoint.label_names)
+    if labels_now != labels_then:
+        raise TformerError(f"cannot resume {resume.run_dir}: " + "; ".join(fingerprint_changes(
+            {"label_names": labels_then}, {"label_names": labels_now})) + "; resume on the run's data or start a "
+            "new run")
+    changes = fingerprint_changes(saved, fingerprint) if isinstance(saved, dict) else []
+    if changes and not ignore:
+        raise TformerError(f"cannot resume {resume.run_dir}: the data changed since the run began ("
+                           f"{'; '.join(changes)}); resume on the same data, start a new run, or pass "
+                           f"resume_ignore_data_change=true to go on anyway")
+    if changes:
+        console.print(f"[yellow]warning[/]: resuming on changed data ({'; '.join(changes)})", highlight=False,
+                      markup=True)
 
 
 def freeze_plan(config: TrainConfig) -> tuple[int, int]:
@@ -191,7 +244,7 @@ def build_run(config: TrainConfig, prepared: Prepared, run_dir: RunDir, tree: di
         checkpoint.save(run_dir.checkpoint(which), prepared.model, model_config=model_config,
                         tokenizer_json=tokenizer_json, label_names=label_names, config_yaml=config_yaml,
                         metrics=metrics, meta={"epoch": metrics.get("epoch"), "step": metrics.get("step"),
-                                               **config.long_text.to_meta()},
+                                               "data": prepared.data_fingerprint, **config.long_text.to_meta()},
                         training_state=training_state)
 
     weight = class_weights(prepared.tokenized["train"].labels, len(label_names), config.loss.class_weights)
@@ -210,15 +263,16 @@ def build_run(config: TrainConfig, prepared: Prepared, run_dir: RunDir, tree: di
 def report_run(config: TrainConfig, run_dir: RunDir, state, prepared: Prepared, device, precision, console) -> None:
     """history.json, training curves, and the best checkpoint's metrics and reports on the test split."""
     from .. import checkpoint
+    from ..atomic import write_json
     from ..evaluation import report
     from ..evaluation.evaluate import evaluate_split, write_reports
 
     report.print_history(state.history, console)
-    run_dir.history.write_text(json.dumps(state.history, indent=2))
+    write_json(run_dir.history, state.history)
     if state.history:
         from ..evaluation.artifacts import training_curves_png
 
-        training_curves_png(run_dir.training_curves, state.history)
+        training_curves_png(run_dir.training_curves, state.history, state.best_metrics.get("epoch"))
     best = state.best_metrics
     console.print(f"best checkpoint: {run_dir.best} (epoch {best.get('epoch')}, {best['monitor']} "
                   f"{best['best_value']:.4f})", highlight=False)
@@ -230,7 +284,7 @@ def report_run(config: TrainConfig, run_dir: RunDir, state, prepared: Prepared, 
                                     precision=precision, batch_size=config.trainer.eval_batch_size)
     title = f"test ({len(test):,} examples, best checkpoint)"
     report.print_metrics(metrics, loaded.label_names, title, console)
-    run_dir.test_metrics.write_text(json.dumps(metrics, indent=2))
+    write_json(run_dir.test_metrics, metrics)
     write_reports(run_dir.test_report, metrics, loaded.label_names, prepared.data.splits["test"]["text"], test,
                   probs, True, title, console)
 
@@ -248,7 +302,7 @@ def class_weights(labels, num_classes: int, mode: str | None):
 
 
 # Keys that may differ between a run and its resumption (where data comes from, how fast, how loud).
-RESUME_IGNORED = ("resume", "trainer.device", "trainer.num_workers", "trainer.log_every_steps",
+RESUME_IGNORED = ("resume", "resume_ignore_data_change", "trainer.keep_optimizer_state", "trainer.device", "trainer.num_workers", "trainer.log_every_steps",
                   "trainer.checkpoint_every_steps", "trainer.eval_batch_size", "trainer.test_after_fit", "data.dir",
                   "trainer.compile")
 
@@ -268,12 +322,24 @@ def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     return keys
 
 
-def load_resume(config: TrainConfig, tree: dict):
-    """The run to continue (resume=true: the newest; else the named one), refused if its config differs."""
+def load_resume(ckpt, tree: dict):
+    """The training state of `ckpt` (a run's last checkpoint), refused if its config differs. A finished run is
+    only continued when asked to train longer (a larger trainer.epochs); otherwise it is left exactly as it is."""
     from .. import checkpoint
 
-    resume = checkpoint.load_training_state(checkpoint.find_resumable(config.resume))
-    diff = config_diff(resume.config, tree)
+    run = RunDir.of_checkpoint(ckpt)
+    saved_epochs = _get(checkpoint.read_config(ckpt), "trainer.epochs") if ckpt.config.is_file() else None
+    extending = isinstance(saved_epochs, int) and int(_get(tree, "trainer.epochs")) > saved_epochs
+    if run.finished and not extending:
+        raise TformerError(f"run {run} has already finished (its history is written), so there is nothing to "
+                           f"resume and it is left as it is; start a new run, or pass trainer.epochs=<more than "
+                           f"{saved_epochs}> with resume= to train it longer")
+    resume = checkpoint.load_training_state(ckpt)
+    stopper = resume.state.get("early_stopping", {})
+    if extending and stopper.get("patience", 0) > 0 and stopper.get("bad_epochs", 0) >= stopper["patience"]:
+        raise TformerError(f"run {run} stopped early ({stopper.get('monitor')} did not improve for "
+                           f"{stopper['patience']} epochs); more epochs would stop again at once; start a new run")
+    diff = [k for k in config_diff(resume.config, tree) if not (extending and k == "trainer.epochs")]
     if diff:
         shown = ", ".join(f"{k} ({_get(resume.config, k)!r} -> {_get(tree, k)!r})" for k in diff[:6])
         raise TformerError(f"cannot resume {resume.run_dir}: the config differs in {shown}; resume with the run's "
@@ -287,7 +353,7 @@ def _get(d, dotted):
     return d
 
 
-def _install_signal_handlers(run) -> None:
+def _install_signal_handlers(run):
     """First SIGINT/SIGTERM: finish the step, save, stop. Second: exit at once (checkpoints are atomic)."""
     import os
     import signal
@@ -300,5 +366,5 @@ def _install_signal_handlers(run) -> None:
         print(f"\n[tformer] {signal.Signals(signum).name}: finishing this step and saving the last checkpoint "
               f"(again to exit at once)", flush=True)
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    return lambda: [signal.signal(sig, h) for sig, h in previous.items()]

@@ -94,11 +94,58 @@ def _load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list
                 kwargs["column_names"] = list(csv_names or [])
                 kwargs["header"] = None
         try:
-            out[split] = datasets.load_dataset(fmt, data_files=str(path.resolve()), split="train", **kwargs)
+            out[split] = datasets.load_dataset(fmt, data_files=str(path.resolve()), split="train",
+                                               cache_dir=_content_cache_dir(path), **kwargs)
         except Exception as exc:  # datasets raises many types for unreadable files
             raise TformerError(f"could not read {path} as {fmt}: {str(exc).splitlines()[0]}; check the file's "
                                f"format and encoding (UTF-8)") from exc
     return out
+
+
+def _content_cache_dir(path: Path) -> str:
+    """A datasets cache folder keyed by the file's bytes. datasets keys local files by path and modification time,
+    so a file rewritten with its time restored (`cp -p`, `touch -d`, a git checkout, a synced folder) would be
+    served from the old cache; under a folder named by the content's SHA-256 it cannot be. The token cache lives
+    beside it, so it follows."""
+    import datasets
+
+    from ..atomic import sha256_file
+
+    return str(Path(datasets.config.HF_DATASETS_CACHE) / "tformer" / sha256_file(path)[:32])
+
+
+def fingerprint(data: LoadedData, splits=("train", "validation")) -> dict:
+    """What a run trained on, compact enough for a checkpoint's meta.json: per split the row count and a SHA-256
+    of every text and label in order, plus the label names. Resume compares it to refuse changed data."""
+    import hashlib
+
+    import numpy as np
+
+    out: dict = {"label_names": list(data.label_names)}
+    for split in splits:
+        ds = data.splits[split]
+        h = hashlib.sha256()
+        for text in ds["text"]:
+            h.update(text.encode("utf-8", "surrogatepass"))
+            h.update(b"\0")
+        h.update(np.asarray(ds["label"], dtype=np.int64).tobytes())
+        out[split] = {"rows": len(ds), "sha256": h.hexdigest()}
+    return out
+
+
+def fingerprint_changes(before: dict, after: dict) -> list[str]:
+    """What differs between two fingerprints, in words ('train: 600 -> 300 rows', ...)."""
+    changes = []
+    if before.get("label_names") != after.get("label_names"):
+        shown = lambda names: ", ".join(map(str, (names or [])[:6])) + (", ..." if len(names or []) > 6 else "")
+        changes.append(f"labels [{shown(before.get('label_names'))}] -> [{shown(after.get('label_names'))}]")
+    for split in sorted(set(before) - {"label_names"}):
+        old, new = before[split], after.get(split, {})
+        if old.get("rows") != new.get("rows"):
+            changes.append(f"{split}: {old.get('rows')} -> {new.get('rows')} rows")
+        elif old.get("sha256") != new.get("sha256"):
+            changes.append(f"{split}: same {old.get('rows')} rows, different texts or labels")
+    return changes
 
 
 def _read_label_names(folder: Path | None) -> list[str] | None:
@@ -111,6 +158,9 @@ def _read_label_names(folder: Path | None) -> list[str] | None:
 def _load_hub(cfg: DataConfig):
     import datasets
 
+    from .. import hub
+
+    hub.offline()  # one quick check instead of half a minute of retries
     try:
         loaded = datasets.load_dataset(str(cfg.hub_id), cfg.hub_config)
         mapping = cfg.hub_split_names
@@ -118,8 +168,8 @@ def _load_hub(cfg: DataConfig):
             loaded = {s: loaded[h] for s, h in mapping.items() if h and h in loaded}
     except Exception as exc:
         raise TformerError(
-            f"could not load {cfg.hub_id} from the Hugging Face Hub ({type(exc).__name__}); with no network, "
-            f"download the files and pass data.dir=<folder with train/test files>"
+            f"could not load {cfg.hub_id} from the Hugging Face Hub ({hub.why_unavailable()}: "
+            f"{type(exc).__name__}); download the files and pass data.dir=<folder with train/test files>"
         ) from exc
     names = None
     features = loaded[next(iter(loaded))].features
@@ -304,6 +354,7 @@ def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
     """Load, clean, validate and split the dataset named by the `data` config."""
     import datasets
 
+    datasets.disable_progress_bars()  # its per-step bars (casting, filtering) would spam terminals and logs
     raw, names, source = _raw_splits(cfg)
     hub = _from_hub(source)
     splits = {s: _to_text_label(ds, cfg, s, hub) for s, ds in raw.items() if s in SPLIT_ALIASES}
@@ -331,7 +382,9 @@ def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
             raise TformerError(f"the {split} split is empty after dropping empty texts ({before} rows before); "
                                f"check data.text_column")
         if len(ds) < before:
-            print(f"[tformer] {split}: skipped {before - len(ds)} empty or whitespace-only texts")
+            from ..console import output
+
+            output().print(f"{split}: skipped {before - len(ds)} empty or whitespace-only texts")
         splits[split] = ds
     splits, names = _encode_labels(splits, names)
     if "test" not in splits and cfg.test_fraction:  # datasets without an official split

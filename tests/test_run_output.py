@@ -1,0 +1,148 @@
+"""What surrounds a run: output that reads well in files and pipes, a complete run log, Ctrl-C clean in every
+phase, and no folders left behind by refused commands."""
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from helpers import TFORMER, run_tformer
+
+pytestmark = pytest.mark.slow  # subprocess runs of the installed command
+
+FAST = ["trainer.epochs=1", "trainer.batch_size=32", "trainer.precision=fp32", "embedding_init.vocab_size=300",
+        "model.max_len=32"]
+ANSI = re.compile(r"\x1b\[")
+
+
+def run_dirs(work, task="train"):
+    return sorted(p for p in (work / "outputs" / task).glob("*/*") if p.is_dir())
+
+
+def test_piped_output_is_full_width_plain_and_kept_in_train_log(tmp_path):
+    names = [f"category_with_a_long_name_{i:02d}" for i in range(20)]
+    with open(tmp_path / "train.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        for i in range(400):
+            w.writerow([f"word{i % 20} token{i % 20} filler text {i}", names[i % 20]])
+    r = run_tformer("train", "data=files", f"data.train_file={tmp_path / 'train.csv'}", "data.test_fraction=0.2",
+                    *FAST, cwd=tmp_path, env={"COLUMNS": "80"})  # stdout is a pipe: must not wrap at 80
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = run_dirs(tmp_path)[-1]
+    out = r.stdout
+    assert not ANSI.search(out) and "…" not in out
+    assert f"best checkpoint: {run / 'checkpoints' / 'best'} (epoch" in out  # a long path, on one line
+    assert max(len(line) for line in out.splitlines()) > 200  # the 20-class confusion matrix at full width
+    header = next(line for line in out.splitlines() if "train_loss" in line and "val_accuracy" in line)
+    assert "samples/s" in header
+    for name in names:
+        assert name in out
+    assert "%|" not in r.stderr and "it/s]" not in r.stderr and "examples/s" not in r.stderr  # no library bars
+    log = (run / "train.log").read_text()
+    assert log.startswith("===== ") and "\ntrainer:\n" in log and "\ndata:\n" in log
+    for line in out.splitlines():
+        assert line in log, f"missing from train.log: {line!r}"
+
+
+def test_refused_and_failed_commands_leave_no_run_directory(tmp_path):
+    r = run_tformer("train", "trainer.epochs=0", cwd=tmp_path)
+    assert r.returncode == 2 and "trainer.epochs" in r.stderr
+    r = run_tformer("train", "data=files", f"data.train_file={tmp_path / 'missing.csv'}", cwd=tmp_path)
+    assert r.returncode == 2 and "not found" in r.stderr
+    r = run_tformer("evaluate", f"checkpoint={tmp_path / 'nowhere'}", cwd=tmp_path)
+    assert r.returncode == 2
+    assert run_dirs(tmp_path) == [] and run_dirs(tmp_path, "evaluate") == []
+
+
+def interrupt_when(args, cwd, ready):
+    """Start `tformer <args>`, send SIGINT once `ready(stdout so far)` holds; return (rc, stdout, stderr)."""
+    import threading
+
+    proc = subprocess.Popen([TFORMER, *args], cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not ready("".join(lines)):
+        time.sleep(0.05)
+    assert proc.poll() is None, f"finished before it could be interrupted: {''.join(lines)[-500:]}"
+    proc.send_signal(signal.SIGINT)
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    return proc.returncode, "".join(lines), err
+
+
+def assert_clean_stop(rc, err):
+    assert rc == 130, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: interrupted"), lines
+
+
+def test_ctrl_c_during_data_preparation_is_one_line_and_leaves_nothing(tmp_path):
+    rc, out, err = interrupt_when(["train", "data.n_train=120000", "embedding_init.vocab_size=2000", *FAST[:3]],
+                                  tmp_path, lambda seen: "data demo" in seen)  # vocabulary and tokens next
+    assert_clean_stop(rc, err)
+    assert run_dirs(tmp_path) == []
+
+
+def test_ctrl_c_during_evaluate_and_predict_is_one_line(tmp_path):
+    r = run_tformer("train", "data.n_train=300", "data.n_validation=100", "data.n_test=100", *FAST, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rc, out, err = interrupt_when(["evaluate", "data=demo", "data.n_test=100000"], tmp_path,
+                                  lambda seen: "checkpoint" in seen)
+    assert_clean_stop(rc, err)
+    assert run_dirs(tmp_path, "evaluate") == []
+    proc = subprocess.Popen([TFORMER, "predict"], cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # waiting for texts on stdin
+    time.sleep(4)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert_clean_stop(proc.returncode, err)
+
+
+@pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"}, {"HF_HUB_OFFLINE": "", "HF_ENDPOINT": "http://127.0.0.1:9"}])
+def test_no_network_fails_fast_with_one_line(tmp_path, env):
+    start = time.perf_counter()
+    r = run_tformer("train", "data=imdb", cwd=tmp_path, env={"TFORMER_DATA_ROOT": str(tmp_path), **env})
+    elapsed = time.perf_counter() - start
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "could not load stanfordnlp/imdb" in lines[0] and "data.dir=" in lines[0], lines
+    assert elapsed < 30, f"took {elapsed:.0f} s"  # not half a minute of retries on top of start-up
+    assert run_dirs(tmp_path) == []
+
+
+def test_after_a_sweep_the_default_checkpoint_is_its_best_job(tmp_path):
+    r = run_tformer("train", "-m", "optimizer.lr=0.003,0.0000001", "data.n_train=3000", "data.n_validation=300",
+                    "data.n_test=100", "trainer.test_after_fit=false", "trainer.epochs=2", *FAST[1:], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    jobs = sorted((tmp_path / "outputs" / "multirun").glob("*/*/*/checkpoints/best"))
+    assert len(jobs) == 2
+    scores = {j: json.loads((j / "metrics.json").read_text())["val_accuracy"] for j in jobs}
+    best = max(scores, key=scores.get)
+    assert "lr=0.003" in str(best) and scores[best] > min(scores.values())  # the sweep's first job, not its last
+    r = run_tformer("evaluate", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"checkpoint {best.relative_to(tmp_path)}" in r.stdout
+
+
+def test_shell_completion_registers_tformer_and_completes_each_command(tmp_path):
+    r = run_tformer("-sc", "install=bash", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("-F hydra_bash_completion tformer")
+    answers = {}
+    for line in ("tformer tr", "tformer train model=", "tformer train trainer.ep", "tformer evaluate spl"):
+        r = run_tformer("-sc", "query=bash", cwd=tmp_path, env={"COMP_LINE": line})
+        assert r.returncode == 0, r.stderr[-1000:]
+        answers[line] = r.stdout.split()
+    assert answers["tformer tr"] == ["train"]
+    assert "model=small" in answers["tformer train model="] and "model=minilm_l6" in answers["tformer train model="]
+    assert answers["tformer train trainer.ep"] == ["trainer.epochs="]
+    assert answers["tformer evaluate spl"] == ["split="]

@@ -1,0 +1,50 @@
+"""Reaching the Hugging Face Hub: one quick check, then the libraries' own code, or offline mode at once.
+
+Without a network, `datasets` and `huggingface_hub` retry for half a minute and print a warning per retry before
+failing. tformer asks once (a TCP connect to the Hub's host, a few seconds at most); when that fails, or when
+HF_HUB_OFFLINE is set, both libraries are switched to offline mode, so a cached copy is still used and anything
+else fails at once with our one-line message.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from urllib.parse import urlparse
+
+CONNECT_TIMEOUT_S = 3.0
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+def offline() -> bool:
+    """True when the Hub is not to be (or cannot be) reached; then the libraries are in offline mode too."""
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE:
+        _set_offline()
+        return True
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "huggingface.co", port), timeout=CONNECT_TIMEOUT_S).close()
+        return False
+    except OSError:
+        _set_offline()
+        return True
+
+
+def _set_offline() -> None:
+    os.environ["HF_HUB_OFFLINE"] = "1"  # read at import by libraries imported later
+    if "huggingface_hub" in sys.modules:  # and by those already imported, from their constants
+        import huggingface_hub.constants
+
+        huggingface_hub.constants.HF_HUB_OFFLINE = True
+    if "datasets" in sys.modules:
+        import datasets.config
+
+        datasets.config.HF_HUB_OFFLINE = True
+
+
+def why_unavailable() -> str:
+    """For error messages: why the Hub could not serve the request."""
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE:
+        return "the Hub is unreachable or HF_HUB_OFFLINE is set, and there is no cached copy"
+    return "the Hub did not serve it"
