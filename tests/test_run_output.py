@@ -146,3 +146,35 @@ def test_shell_completion_registers_tformer_and_completes_each_command(tmp_path)
     assert "model=small" in answers["tformer train model="] and "model=minilm_l6" in answers["tformer train model="]
     assert answers["tformer train trainer.ep"] == ["trainer.epochs="]
     assert answers["tformer evaluate spl"] == ["split="]
+
+
+def test_help_shows_resolved_values_with_their_descriptions(tmp_path):
+    r = run_tformer("train", "--help", "model=small", cwd=tmp_path)
+    assert r.returncode == 0 and "${" not in r.stdout
+    lines = r.stdout.splitlines()
+    lr = next(line for line in lines if line.strip().startswith("optimizer.lr ="))
+    assert lr.split("=")[1].split("#")[0].strip() == "0.0005" and "peak lr" in lr  # model=small's resolved lr
+    assert any(line.startswith("  model:") and "small*" in line for line in lines)
+    patience = next(line for line in lines if "trainer.early_stopping.patience =" in line)
+    assert "epochs without improvement" in patience
+    r = run_tformer("train", "--help", "model=nope", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Could not find 'model/nope'" in r.stderr
+
+
+def test_evaluate_scores_a_new_file_with_the_runs_data_settings(tmp_path):
+    rows = [(f"{'great fine' if i % 2 else 'dull awful'} review {i}", "good" if i % 2 else "bad") for i in range(200)]
+    for name, part in (("train.csv", rows), ("new.csv", rows[:30])):
+        with open(tmp_path / name, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["review", "verdict"])
+            w.writerows(part)
+    r = run_tformer("train", "data=files", "data.train_file=train.csv", "data.text_column=review",
+                    "data.label_column=verdict", "data.test_fraction=0.2", *FAST, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = run_tformer("evaluate", f"checkpoint={run_dirs(tmp_path)[-1]}", f"test_file={tmp_path / 'new.csv'}",
+                    cwd=elsewhere)  # no column names, no training file: the run's settings are reused
+    assert r.returncode == 0, r.stderr[-2000:]
+    metrics = json.loads(next((elsewhere / "outputs" / "evaluate").glob("*/*/metrics.json")).read_text())
+    assert metrics["n"] == 30

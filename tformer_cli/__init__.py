@@ -1,2 +1,24 @@
-"""tformer: train, evaluate and serve text classifiers built on a from-scratch Transformer encoder."""
+"""tformer: train, evaluate and serve text classifiers built on a from-scratch Transformer encoder.
+
+Python API (imported on first use, so `import tformer_cli` stays light):
+    tformer_cli.train(overrides)      -> TrainResult     (tformer_cli/api.py)
+    tformer_cli.Classifier.load(path) -> Classifier      (tformer_cli/classifier.py)
+"""
 __version__ = "0.1.0"
+__all__ = ["Classifier", "TrainResult", "TformerError", "train", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "Classifier":
+        from .classifier import Classifier
+
+        return Classifier
+    if name in ("train", "TrainResult"):
+        from . import api
+
+        return getattr(api, name)
+    if name == "TformerError":
+        from .errors import TformerError
+
+        return TformerError
+    raise AttributeError(f"module 'tformer_cli' has no attribute {name!r}")

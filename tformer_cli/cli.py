@@ -134,6 +134,15 @@ def _sigterm_like_ctrl_c() -> None:
 
 
 def main() -> None:
+    try:
+        _main()
+    except BrokenPipeError:  # `tformer ... | head` closed the pipe: stop quietly, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(141)
+
+
+def _main() -> None:
     argv = sys.argv[1:]
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
@@ -156,6 +165,11 @@ def main() -> None:
         from .commands import report
 
         sys.exit(_guarded(report.main)(rest))
+    if task in ("train", "evaluate") and ("--help" in rest or "-h" in rest):
+        from .commands import help as help_cmd
+
+        print(_guarded(help_cmd.render)(task, [a for a in rest if not a.startswith("-")]))
+        return
     if task in ("train", "evaluate"):
         try:
             _run_hydra(task, rest)

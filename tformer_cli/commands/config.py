@@ -92,6 +92,7 @@ class EvaluateConfig:
     outputs_dir: str
     split: str
     data_dir: str | None
+    test_file: str | None
     max_samples: int | None
     batch_size: int
     normalize: bool

@@ -8,6 +8,12 @@ from .config import EvaluateConfig, data_config
 from .train import log_header
 
 
+def _absolute(path: str | None) -> str | None:
+    from pathlib import Path
+
+    return None if path is None else str(Path(path).expanduser().resolve())
+
+
 def run(cfg) -> float:
     from hydra.core.hydra_config import HydraConfig
 
@@ -37,7 +43,8 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
     if saved_data is None:
         raise TformerError(f"checkpoint {loaded.path} has no {loaded.files.config.name} to say which data it was "
                            f"trained on; pass data=<name>")
-    data_cfg = data_config(saved_data, dir=config.data_dir, max_eval_samples=config.max_samples)
+    data_cfg = data_config(saved_data, dir=config.data_dir, max_eval_samples=config.max_samples,
+                           test_file=_absolute(config.test_file))
     from ..safe_text import markup
 
     console.print(f"[bold]checkpoint[/] {markup(loaded.path)}  [bold]data[/] {markup(data_cfg.name)}  [bold]split[/] "

@@ -111,44 +111,18 @@ def main(argv: list[str]) -> int:
         print(f"[tformer] {truncated} text(s) longer than max_chars={opts['max_chars']} were cut", file=sys.stderr)
         texts = [t[: opts["max_chars"]] for t in texts]
 
-    import torch
-
     from .. import checkpoint
-    from ..data.tokenization import LongText, TokenizedSplit, encode_batch, load_tokenizer, pad_id
-    from ..hardware import pick_device, pick_precision
-    from ..inference import predict_proba
+    from ..classifier import Classifier
 
-    path = checkpoint.resolve(opts["checkpoint"]) if opts["checkpoint"] else checkpoint.newest(opts["outputs_dir"])
+    path = opts["checkpoint"] or checkpoint.newest(opts["outputs_dir"]).path
     if not opts["checkpoint"]:
         print(f"[tformer] using the newest checkpoint: {path}", file=sys.stderr)
-    device = pick_device(opts["device"])
-    loaded = checkpoint.load(path, device)
-    max_len, long_text = int(loaded.model_config["max_len"]), LongText.from_meta(loaded.meta)
-    tok = load_tokenizer(loaded.tokenizer_file, max_len, long_text)
-    filled = [i for i, t in enumerate(texts) if t.strip()]  # empty lines get an answer too, marked empty
-    if len(filled) < len(texts):
-        print(f"[tformer] {len(texts) - len(filled)} empty text(s) have no label (marked empty)", file=sys.stderr)
-    windows = encode_batch(tok, [texts[i] for i in filled], max_len, long_text)  # one each unless chunks
-    split = TokenizedSplit.from_windows(windows)
-    precision = pick_precision("fp32" if device.type == "cpu" else "auto", device)
-    probs, _ = predict_proba(loaded.model, split, batch_size=opts["batch_size"], pad_id=pad_id(tok), device=device,
-                             precision=precision)
-    if not bool(torch.isfinite(probs).all()):
-        raise TformerError(f"checkpoint {path} gives non-finite probabilities (NaN or inf): its weights are "
-                           f"corrupt; retrain or use another checkpoint")
-    k = min(opts["top_k"], probs.shape[1])
-    top_p, top_i = torch.topk(probs, k, dim=-1)
-    results = [{"text": t, "label": None, "probability": None, "empty": True, "top_k": []} for t in texts]
-    for i, p, j in zip(filled, top_p, top_i):
-        results[i] = {"text": texts[i], "label": loaded.label_names[int(j[0])], "probability": round(float(p[0]), 6),
-                      "top_k": [{"label": loaded.label_names[int(c)], "probability": round(float(q), 6)}
-                                for q, c in zip(p, j)]}
-    if opts["explain"]:  # of each text's first window (its only one unless long_text=chunks)
-        first = TokenizedSplit.from_ids([ws[0][0] for ws in windows])
-        explained = [results[i] for i in filled]
-        for r, ws, w in zip(explained, windows, explain(loaded.model, first, pad_id(tok), device, opts["batch_size"])):
-            r["explanation"] = {"tokens": ws[0][1], "last_layer": [round(x, 6) for x in w["last"]],
-                                "rollout": [round(x, 6) for x in w["rollout"]]}
+    clf = Classifier.load(path, device=opts["device"])
+    blank = sum(not t.strip() for t in texts)
+    if blank:
+        print(f"[tformer] {blank} empty text(s) have no label (marked empty)", file=sys.stderr)
+    results = clf.predict(texts, top_k=opts["top_k"], explain=opts["explain"], batch_size=opts["batch_size"])
+    k = min(opts["top_k"], len(clf.labels))
     if opts["json"]:
         for r in results:
             if k == 1:
@@ -186,22 +160,6 @@ def print_table(results: list[dict], k: int, explained: bool) -> None:
     for r in results if explained else []:
         if not r.get("empty"):
             console.print(render_explanation(r))
-
-
-def explain(model, split, pad: int, device, batch_size: int) -> list[dict]:
-    """Per text: {'last': [...], 'rollout': [...]} token weights (special tokens included), each summing to 1."""
-    from ..data.batching import collate
-    import torch
-
-    out: list[dict] = [{} for _ in range(len(split))]
-    for start in range(0, len(split), batch_size):
-        idx = torch.arange(start, min(start + batch_size, len(split)))
-        batch = collate(split, idx, pad)
-        weights = model.explain(batch["input_ids"].to(device), batch["attention_mask"].to(device))
-        for row, i in enumerate(idx.tolist()):
-            n = int(batch["attention_mask"][row].sum())
-            out[i] = {name: w[row, :n].float().cpu().tolist() for name, w in weights.items()}
-    return out
 
 
 def words_and_weights(tokens: list[str], weights: list[float]) -> list[tuple[str, float]]:

@@ -17,18 +17,30 @@ def run(cfg) -> float:
 
     from ..typed_config import plain
 
+    config, tree = configure(plain(cfg))
+    hydra = HydraConfig.get()
+    return train(config, RunDir(hydra.runtime.output_dir), tree, overrides=list(hydra.overrides.task)).best_value
+
+
+def configure(tree: dict) -> tuple[TrainConfig, dict]:
+    """The typed config of a composed tree, with data locations made absolute in both (the saved config must
+    find the data from any directory). Shared by the Hydra entry point and the Python API."""
     from ..data.sources import absolute_locations
 
-    tree = plain(cfg)
     config = TrainConfig.from_dict(tree)
-    located = absolute_locations(config.data)  # the saved config must find the data from any directory
+    located = absolute_locations(config.data)
     tree["data"].update(located)
     config.data = dataclasses.replace(config.data, **located)
-    hydra = HydraConfig.get()
-    return train(config, RunDir(hydra.runtime.output_dir), tree, overrides=list(hydra.overrides.task))
+    return config, tree
 
 
-def train(config: TrainConfig, run_dir: RunDir, tree: dict, overrides: list[str] = ()) -> float:
+@dataclass
+class Trained:
+    run_dir: RunDir  # where the run was written (a resumed run's own directory)
+    best_value: float  # the monitored metric's best value
+
+
+def train(config: TrainConfig, run_dir: RunDir, tree: dict, overrides: list[str] = ()) -> Trained:
     """Train one run into `run_dir` (or continue the run named by config.resume); `tree` is the composed config
     as plain containers, saved with every checkpoint and compared on resume."""
     from .. import checkpoint
@@ -46,7 +58,9 @@ def train(config: TrainConfig, run_dir: RunDir, tree: dict, overrides: list[str]
         if resume_from is not None:
             console.print(f"[bold]resuming[/] {run_dir}", highlight=False)
         resume = load_resume(resume_from, tree) if resume_from is not None else None
-        return _train_locked(config, run_dir, tree, overrides, resume, console)
+        best_value = _train_locked(config, run_dir, tree, overrides, resume, console)
+    console.close_log()
+    return Trained(run_dir, best_value)
 
 
 def _train_locked(config: TrainConfig, run_dir: RunDir, tree: dict, overrides, resume, console) -> float:
@@ -366,5 +380,9 @@ def _install_signal_handlers(run):
         print(f"\n[tformer] {signal.Signals(signum).name}: finishing this step and saving the last checkpoint "
               f"(again to exit at once)", flush=True)
 
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # e.g. a library caller's worker thread
+        return lambda: None
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     return lambda: [signal.signal(sig, h) for sig, h in previous.items()]

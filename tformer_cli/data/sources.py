@@ -206,12 +206,11 @@ def _load_demo(cfg: DataConfig):
 
 
 def _load_listed_files(cfg: DataConfig):
-    files = {s: getattr(cfg, f"{s}_file") for s in ("train", "validation", "test")}
-    files = {s: Path(os.path.expanduser(str(f))) for s, f in files.items() if f}
-    if "train" not in files:
+    if not cfg.train_file:
         raise TformerError("data=files needs data.train_file=<path> (and optionally data.validation_file, "
                            "data.test_file)")
-    return _load_files(files, cfg.header, cfg.column_names), None, "local files"
+    train = Path(os.path.expanduser(str(cfg.train_file)))
+    return _load_files({"train": train}, cfg.header, cfg.column_names), None, "local files"
 
 
 def _load_folder(cfg: DataConfig, folder: Path):
@@ -241,12 +240,17 @@ FETCHERS: dict[str, Loader] = {"twenty_newsgroups": _load_newsgroups_sklearn}
 
 def _raw_splits(cfg: DataConfig) -> tuple[dict, list[str] | None, str]:
     """{split: Dataset} with the configured columns, label names if known, and a description of the source."""
-    if cfg.name in LOADERS:
-        return LOADERS[cfg.name](cfg)
-    folder = resolve_dir(cfg)
-    if folder is not None:
-        return _load_folder(cfg, folder)
-    return FETCHERS.get(cfg.name, _load_from_hub)(cfg)
+    folder = None if cfg.name in LOADERS else resolve_dir(cfg)
+    raw, names, source = (LOADERS[cfg.name](cfg) if cfg.name in LOADERS else _load_folder(cfg, folder)
+                          if folder is not None else FETCHERS.get(cfg.name, _load_from_hub)(cfg))
+    listed = {s: Path(os.path.expanduser(str(getattr(cfg, f"{s}_file"))))
+              for s in ("validation", "test") if getattr(cfg, f"{s}_file")}
+    if listed and _from_hub(source):
+        raise TformerError(f"data.validation_file / data.test_file replace splits of local data only; {cfg.name} "
+                           f"came from the Hub: download it and pass data.dir=<folder>")
+    # data.validation_file / data.test_file: given splits of data=files, or replacements in any local dataset
+    # (e.g. `tformer evaluate test_file=new.csv` scores a new file with the training run's data settings)
+    return {**raw, **_load_files(listed, cfg.header, cfg.column_names)}, names, source
 
 
 def _from_hub(source: str) -> bool:

@@ -1,0 +1,73 @@
+"""The Python API: train() and Classifier, in-process, with the same configs and checkpoints as the CLI."""
+import json
+
+import numpy as np
+import pytest
+
+import tformer_cli
+from tformer_cli import Classifier, TformerError, train
+
+TINY = ["data.n_train=600", "data.n_validation=200", "data.n_test=200", "trainer.epochs=2",
+        "embedding_init.vocab_size=300", "trainer.precision=fp32"]
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    return train(TINY, run_dir=tmp_path_factory.mktemp("api") / "run")
+
+
+def test_train_returns_the_run(result):
+    assert result.run_dir.is_dir() and (result.best_checkpoint / "model.safetensors").is_file()
+    assert [h["epoch"] for h in result.history] == [1, 2]
+    assert result.monitor == "val_accuracy"
+    assert result.best_value == max(h["val_accuracy"] for h in result.history)
+    assert result.test_metrics["n"] == 200 and 0 <= result.test_metrics["accuracy"] <= 1
+    assert json.loads((result.run_dir / "history.json").read_text()) == result.history
+    assert "trainer:" in (result.run_dir / "train.log").read_text()
+
+
+def test_classifier_predicts_in_order_with_empty_texts_marked(result):
+    clf = result.classifier()
+    assert isinstance(clf, Classifier) and clf.labels == ["negative", "positive"]
+    texts = ["the film was great", "   ", "the film was never boring"]
+    out = clf.predict(texts, top_k=2)
+    assert [r["text"] for r in out] == texts and out[1]["empty"] and out[1]["label"] is None
+    for r in (out[0], out[2]):
+        assert r["label"] in clf.labels and len(r["top_k"]) == 2 and r["top_k"][0]["label"] == r["label"]
+    probs = clf.predict_proba(texts)
+    assert probs.shape == (3, 2) and np.isnan(probs[1]).all()
+    np.testing.assert_allclose(probs[[0, 2]].sum(axis=1), 1.0, atol=1e-5)
+    assert out[0]["probability"] == pytest.approx(float(probs[0].max()), abs=1e-5)
+    explained = clf.explain(["the film was great"])[0]["explanation"]
+    assert sum(explained["rollout"]) == pytest.approx(1.0, abs=1e-4)
+    assert len(explained["tokens"]) == len(explained["last_layer"])
+
+
+def test_the_cli_and_the_api_give_the_same_answers(result, tmp_path):
+    from helpers import run_tformer
+
+    r = run_tformer("predict", f"checkpoint={result.run_dir}", "--json", "--top-k", "2", "the film was great",
+                    cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {k: v for k, v in result.classifier().predict(["the film was great"], top_k=2)[0]
+                                    .items()}
+
+
+def test_errors_are_tformer_errors_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TformerError, match="trainer.epochs"):
+        train(["trainer.epochs=0"])
+    with pytest.raises(TformerError, match="does not exist"):
+        Classifier.load(tmp_path / "nowhere")
+    with pytest.raises(TformerError, match="only"):
+        train(["-m", "trainer.epochs=1,2"])
+    assert not list(tmp_path.glob("outputs/train/*/*"))  # refused runs leave no folder
+
+
+def test_the_package_import_stays_light():
+    import subprocess
+    import sys
+
+    code = "import sys, tformer_cli; print(sorted(m for m in ('torch', 'hydra', 'datasets') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "[]"
+    assert tformer_cli.__version__

@@ -1,0 +1,136 @@
+"""A trained checkpoint as a Python object: what `tformer predict` runs, for notebooks and programs.
+
+    from tformer_cli import Classifier
+    clf = Classifier.load("outputs/train/2026-11-22/10-00-00-000000")   # a run dir or a checkpoint dir
+    clf.predict(["a gripping, beautifully shot film"], top_k=2)
+    clf.predict_proba(["..."])          # (n, classes) numpy array, columns in clf.labels order
+
+Imports only torch, safetensors and tokenizers (no Hydra, datasets, scikit-learn or transformers), like the CLI's
+`predict`. Every text gets an answer in input order; an empty or blank text is marked `"empty": True` (and a row
+of NaN in `predict_proba`) rather than given a confident label it has no grounds for.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import TformerError
+
+
+class Classifier:
+    def __init__(self, loaded, tokenizer, device, long_text):
+        self._loaded, self._tok, self.device, self._long_text = loaded, tokenizer, device, long_text
+
+    @classmethod
+    def load(cls, checkpoint: str | Path | None = None, *, device: str = "auto",
+             outputs_dir: str | Path = "outputs") -> "Classifier":
+        """A run dir (its best checkpoint), a checkpoint dir, or None: the newest run's (a sweep's best job)."""
+        from . import checkpoint as ckpt
+        from .data.tokenization import LongText, load_tokenizer
+        from .hardware import pick_device
+
+        path = ckpt.resolve(checkpoint) if checkpoint is not None else ckpt.newest(outputs_dir)
+        dev = pick_device(device)
+        loaded = ckpt.load(path, dev)
+        long_text = LongText.from_meta(loaded.meta)
+        tok = load_tokenizer(loaded.tokenizer_file, int(loaded.model_config["max_len"]), long_text)
+        return cls(loaded, tok, dev, long_text)
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self._loaded.label_names)
+
+    @property
+    def path(self) -> Path:
+        return Path(self._loaded.path)
+
+    def __repr__(self) -> str:
+        return f"Classifier({str(self.path)!r}, labels={self.labels}, device={self.device.type})"
+
+    def _encode(self, texts):
+        from .data.tokenization import encode_batch
+
+        if isinstance(texts, str):
+            raise TformerError("texts must be a list of strings, not one string (wrap it: [text])")
+        texts = list(texts)
+        if not all(isinstance(t, str) for t in texts):
+            raise TformerError("texts must be strings")
+        filled = [i for i, t in enumerate(texts) if t.strip()]
+        windows = encode_batch(self._tok, [texts[i] for i in filled], int(self._loaded.model_config["max_len"]),
+                               self._long_text)  # one window per text unless long_text=chunks
+        return texts, filled, windows
+
+    def _probabilities(self, windows, batch_size: int):
+        import torch
+
+        from .data.tokenization import TokenizedSplit, pad_id
+        from .hardware import pick_precision
+        from .inference import predict_proba
+
+        if batch_size < 1:
+            raise TformerError(f"batch_size={batch_size} must be at least 1")
+        split = TokenizedSplit.from_windows(windows)
+        precision = pick_precision("fp32" if self.device.type == "cpu" else "auto", self.device)
+        probs, _ = predict_proba(self._loaded.model, split, batch_size=batch_size, pad_id=pad_id(self._tok),
+                                 device=self.device, precision=precision)
+        if not bool(torch.isfinite(probs).all()):
+            raise TformerError(f"checkpoint {self.path} gives non-finite probabilities (NaN or inf): its weights "
+                               f"are corrupt; retrain or use another checkpoint")
+        return probs
+
+    def predict_proba(self, texts, *, batch_size: int = 64):
+        """(len(texts), len(labels)) class probabilities; empty texts get a row of NaN."""
+        import numpy as np
+
+        texts, filled, windows = self._encode(texts)
+        out = np.full((len(texts), len(self.labels)), np.nan, dtype=np.float32)
+        if filled:
+            out[filled] = self._probabilities(windows, batch_size).numpy()
+        return out
+
+    def predict(self, texts, *, top_k: int = 1, explain: bool = False, batch_size: int = 64) -> list[dict]:
+        """One dict per text, in order: text, label, probability, top_k (the k best labels), explanation (if
+        asked: tokens with last-layer attention and attention rollout weights, each summing to 1), or
+        empty=True for a blank text."""
+        import torch
+
+        if top_k < 1:
+            raise TformerError(f"top_k={top_k} must be at least 1")
+        texts, filled, windows = self._encode(texts)
+        results = [{"text": t, "label": None, "probability": None, "empty": True, "top_k": []} for t in texts]
+        if not filled:
+            return results
+        probs = self._probabilities(windows, batch_size)
+        top_p, top_i = torch.topk(probs, min(top_k, probs.shape[1]), dim=-1)
+        names = self.labels
+        for i, p, j in zip(filled, top_p, top_i):
+            results[i] = {"text": texts[i], "label": names[int(j[0])], "probability": round(float(p[0]), 6),
+                          "top_k": [{"label": names[int(c)], "probability": round(float(q), 6)}
+                                    for q, c in zip(p, j)]}
+        if explain:  # of each text's first window (its only one unless long_text=chunks)
+            weights = self._attention([ws[0][0] for ws in windows], batch_size)
+            for i, ws, w in zip(filled, windows, weights):
+                results[i]["explanation"] = {"tokens": ws[0][1], "last_layer": [round(x, 6) for x in w["last"]],
+                                             "rollout": [round(x, 6) for x in w["rollout"]]}
+        return results
+
+    def explain(self, texts, *, batch_size: int = 64) -> list[dict]:
+        """`predict(texts, explain=True)`: which tokens drove each decision."""
+        return self.predict(texts, explain=True, batch_size=batch_size)
+
+    def _attention(self, ids: list[list[int]], batch_size: int) -> list[dict]:
+        """Per sequence: {'last': [...], 'rollout': [...]} token weights (special tokens included)."""
+        import torch
+
+        from .data.batching import collate
+        from .data.tokenization import TokenizedSplit, pad_id
+
+        split, pad, model = TokenizedSplit.from_ids(ids), pad_id(self._tok), self._loaded.model
+        out: list[dict] = [{} for _ in range(len(split))]
+        for start in range(0, len(split), batch_size):
+            idx = torch.arange(start, min(start + batch_size, len(split)))
+            batch = collate(split, idx, pad)
+            weights = model.explain(batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device))
+            for row, i in enumerate(idx.tolist()):
+                n = int(batch["attention_mask"][row].sum())
+                out[i] = {name: w[row, :n].float().cpu().tolist() for name, w in weights.items()}
+        return out
