@@ -59,8 +59,8 @@ def test_refused_and_failed_commands_leave_no_run_directory(tmp_path):
     assert run_dirs(tmp_path) == [] and run_dirs(tmp_path, "evaluate") == []
 
 
-def interrupt_when(args, cwd, ready):
-    """Start `tformer <args>`, send SIGINT once `ready(stdout so far)` holds; return (rc, stdout, stderr)."""
+def interrupt_when(args, cwd, ready, delay=0.0):
+    """Start `tformer <args>`, send SIGINT `delay` s after `ready(stdout so far)` holds; (rc, stdout, stderr)."""
     import threading
 
     proc = subprocess.Popen([TFORMER, *args], cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -71,6 +71,7 @@ def interrupt_when(args, cwd, ready):
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None and not ready("".join(lines)):
         time.sleep(0.05)
+    time.sleep(delay)
     assert proc.poll() is None, f"finished before it could be interrupted: {''.join(lines)[-500:]}"
     proc.send_signal(signal.SIGINT)
     err = proc.stderr.read()
@@ -178,3 +179,35 @@ def test_evaluate_scores_a_new_file_with_the_runs_data_settings(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     metrics = json.loads(next((elsewhere / "outputs" / "evaluate").glob("*/*/metrics.json")).read_text())
     assert metrics["n"] == 30
+
+
+def test_ctrl_c_during_validation_saves_and_says_how_to_resume(tmp_path):
+    args = ["train", "data.n_train=64", "data.n_validation=150000", "data.n_test=100", "trainer.epochs=2",
+            "trainer.eval_batch_size=512", *FAST[1:]]
+    rc, out, err = interrupt_when(args, tmp_path, lambda seen: "model " in seen, delay=3.0)  # 2 steps, then validation
+    assert rc == 130 and "Traceback" not in err, err[-2000:]
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("[tformer]")]
+    assert len(lines) == 1 and "resume with: tformer train" in lines[0], lines
+    run = run_dirs(tmp_path)[-1]
+    assert (run / "checkpoints" / "last" / "trainer_state.json").is_file() and not (run / "history.json").exists()
+
+
+def test_a_sweep_ends_with_a_summary_and_a_failed_job_does_not_stop_it(tmp_path):
+    r = run_tformer("train", "-m", "model.n_heads=4,3", "seed=1,2", "data.n_train=300", "data.n_validation=100",
+                    "data.n_test=100", *FAST, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    sweep = next((tmp_path / "outputs" / "multirun").glob("*/*"))
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [(row["overrides"], row["status"]) for row in rows] == [
+        ("model.n_heads=4 seed=1", "done"), ("model.n_heads=4 seed=2", "done"),
+        ("model.n_heads=3 seed=1", "failed"), ("model.n_heads=3 seed=2", "failed")]
+    assert all("n_heads" in row["error"] for row in rows[2:]) and not any(row["error"] for row in rows[:2])
+    done = rows[:2]
+    assert [row["best_job"] for row in rows].count("*") == 1
+    assert max(done, key=lambda row: float(row["best"]))["best_job"] == "*"
+    assert all(row["test_accuracy"] and row["best_epoch"] == "1" and row["monitor"] == "val_accuracy" for row in done)
+    md = (sweep / "summary.md").read_text()
+    assert "model.n_heads=4: val_accuracy" in md and "over 2 seeds" in md and "Errors:" in md
+    assert "sweep " in r.stdout and "failed" in r.stdout and "over 2 seeds" in r.stdout  # the table at the end
+    again = run_tformer("report", str(sweep), cwd=tmp_path)
+    assert again.returncode == 0 and "model.n_heads=3 seed=2" in again.stdout and "failed" in again.stdout

@@ -37,11 +37,32 @@ def _fail(exc: BaseException) -> None:
 
     line = f"error: {terminal(exc)}"
     print(line, file=sys.stderr)
-    if console._output is not None:  # the run log ends with what ended the run
+    logged = console._output is not None and console._output.log_path is not None
+    if logged:  # the run log ends with what ended the run
         console._output.log_only(line)
         console._output.close_log()
+    code = getattr(exc, "exit_code", 2)
+    if code == 2 and _in_sweep():  # one job failed: the sweep goes on; its summary lists the job with this line
+        if not logged:  # refused before its log was opened (a bad config value)
+            from hydra.core.hydra_config import HydraConfig
+
+            from .run_dir import RunDir
+
+            hydra = HydraConfig.get()
+            with open(RunDir(hydra.runtime.output_dir).log(hydra.job.config_name), "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        return
     _discard_empty_run_dir()
-    sys.exit(getattr(exc, "exit_code", 2))
+    sys.exit(code)
+
+
+def _in_sweep() -> bool:
+    if "hydra" not in sys.modules:
+        return False
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _discard_empty_run_dir() -> None:

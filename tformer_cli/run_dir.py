@@ -139,9 +139,13 @@ class RunDir:
         """Held while a process trains into this run: a second `train`/`resume=` of it is refused."""
         return RunLock(self.lock_file)
 
+    hydra_record = property(lambda self: self.root / ".hydra")  # Hydra's record of the job
+    hydra_overrides = property(lambda self: self.root / ".hydra" / "overrides.yaml")
+    hydra_config = property(lambda self: self.root / ".hydra" / "config.yaml")  # written when the job starts
+
     def sweep(self) -> Path | None:
-        """The `-m` sweep directory this run is a job of (Hydra writes multirun.yaml there), else None."""
-        return self.root.parent if (self.root.parent / "multirun.yaml").is_file() else None
+        """The `-m` sweep directory this run is a job of, else None."""
+        return self.root.parent if SweepDir(self.root.parent).is_sweep() else None
 
     @classmethod
     def of_checkpoint(cls, ckpt: CheckpointDir) -> "RunDir":
@@ -178,6 +182,28 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)  # closing releases the lock
             self._fd = None
+
+
+class SweepDir:
+    """A `-m` sweep: Hydra's multirun.yaml, one folder per job, and our summary files."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    summary_csv = property(lambda self: self.root / "summary.csv")
+    summary_md = property(lambda self: self.root / "summary.md")
+
+    def is_sweep(self) -> bool:
+        return (self.root / "multirun.yaml").is_file()
+
+    def job_dirs(self) -> list[Path]:
+        """Job folders (`<n>_<overrides>`, each with Hydra's record), in job-number order."""
+        found = [p for p in self.root.iterdir() if RunDir(p).hydra_record.is_dir()] if self.root.is_dir() else []
+        number = lambda p: int(p.name.split("_")[0]) if p.name.split("_")[0].isdigit() else 1 << 30
+        return sorted(found, key=lambda p: (number(p), p.name))
 
 
 def resolve_checkpoint(path: str | Path) -> CheckpointDir | None:

@@ -5,12 +5,12 @@ import json
 from pathlib import Path
 
 from ..errors import TformerError
-from ..run_dir import RunDir, newest_checkpoints
+from ..run_dir import RunDir, SweepDir, newest_checkpoints
 
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
-        print("usage: tformer report [RUN_DIR]   (default: the newest run under outputs/)")
+        print("usage: tformer report [RUN_DIR | SWEEP_DIR]   (default: the newest run under outputs/)")
         return 0
     if argv:
         run_dir = RunDir(Path(argv[0]).expanduser())
@@ -21,6 +21,12 @@ def main(argv: list[str]) -> int:
         run_dir = RunDir.of_checkpoint(runs[-1])
     if not run_dir.root.is_dir():
         raise TformerError(f"run directory {run_dir} does not exist; pass outputs/train/<date>/<time>")
+    if SweepDir(run_dir.root).is_sweep():  # a -m sweep: one row per job (running, finished or died)
+        from ..console import screen_console
+        from ..sweep import summarize
+
+        summarize(run_dir.root, screen_console())
+        return 0
     ckpts = [c for c in (run_dir.best.existing(), run_dir.last.existing()) if c is not None and c.config.is_file()]
     if not ckpts:
         raise TformerError(f"{run_dir} has no best or last checkpoint; is it a `tformer train` run dir?")

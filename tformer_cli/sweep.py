@@ -1,0 +1,199 @@
+"""What a `-m` sweep did, one row per job: its overrides, status, monitored metric, best epoch, test metrics and
+wall time, read back from the files each job left (so it works for a sweep that is running, finished or died).
+
+At the end of every `tformer train -m ...` (Hydra callback `SummaryCallback`, in configs/train.yaml) the summary is
+written as summary.csv and summary.md in the sweep dir and shown as a table; `tformer report <sweep dir>` shows it
+again. Jobs that differ only in `seed` are also aggregated (mean ± std over seeds).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .run_dir import RunDir, SweepDir
+
+try:
+    from hydra.experimental.callback import Callback
+except ImportError:  # hydra is a dependency; this only keeps `report` importable without it
+    Callback = object
+
+
+@dataclass
+class Job:
+    name: str
+    overrides: list[str]
+    status: str  # done | interrupted | failed | running
+    monitor: str | None = None
+    best: float | None = None
+    best_epoch: int | None = None
+    test: dict = field(default_factory=dict)
+    seconds: float | None = None
+    error: str | None = None
+    is_best: bool = False
+    varying: list[str] = field(default_factory=list)  # the overrides that tell this job from the others
+
+    @property
+    def setting(self) -> tuple[str, ...]:
+        """The varying overrides without the seed: jobs with the same setting are repeats over seeds."""
+        return tuple(o for o in self.varying if not o.startswith("seed="))
+
+
+def jobs(sweep_dir: Path) -> list[Job]:
+    """Every job of the sweep, in job-number order, the best one marked."""
+    import yaml
+
+    found = []
+    for job_dir in SweepDir(sweep_dir).job_dirs():
+        run = RunDir(job_dir)
+        overrides = yaml.safe_load(run.hydra_overrides.read_text()) if run.hydra_overrides.is_file() else None
+        found.append(_read_job(run, [str(o) for o in overrides or []]))
+    shared = set.intersection(*(set(j.overrides) for j in found)) if found else set()
+    for j in found:
+        j.varying = [o for o in j.overrides if o not in shared]
+    scored = [j for j in found if j.best is not None]
+    if scored:
+        minimise = _mode(found) == "min"
+        best = (min if minimise else max)(scored, key=lambda j: j.best)
+        best.is_best = True
+    return found
+
+
+def _read_job(run: RunDir, overrides: list[str]) -> Job:
+    job = Job(run.root.name, overrides, "running")
+    log = run.log("train")
+    last_line = log.read_text(errors="replace").rstrip().splitlines()[-1:] if log.is_file() else []
+    if last_line and last_line[0].startswith("error: "):
+        job.error = last_line[0][len("error: "):]
+        job.status = "interrupted" if job.error.startswith("interrupted") or "resume with" in job.error else "failed"
+    best_ckpt = run.best.existing()
+    if best_ckpt is not None and best_ckpt.metrics.is_file():
+        metrics = json.loads(best_ckpt.metrics.read_text())
+        job.monitor = _monitor(best_ckpt)
+        job.best, job.best_epoch = metrics.get(job.monitor), metrics.get("epoch")
+    if run.finished:
+        job.status = "done"
+    if run.test_metrics.is_file():
+        test = json.loads(run.test_metrics.read_text())
+        job.test = {k: test[k] for k in ("accuracy", "f1") if k in test}
+    times = [p.stat().st_mtime for p in run.root.rglob("*") if p.is_file()]
+    if times and run.hydra_config.is_file():
+        job.seconds = max(times) - run.hydra_config.stat().st_mtime
+    return job
+
+
+def _monitor(ckpt) -> str:
+    import yaml
+
+    try:
+        return yaml.safe_load(ckpt.config.read_text())["trainer"]["early_stopping"]["monitor"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return "val_accuracy"
+
+
+def _mode(found: list[Job]) -> str:
+    return "min" if any(j.monitor and j.monitor.endswith("loss") for j in found) else "max"
+
+
+def by_seed(found: list[Job]) -> list[dict]:
+    """Settings run with more than one seed: mean ± std of the monitored metric and test accuracy."""
+    groups: dict[tuple, list[Job]] = {}
+    for j in found:
+        if j.best is not None:
+            groups.setdefault(j.setting, []).append(j)
+    out = []
+    for setting, members in groups.items():
+        if len(members) < 2:
+            continue
+        best = [j.best for j in members]
+        test = [j.test["accuracy"] for j in members if "accuracy" in j.test]
+        out.append({"setting": " ".join(setting) or "(defaults)", "seeds": len(members), "monitor": members[0].monitor,
+                    "mean": statistics.fmean(best), "std": statistics.stdev(best),
+                    "test_mean": statistics.fmean(test) if test else None,
+                    "test_std": statistics.stdev(test) if len(test) > 1 else None})
+    return out
+
+
+COLUMNS = ["job", "overrides", "status", "monitor", "best", "best_epoch", "test_accuracy", "test_f1", "seconds",
+           "error", "best_job"]
+
+
+def _row(j: Job) -> dict:
+    fmt = lambda v, spec: "" if v is None else format(v, spec)
+    return {"job": j.name.split("_")[0], "overrides": " ".join(j.varying) or "(none)", "status": j.status,
+            "monitor": j.monitor or "", "best": fmt(j.best, ".4f"), "best_epoch": fmt(j.best_epoch, "d"),
+            "test_accuracy": fmt(j.test.get("accuracy"), ".4f"), "test_f1": fmt(j.test.get("f1"), ".4f"),
+            "seconds": fmt(j.seconds, ".0f"), "error": j.error or "", "best_job": "*" if j.is_best else ""}
+
+
+def write(sweep_dir: Path, found: list[Job]) -> tuple[Path, Path]:
+    """summary.csv (every column, for tools) and summary.md (for people and READMEs)."""
+    from .atomic import write_text
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS)
+    w.writeheader()
+    w.writerows(_row(j) for j in found)
+    rows = [_row(j) for j in found]
+    shared = [o for o in (found[0].overrides if found else []) if o not in found[0].varying]
+    md = [f"Sweep {sweep_dir}: {len(found)} jobs" + (f"; every job had {' '.join(shared)}" if shared else ""), "",
+          "| " + " | ".join(COLUMNS[:-2]) + " |", "|" + "---|" * (len(COLUMNS) - 2)]
+    md += ["| " + " | ".join(("**" + r[c] + "**" if r["best_job"] and c == "best" else r[c].replace("|", "\\|"))
+                             for c in COLUMNS[:-2]) + " |" for r in rows]
+    for g in by_seed(found):
+        md.append(f"\n{g['setting']}: {g['monitor']} {g['mean']:.4f} ± {g['std']:.4f} over {g['seeds']} seeds"
+                  + (f"; test accuracy {g['test_mean']:.4f}" + (f" ± {g['test_std']:.4f}" if g["test_std"] is not None
+                                                                else "") if g["test_mean"] is not None else ""))
+    errors = [f"- job {r['job']}: {r['error']}" for r in rows if r["error"]]
+    if errors:
+        md += ["", "Errors:", *errors]
+    sweep = SweepDir(sweep_dir)
+    return write_text(sweep.summary_csv, buf.getvalue()), write_text(sweep.summary_md, "\n".join(md) + "\n")
+
+
+def show(sweep_dir: Path, found: list[Job], console) -> None:
+    from rich.table import Table
+
+    from .safe_text import rich
+
+    table = Table(title=rich(f"sweep {sweep_dir} ({len(found)} jobs; * best)"), header_style="bold")
+    for c in COLUMNS[:-2]:
+        table.add_column(c, justify="right" if c in ("best", "best_epoch", "test_accuracy", "test_f1", "seconds")
+                         else "left", overflow="fold")
+    colour = {"done": "green", "failed": "red", "interrupted": "yellow", "running": "cyan"}
+    for j in found:
+        r = _row(j)
+        cells = [rich(r[c]) for c in COLUMNS[:-2]]
+        cells[COLUMNS.index("status")] = f"[{colour[j.status]}]{j.status}[/]"
+        if j.is_best:
+            cells[COLUMNS.index("best")] = f"[bold]{r['best']} *[/]"
+        table.add_row(*cells)
+    console.print(table)
+    for g in by_seed(found):
+        console.print(rich(f"{g['setting']}: {g['monitor']} {g['mean']:.4f} ± {g['std']:.4f} over {g['seeds']} seeds"
+                           + (f"; test accuracy {g['test_mean']:.4f}" if g["test_mean"] is not None else "")))
+
+
+def summarize(sweep_dir: str | Path, console=None) -> list[Job]:
+    from .console import output
+
+    sweep_dir = Path(sweep_dir)
+    found = jobs(sweep_dir)
+    csv_path, md_path = write(sweep_dir, found)
+    console = console or output()
+    show(sweep_dir, found, console)
+    console.print(f"summary: {csv_path}, {md_path}", highlight=False)
+    return found
+
+
+class SummaryCallback(Callback):
+    """Hydra calls this when a `-m` sweep ends (finished, or after its last job failed)."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        from .console import output
+
+        output().close_log()  # the last job's log is complete; the summary belongs to the sweep
+        summarize(Path(config.hydra.sweep.dir))
