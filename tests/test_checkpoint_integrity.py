@@ -167,3 +167,18 @@ def test_json_reports_are_strict(tmp_path):
     path = write_json(tmp_path / "m.json", {"f1": float("nan"), "loss": [1.0, float("inf")]})
     assert json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}")) == \
         {"f1": None, "loss": [1.0, None]}
+
+
+def test_metrics_log_drops_what_a_resumed_run_logs_again(tmp_path):
+    from tformer_cli.atomic import JsonLines
+
+    log = JsonLines(tmp_path / "metrics.jsonl")
+    for step in (10, 20, 30):
+        log({"kind": "step", "step": step, "loss": float("nan") if step == 30 else 0.5})
+    with open(log.path, "a") as f:
+        f.write('{"kind": "step", "st')  # cut by a crash
+    assert json.loads(log.path.read_text().splitlines()[2])["loss"] is None  # strict JSON, NaN as null
+    log.truncate_after(20)
+    assert [json.loads(line)["step"] for line in log.path.read_text().splitlines()] == [10, 20]
+    log({"kind": "epoch", "step": 25})
+    assert [json.loads(line)["step"] for line in log.path.read_text().splitlines()] == [10, 20, 25]

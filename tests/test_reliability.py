@@ -66,6 +66,13 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
     h_res = json.loads((run / "history.json").read_text())
     keys = ["epoch", "step", "train_loss", "val_loss", "val_accuracy", "val_f1"]
     assert [{k: h[k] for k in keys} for h in h_ref] == [{k: h[k] for k in keys} for h in h_res]
+    # metrics.jsonl: what was logged after the checkpoint and before the kill is dropped and logged again
+    timeless = lambda run: [{k: v for k, v in json.loads(line).items() if k not in ("samples_per_s", "epoch_seconds",
+                                                                                  "train_samples_per_s")}
+                            for line in (run / "metrics.jsonl").read_text().splitlines()]
+    logged_ref, logged_res = timeless(ref), timeless(run)
+    assert [r["kind"] for r in logged_ref].count("epoch") == 3 and len(logged_ref) > 3
+    assert logged_res == logged_ref
 
 
 @pytest.mark.slow

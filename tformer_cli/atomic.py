@@ -89,3 +89,31 @@ def _finite(obj):
     if isinstance(obj, (list, tuple)):
         return [_finite(v) for v in obj]
     return obj
+
+
+class JsonLines:
+    """An append-only JSON-lines log (metrics.jsonl). Each record is one line, flushed at once, so a crash loses at
+    most the line being written; `truncate_after(step)` drops records a resumed run will log again."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def truncate_after(self, step: int) -> None:
+        if not self.path.is_file():
+            return
+        kept = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a crash
+                continue
+            if int(record.get("step", 0)) <= step:
+                kept.append(line)
+        write_text(self.path, "".join(k + "\n" for k in kept))
+
+    def __call__(self, record: dict) -> None:
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(_finite(record), allow_nan=False, default=str) + "\n")
+        except OSError as exc:
+            raise TformerError(f"could not write {self.path}: {write_problem(exc)}") from exc

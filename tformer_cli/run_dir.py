@@ -9,6 +9,7 @@ everything else asks a `RunDir` or a `CheckpointDir` for a path.
       test_metrics.json, test_report/, training_curves.png
       metrics.json                  (evaluate runs) the metrics of the evaluated split
       train.log / evaluate.log      the composed config, then everything the terminal showed
+      metrics.jsonl                 one JSON record per logged step (loss, lr, samples/s) and per epoch
 
     <checkpoint dir>/
       model.safetensors  model.json  tokenizer.json  labels.json  config.yaml  metrics.json  meta.json
@@ -92,6 +93,7 @@ class RunDir:
     test_report = property(lambda self: self.root / "test_report")
     training_curves = property(lambda self: self.root / "training_curves.png")
     eval_metrics = property(lambda self: self.root / "metrics.json")
+    metrics_log = property(lambda self: self.root / "metrics.jsonl")  # per logged step and per epoch
 
     BOOKKEEPING = (".hydra", ".lock", "train.log", "evaluate.log")  # what a run dir holds before any result
 

@@ -261,6 +261,11 @@ def build_run(config: TrainConfig, prepared: Prepared, run_dir: RunDir, tree: di
                                                "data": prepared.data_fingerprint, **config.long_text.to_meta()},
                         training_state=training_state)
 
+    from ..atomic import JsonLines
+
+    metrics_log = JsonLines(run_dir.metrics_log)
+    if resume is not None:
+        metrics_log.truncate_after(resume.step)  # what came after the checkpoint is trained (and logged) again
     weight = class_weights(prepared.tokenized["train"].labels, len(label_names), config.loss.class_weights)
     freeze_epochs, freeze_layers = freeze_plan(config)
     return Run(model=prepared.model, train=prepared.tokenized["train"], validation=prepared.tokenized["validation"],
@@ -271,7 +276,8 @@ def build_run(config: TrainConfig, prepared: Prepared, run_dir: RunDir, tree: di
                layer_lr_decay=config.model_options.layer_lr_decay,
                loss_weight=weight.to(device) if weight is not None else None,
                label_smoothing=config.loss.label_smoothing,
-               resume=(resume.tensors, resume.state) if resume is not None else None, say=console.print)
+               resume=(resume.tensors, resume.state) if resume is not None else None, say=console.print,
+               log_metrics=metrics_log)
 
 
 def report_run(config: TrainConfig, run_dir: RunDir, state, prepared: Prepared, device, precision, console) -> None:

@@ -116,6 +116,7 @@ class Run:
     resume: tuple[dict, dict] | None = None  # (tensors, JSON) of a `last` checkpoint's training state
     stop_requested: bool = False  # set by a signal handler; the loop saves and stops after the current step
     say: Callable[..., None] | None = None  # rich-style print(text, highlight=...); default: a rich Console
+    log_metrics: Callable[[dict], None] | None = None  # one record per logged step and per epoch (metrics.jsonl)
 
 
 def fit(run: Run) -> TrainingState:
@@ -178,6 +179,7 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
     t0 = time.perf_counter()
     loss_sum = torch.full((), state.epoch_loss_sum, device=run.device)
     window, window_n = torch.zeros((), device=run.device), 0
+    window_t, window_seen = time.perf_counter(), 0
     batches = loader.batches()[state.batches_done:]
     bar = tqdm(loader.iterate(batches), total=len(loader), initial=state.batches_done, unit="batch", leave=False,
                desc=f"epoch {epoch + 1}/{tcfg.epochs}" + (" (embeddings frozen)" if state.embeddings_frozen else ""),
@@ -187,11 +189,16 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
         state.step, state.batches_done = state.step + 1, state.batches_done + 1
         loss_sum += loss * batch["labels"].shape[0]
         state.epoch_seen += batch["labels"].shape[0]
-        window, window_n = window + loss, window_n + 1
+        window, window_n, window_seen = window + loss, window_n + 1, window_seen + batch["labels"].shape[0]
         if state.step % tcfg.log_every_steps == 0:
             running = float(window) / window_n  # the one host sync, every log_every_steps
             _check_finite(running, f"near step {state.step} (epoch {epoch + 1})")
             bar.set_postfix(loss=f"{running:.4f}", lr=f"{opt.lr:.2e}")
+            if run.log_metrics is not None:
+                now = time.perf_counter()
+                run.log_metrics({"kind": "step", "step": state.step, "epoch": epoch + 1, "loss": running,
+                                 "lr": opt.lr, "samples_per_s": window_seen / max(now - window_t, 1e-9)})
+                window_t, window_seen = now, 0
             window, window_n = torch.zeros((), device=run.device), 0
         mid_epoch = state.batches_done < len(loader)
         every = tcfg.checkpoint_every_steps
@@ -220,6 +227,8 @@ def _end_epoch(run: Run, state: TrainingState, opt: Optimization, seconds: float
                                     loss_weight=run.loss_weight),
                "lr": opt.lr, "epoch_seconds": seconds, "train_samples_per_s": seen / seconds}
     state.history.append(metrics)
+    if run.log_metrics is not None:
+        run.log_metrics({"kind": "epoch", **metrics})
     is_best = state.stopper.update(metrics, epoch)
     if is_best:
         state.best_metrics = dict(metrics)
