@@ -152,12 +152,12 @@ def newest(root: str | Path = "outputs") -> CheckpointDir:
 
 def _monitored_score(ckpt: CheckpointDir) -> float:
     """The value a job's early stopping monitored, signed so that larger is better (-inf when unreadable)."""
+    monitor, mode = ckpt.early_stopping()
     try:
-        stopping = read_config(ckpt).get("trainer", {}).get("early_stopping", {})
-        value = float(json.loads(ckpt.metrics.read_text())[stopping.get("monitor", "val_accuracy")])
-    except (TformerError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        value = float(json.loads(ckpt.metrics.read_text())[monitor])
+    except (OSError, ValueError, KeyError, TypeError):
         return float("-inf")
-    return -value if stopping.get("mode") == "min" else value
+    return -value if mode == "min" else value
 
 
 @dataclass

@@ -54,6 +54,17 @@ class CheckpointDir:
     training_json = property(lambda self: self.path / "trainer_state.json")
     manifest = property(lambda self: self.path / "manifest.json")
 
+    def early_stopping(self) -> tuple[str, str]:
+        """(monitor, mode) of the run's early stopping, from its saved config; (val_accuracy, max) if unreadable.
+        What "best" means for this run: sweeps compare their jobs by it."""
+        import yaml
+
+        try:
+            stopping = yaml.safe_load(self.config.read_text())["trainer"]["early_stopping"]
+            return str(stopping["monitor"]), str(stopping.get("mode", "max"))
+        except (OSError, KeyError, TypeError, yaml.YAMLError):
+            return "val_accuracy", "max"
+
     def missing(self) -> list[str]:
         return [name for name in self.REQUIRED if not (self.path / name).is_file()]
 

@@ -28,6 +28,7 @@ class Job:
     overrides: list[str]
     status: str  # done | interrupted | failed | running
     monitor: str | None = None
+    mode: str = "max"  # of the monitored metric: max (accuracy, F1) or min (loss)
     best: float | None = None
     best_epoch: int | None = None
     test: dict = field(default_factory=dict)
@@ -56,8 +57,7 @@ def jobs(sweep_dir: Path) -> list[Job]:
         j.varying = [o for o in j.overrides if o not in shared]
     scored = [j for j in found if j.best is not None]
     if scored:
-        minimise = _mode(found) == "min"
-        best = (min if minimise else max)(scored, key=lambda j: j.best)
+        best = (min if scored[0].mode == "min" else max)(scored, key=lambda j: j.best)
         best.is_best = True
     return found
 
@@ -72,7 +72,7 @@ def _read_job(run: RunDir, overrides: list[str]) -> Job:
     best_ckpt = run.best.existing()
     if best_ckpt is not None and best_ckpt.metrics.is_file():
         metrics = json.loads(best_ckpt.metrics.read_text())
-        job.monitor = _monitor(best_ckpt)
+        job.monitor, job.mode = best_ckpt.early_stopping()
         job.best, job.best_epoch = metrics.get(job.monitor), metrics.get("epoch")
     if run.finished:
         job.status = "done"
@@ -83,19 +83,6 @@ def _read_job(run: RunDir, overrides: list[str]) -> Job:
     if times and run.hydra_config.is_file():
         job.seconds = max(times) - run.hydra_config.stat().st_mtime
     return job
-
-
-def _monitor(ckpt) -> str:
-    import yaml
-
-    try:
-        return yaml.safe_load(ckpt.config.read_text())["trainer"]["early_stopping"]["monitor"]
-    except (OSError, KeyError, TypeError, yaml.YAMLError):
-        return "val_accuracy"
-
-
-def _mode(found: list[Job]) -> str:
-    return "min" if any(j.monitor and j.monitor.endswith("loss") for j in found) else "max"
 
 
 def by_seed(found: list[Job]) -> list[dict]:
