@@ -73,7 +73,10 @@ def render(task: str, overrides: list[str]) -> str:
                if not g.startswith("hydra") and c is not None}
     comments = yaml_comments(root / f"{task}.yaml")
     for group, choice in choices.items():
-        for name in ("_base", choice):
+        # a key documented in any option of the group (e.g. model/tiny.yaml) is documented for all; the chosen
+        # option's own comment wins
+        others = sorted(p.stem for p in (root / group).glob("*.yaml") if p.stem not in ("_base", choice))
+        for name in (*others, "_base", choice):
             path = root / group / f"{name}.yaml"
             if path.is_file():
                 comments.update(yaml_comments(path, prefix=group))
