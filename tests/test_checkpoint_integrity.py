@@ -88,7 +88,7 @@ def test_a_doctored_vocab_size_is_refused_before_allocating(tmp_path):
 
 @pytest.mark.parametrize("field, value, expected", [("n_heads", 3, "n_heads"), ("d_model", -16, "d_model"),
                                                     ("dropout", 1.5, "dropout"), ("vocab_size", "many", "vocab_size"),
-                                                    ("surprise", 1, "surprise")])
+                                                    ("surprise", 1, "surprise"), ("pad_id", 30, "pad_id")])
 def test_model_json_fields_are_typed_and_range_checked(tmp_path, field, value, expected):
     ckpt = make_checkpoint(tmp_path / "best")
     edit_json(ckpt.model_config, lambda c: {**c, field: value})
@@ -182,3 +182,21 @@ def test_metrics_log_drops_what_a_resumed_run_logs_again(tmp_path):
     assert [json.loads(line)["step"] for line in log.path.read_text().splitlines()] == [10, 20]
     log({"kind": "epoch", "step": 25})
     assert [json.loads(line)["step"] for line in log.path.read_text().splitlines()] == [10, 20, 25]
+
+
+def test_undecodable_json_and_a_downgraded_format_version_are_still_refused(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "a")
+    ckpt.labels.write_bytes(b'["neg", "p\xffs"]')
+    reseal(ckpt)
+    with pytest.raises(TformerError, match="corrupt JSON file"):
+        checkpoint.load(ckpt)
+    ckpt = make_checkpoint(tmp_path / "b")
+    data = bytearray(ckpt.weights.read_bytes())
+    data[-5] ^= 0xFF
+    ckpt.weights.write_bytes(bytes(data))
+    edit_json(ckpt.meta, lambda m: {**m, "format_version": 1})  # claims to predate the manifest
+    with pytest.raises(TformerError, match="changed after it was written"):
+        checkpoint.load(ckpt)
+    edit_json(ckpt.meta, lambda m: {**m, "format_version": True})
+    with pytest.raises(TformerError, match="format version True"):
+        checkpoint.load(ckpt)

@@ -190,3 +190,22 @@ def test_a_finished_run_can_be_trained_longer_and_optimizer_state_can_be_dropped
     assert not last.has_training_state() and checkpoint.load(last).label_names == ["bad", "good"]
     r = run_tformer("train", *grown, "trainer.keep_optimizer_state=false", f"resume={lean}", cwd=work)
     assert r.returncode == 2 and "holds no optimizer state" in r.stderr
+
+
+def test_a_folder_in_use_is_never_discarded_and_a_copied_checkpoint_is_not_resumed(tmp_path):
+    import shutil
+
+    from test_checkpoint_integrity import make_checkpoint
+    from tformer_cli import checkpoint
+
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    with run.lock():  # another process starting a run in the same folder
+        assert run.discard_if_empty() is False and run.root.is_dir()
+    assert run.discard_if_empty() is True and not run.root.exists()
+    ckpt = make_checkpoint(tmp_path / "r" / "checkpoints" / "last")
+    (ckpt.path / "trainer_state.json").write_text("{}")
+    shutil.copytree(ckpt.path, tmp_path / "copied" / "last")
+    assert checkpoint.find_resumable(str(tmp_path / "r")).path == ckpt.path
+    with pytest.raises(TformerError, match="outside its run directory"):
+        checkpoint.find_resumable(str(tmp_path / "copied" / "last"))

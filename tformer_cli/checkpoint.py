@@ -80,9 +80,9 @@ def save(target: CheckpointDir | str | Path, model, *, model_config: dict, token
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
         _fsync_dir(tmp_path)
-        if old.exists():
-            shutil.rmtree(old)
-        if target.path.exists():
+        if target.path.exists():  # (with no target, `old` is the only copy: it stays until tmp is in place)
+            if old.exists():
+                shutil.rmtree(old)
             os.replace(target.path, old)
         os.replace(tmp_path, target.path)
         _fsync_dir(target.path.parent)
@@ -157,6 +157,8 @@ def _monitored_score(ckpt: CheckpointDir) -> float:
         value = float(json.loads(ckpt.metrics.read_text())[monitor])
     except (OSError, ValueError, KeyError, TypeError):
         return float("-inf")
+    if value != value or value in (float("inf"), float("-inf")):  # NaN would make max() depend on job order
+        return float("-inf")
     return -value if mode == "min" else value
 
 
@@ -209,13 +211,14 @@ def load(path: str | Path | CheckpointDir, device: str | torch.device = "cpu") -
         model_config = json.loads(ckpt.model_config.read_text())
         label_names = json.loads(ckpt.labels.read_text())
         metrics = json.loads(ckpt.metrics.read_text()) if ckpt.metrics.is_file() else {}
-    except json.JSONDecodeError as exc:
-        raise TformerError(f"checkpoint {p} has a corrupt JSON file ({exc}); retrain or use another checkpoint") from exc
-    if not isinstance(meta, dict) or meta.get("format_version") not in READABLE_VERSIONS:
-        version = meta.get("format_version") if isinstance(meta, dict) else None
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise TformerError(f"checkpoint {p} has a corrupt JSON file ({type(exc).__name__}); retrain or use another "
+                           f"checkpoint") from None
+    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise TformerError(f"checkpoint {p} has format version {version}, this tformer reads "
                            f"{', '.join(map(str, READABLE_VERSIONS))}; retrain with this version")
-    if meta["format_version"] >= 2:
+    if version >= 2 or ckpt.manifest.exists():  # a manifest that exists is always checked
         verify_manifest(ckpt)
     cfg = _checked_model_config(ckpt, model_config, label_names)
     _check_weights_header(ckpt, cfg)  # shapes checked against the file's header before anything is allocated
@@ -334,6 +337,9 @@ def find_resumable(resume, outputs_dir: str | Path = "outputs") -> CheckpointDir
                                f"checkpoint has nothing to resume); start a new run or pass resume=<run dir>")
         return found[-1]
     found = resolve_resumable(resume)
+    if found is not None and found.path.parent.name != RunDir(".").checkpoints.name:
+        raise TformerError(f"resume={resume}: a checkpoint outside its run directory cannot be continued (the run "
+                           f"writes next to it); pass the run directory (outputs/train/<date>/<time>)")
     if found is None and RunDir(resume).last.existing() is not None:
         raise TformerError(f"resume={resume}: its last checkpoint holds no optimizer state (the run was trained "
                            f"with trainer.keep_optimizer_state=false), so it cannot be continued; start a new run")

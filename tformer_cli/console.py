@@ -27,9 +27,19 @@ def screen_console():
     """stdout as the user sees it: rich at the terminal's width, or file-friendly when redirected."""
     from rich.console import Console
 
-    if sys.stdout.isatty():
-        return Console(highlight=False)
-    return plain_console(sys.stdout)
+    console = Console(highlight=False) if sys.stdout.isatty() else plain_console(sys.stdout)
+    # `tformer train | head`: the run goes on and its log keeps everything (rich's default exits the process)
+    console.on_broken_pipe = lambda: _screen_gone(console)
+    return console
+
+
+def _screen_gone(console) -> None:
+    import os
+
+    console.quiet = True
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 class _LogSink:

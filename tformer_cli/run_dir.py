@@ -62,7 +62,7 @@ class CheckpointDir:
         try:
             stopping = yaml.safe_load(self.config.read_text())["trainer"]["early_stopping"]
             return str(stopping["monitor"]), str(stopping.get("mode", "max"))
-        except (OSError, KeyError, TypeError, yaml.YAMLError):
+        except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):  # ValueError: undecodable bytes
             return "val_accuracy", "max"
 
     def missing(self) -> list[str]:
@@ -113,13 +113,24 @@ class RunDir:
         folder Hydra made for a resume that continued elsewhere); runs with any result are never touched."""
         import shutil
 
+        import fcntl
+
         try:
             entries = list(self.root.iterdir())
         except OSError:
             return False
         if any(e.name not in self.BOOKKEEPING for e in entries):
             return False
-        shutil.rmtree(self.root, ignore_errors=True)
+        fd = os.open(str(self.lock_file), os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # a folder another process has locked is its run, starting: never removed from under it
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        try:
+            shutil.rmtree(self.root, ignore_errors=True)
+        finally:
+            os.close(fd)
         return True
 
     def log(self, task: str) -> Path:

@@ -75,6 +75,8 @@ def _train_locked(config: TrainConfig, run_dir: RunDir, tree: dict, overrides, r
     torch.set_float32_matmul_precision("high")
     prepared = prepare(config, resume, console)
     console.commit_log()
+    if resume is not None and run_dir.finished:  # being trained longer: unfinished again until it ends, so an
+        run_dir.history.unlink()                  # interruption of the extension can itself be resumed
     console.print(f"[bold]model[/] {prepared.describe(config)}; [bold]device[/] {device}, precision "
                   f"{precision.name}; run dir {run_dir}", highlight=False)
     fit_run = build_run(config, prepared, run_dir, tree, device, precision, resume, console)

@@ -238,12 +238,21 @@ LOADERS: dict[str, Loader] = {"demo": _load_demo, "files": _load_listed_files}
 FETCHERS: dict[str, Loader] = {"twenty_newsgroups": _load_newsgroups_sklearn}
 
 
+def _located(name, folder: Path | None) -> Path:
+    """A split file as given: relative names are looked up in data.dir first (like the dataset's own files),
+    then in the working directory."""
+    path = Path(os.path.expanduser(str(name)))
+    if folder is not None and not path.is_absolute() and (folder / path).is_file():
+        return folder / path
+    return path
+
+
 def _raw_splits(cfg: DataConfig) -> tuple[dict, list[str] | None, str]:
     """{split: Dataset} with the configured columns, label names if known, and a description of the source."""
     folder = None if cfg.name in LOADERS else resolve_dir(cfg)
     raw, names, source = (LOADERS[cfg.name](cfg) if cfg.name in LOADERS else _load_folder(cfg, folder)
                           if folder is not None else FETCHERS.get(cfg.name, _load_from_hub)(cfg))
-    listed = {s: Path(os.path.expanduser(str(getattr(cfg, f"{s}_file"))))
+    listed = {s: _located(getattr(cfg, f"{s}_file"), folder)
               for s in ("validation", "test") if getattr(cfg, f"{s}_file")}
     if listed and _from_hub(source):
         raise TformerError(f"data.validation_file / data.test_file replace splits of local data only; {cfg.name} "

@@ -58,6 +58,8 @@ class EncoderConfig:
         from ..typed_config import check_ranges
 
         check_ranges(type(self), asdict(self), "model")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ConfigError(f"model.pad_id={self.pad_id} must be a token id, 0..vocab_size-1 ({self.vocab_size - 1})")
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "
