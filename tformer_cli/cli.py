@@ -42,39 +42,29 @@ def _fail(exc: BaseException) -> None:
         console._output.log_only(line)
         console._output.close_log()
     code = getattr(exc, "exit_code", 2)
-    if code == 2 and _in_sweep():  # one job failed: the sweep goes on; its summary lists the job with this line
+    job = _hydra_job()  # None outside train/evaluate
+    if code == 2 and job is not None and str(job.mode) == "RunMode.MULTIRUN":
+        # one job failed: the sweep goes on; its summary lists the job with this line
         if not logged:  # refused before its log was opened (a bad config value)
-            from hydra.core.hydra_config import HydraConfig
-
             from .run_dir import RunDir
 
-            hydra = HydraConfig.get()
-            with open(RunDir(hydra.runtime.output_dir).log(hydra.job.config_name), "a", encoding="utf-8") as f:
+            with open(RunDir(job.runtime.output_dir).log(job.job.config_name), "a", encoding="utf-8") as f:
                 f.write(line + "\n")
         return
-    _discard_empty_run_dir()
+    if job is not None:  # a refused or failed train/evaluate leaves no folder unless it holds a result
+        from .run_dir import RunDir
+
+        RunDir(job.runtime.output_dir).discard_if_empty()
     sys.exit(code)
 
 
-def _in_sweep() -> bool:
+def _hydra_job():
+    """The running Hydra job's config (run dir, mode, task name), or None when not under Hydra."""
     if "hydra" not in sys.modules:
-        return False
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
-def _discard_empty_run_dir() -> None:
-    """A refused or failed train/evaluate leaves no folder behind unless it holds a result (a checkpoint...)."""
-    if "hydra" not in sys.modules:
-        return
+        return None
     from hydra.core.hydra_config import HydraConfig
 
-    from .run_dir import RunDir
-
-    if HydraConfig.initialized():
-        RunDir(HydraConfig.get().runtime.output_dir).discard_if_empty()
+    return HydraConfig.get() if HydraConfig.initialized() else None
 
 
 def _guarded(fn):

@@ -113,24 +113,19 @@ class RunDir:
         folder Hydra made for a resume that continued elsewhere); runs with any result are never touched."""
         import shutil
 
-        import fcntl
-
         try:
             entries = list(self.root.iterdir())
         except OSError:
             return False
         if any(e.name not in self.BOOKKEEPING for e in entries):
             return False
-        fd = os.open(str(self.lock_file), os.O_RDWR | os.O_CREAT, 0o644)
-        try:  # a folder another process has locked is its run, starting: never removed from under it
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        lock = self.lock()
+        if not lock.try_acquire():  # a folder another process has locked is its run, starting: never removed
             return False
         try:
             shutil.rmtree(self.root, ignore_errors=True)
         finally:
-            os.close(fd)
+            lock.release()
         return True
 
     def log(self, task: str) -> Path:
@@ -181,31 +176,40 @@ class RunLock:
     it ends (the kernel drops it), so a crash never leaves a stale lock behind."""
 
     def __init__(self, path: Path):
-        self.path, self._fd = path, None
+        self.path, self._fd, self.holder = path, None, None
 
-    def __enter__(self) -> "RunLock":
+    def try_acquire(self) -> bool:
+        """Take the lock if no other process holds it (the holder's pid is then in `self.holder`)."""
         import fcntl
-
-        from .errors import TformerError
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(str(self.path), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            self.holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
             os.close(fd)
-            raise TformerError(f"run {self.path.parent} is in use by another tformer process (pid {holder}); wait "
-                               f"for it to finish or stop it, or start a new run") from None
+            return False
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
-        return self
+        return True
 
-    def __exit__(self, *exc) -> None:
+    def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing releases the lock
             self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        from .errors import TformerError
+
+        if not self.try_acquire():
+            raise TformerError(f"run {self.path.parent} is in use by another tformer process (pid {self.holder}); "
+                               f"wait for it to finish or stop it, or start a new run")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 class SweepDir:
