@@ -22,10 +22,18 @@ def third_party_imports(folder: Path) -> set[str]:
     return {n for n in names if n not in sys.stdlib_module_names and n != "tformer_cli"}
 
 
+# extras whose packages tformer_cli imports lazily, for one feature (the rest: dev tools, data packages)
+RUNTIME_EXTRAS = ("onnx", "serve")
+
+
 def declared() -> set[str]:
+    """The required dependencies plus the runtime extras' packages."""
     text = (ROOT / "pyproject.toml").read_text()
-    block = re.search(r"^dependencies = \[(.*?)\]", text, re.S | re.M).group(1)
-    return {re.split(r"[<>=\[ ]", d.strip().strip('",'))[0].lower() for d in block.splitlines() if d.strip(' ",')}
+    blocks = [re.search(r"^dependencies = \[(.*?)\]", text, re.S | re.M).group(1)]
+    blocks += [re.search(rf"^{extra} = \[(.*?)\]", text, re.S | re.M).group(1) for extra in RUNTIME_EXTRAS]
+    names = {re.split(r"[<>=\[ ]", d.strip().strip('",'))[0].lower() for block in blocks
+             for d in re.split(r"[,\n]", block)}
+    return names - {""}
 
 
 def test_dependencies_match_imports():

@@ -24,7 +24,7 @@ import torch
 
 from .atomic import sha256_file, write_problem
 from .errors import TformerError
-from .run_dir import CheckpointDir, RunDir, newest_checkpoints, resolve_checkpoint, resolve_resumable
+from .run_dir import CheckpointDir, RunDir, newest_best, newest_checkpoints, resolve_checkpoint, resolve_resumable
 
 FORMAT_VERSION = 2  # 2: manifest.json (SHA-256 of every file) written and checked
 READABLE_VERSIONS = (1, 2)
@@ -137,29 +137,12 @@ def resolve(path: str | Path) -> CheckpointDir:
 
 
 def newest(root: str | Path = "outputs") -> CheckpointDir:
-    """The newest run's best checkpoint; when that run is a job of a `-m` sweep, the sweep's best job (by the
-    metric each job monitored), not whichever job happened to finish last."""
-    found = newest_checkpoints(root, "best")
-    if not found:
+    """The newest run's best checkpoint (a sweep's best job), see `run_dir.newest_best`."""
+    found = newest_best(root)
+    if found is None:
         raise TformerError(f"no trained checkpoint under {Path(root).resolve()}/; run `tformer train` first or pass "
                            f"checkpoint=<path>")
-    sweep = RunDir.of_checkpoint(found[-1]).sweep()
-    if sweep is None:
-        return found[-1]
-    jobs = [c for c in found if RunDir.of_checkpoint(c).sweep() == sweep]
-    return max(jobs, key=_monitored_score)
-
-
-def _monitored_score(ckpt: CheckpointDir) -> float:
-    """The value a job's early stopping monitored, signed so that larger is better (-inf when unreadable)."""
-    monitor, mode = ckpt.early_stopping()
-    try:
-        value = float(json.loads(ckpt.metrics.read_text())[monitor])
-    except (OSError, ValueError, KeyError, TypeError):
-        return float("-inf")
-    if value != value or value in (float("inf"), float("-inf")):  # NaN would make max() depend on job order
-        return float("-inf")
-    return -value if mode == "min" else value
+    return found
 
 
 @dataclass

@@ -6,7 +6,7 @@
     clf.predict_proba(["..."])          # (n, classes) numpy array, columns in clf.labels order
 
 Imports only torch, safetensors and tokenizers (no Hydra, datasets, scikit-learn or transformers), like the CLI's
-`predict`. Every text gets an answer in input order; an empty or blank text is marked `"empty": True` (and a row
+`predict`; `OnnxClassifier` (onnx_classifier.py) answers the same calls from an exported model without torch. Every text gets an answer in input order; an empty or blank text is marked `"empty": True` (and a row
 of NaN in `predict_proba`) rather than given a confident label it has no grounds for.
 """
 from __future__ import annotations
@@ -16,9 +16,100 @@ from pathlib import Path
 from .errors import TformerError
 
 
-class Classifier:
+class TextPredictor:
+    """Texts in, answers out, whatever runs the model: checks the texts, reads them as the checkpoint was trained
+    to (windows for long_text=chunks), marks blank ones, and turns class probabilities into answers. A runtime
+    (`Classifier`: torch; `OnnxClassifier`: onnxruntime) supplies `labels`, `path` and `_probabilities`."""
+
+    runtime = "?"
+    _tok = _long_text = None
+    _max_len = 0
+
+    @property
+    def labels(self) -> list[str]:
+        raise NotImplementedError
+
+    def _probabilities(self, windows, batch_size: int):
+        """(texts, classes) float32 numpy probabilities of `encode_batch`'s windows (a text's windows averaged)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r}, labels={self.labels})"
+
+    def _encode(self, texts):
+        from .data.tokenization import encode_batch
+
+        if isinstance(texts, str):
+            raise TformerError("texts must be a list of strings, not one string (wrap it: [text])")
+        texts = list(texts)
+        if not all(isinstance(t, str) for t in texts):
+            raise TformerError("texts must be strings")
+        filled = [i for i, t in enumerate(texts) if t.strip()]
+        windows = encode_batch(self._tok, [texts[i] for i in filled], self._max_len,
+                               self._long_text)  # one window per text unless long_text=chunks
+        return texts, filled, windows
+
+    def _checked(self, probs):
+        import numpy as np
+
+        if not bool(np.isfinite(probs).all()):
+            raise TformerError(f"checkpoint {self.path} gives non-finite probabilities (NaN or inf): its weights "
+                               f"are corrupt; retrain or use another checkpoint")
+        return probs
+
+    def predict_proba(self, texts, *, batch_size: int = 64):
+        """(len(texts), len(labels)) class probabilities; empty texts get a row of NaN."""
+        import numpy as np
+
+        if batch_size < 1:
+            raise TformerError(f"batch_size={batch_size} must be at least 1")
+        texts, filled, windows = self._encode(texts)
+        out = np.full((len(texts), len(self.labels)), np.nan, dtype=np.float32)
+        if filled:
+            out[filled] = self._checked(self._probabilities(windows, batch_size))
+        return out
+
+    def predict(self, texts, *, top_k: int = 1, explain: bool = False, batch_size: int = 64) -> list[dict]:
+        """One dict per text, in order: text, label, probability, top_k (the k best labels), explanation (if
+        asked: tokens with last-layer attention and attention rollout weights, each summing to 1), or
+        empty=True for a blank text."""
+        import numpy as np
+
+        if top_k < 1:
+            raise TformerError(f"top_k={top_k} must be at least 1")
+        if batch_size < 1:
+            raise TformerError(f"batch_size={batch_size} must be at least 1")
+        if explain and not hasattr(self, "_attention"):
+            raise TformerError(f"explain needs the model's attention weights, which the {self.runtime} runtime does "
+                               f"not give; use the torch runtime (the checkpoint) to explain")
+        texts, filled, windows = self._encode(texts)
+        results = [{"text": t, "label": None, "probability": None, "empty": True, "top_k": []} for t in texts]
+        if not filled:
+            return results
+        probs = self._checked(self._probabilities(windows, batch_size))
+        order = np.argsort(-probs, axis=1, kind="stable")[:, :min(top_k, probs.shape[1])]
+        names = self.labels
+        for i, p, j in zip(filled, probs, order):
+            results[i] = {"text": texts[i], "label": names[int(j[0])], "probability": round(float(p[j[0]]), 6),
+                          "top_k": [{"label": names[int(c)], "probability": round(float(p[c]), 6)} for c in j]}
+        if explain:  # of each text's first window (its only one unless long_text=chunks)
+            weights = self._attention([ws[0][0] for ws in windows], batch_size)
+            for i, ws, w in zip(filled, windows, weights):
+                results[i]["explanation"] = {"tokens": ws[0][1], "last_layer": [round(x, 6) for x in w["last"]],
+                                             "rollout": [round(x, 6) for x in w["rollout"]]}
+        return results
+
+    def explain(self, texts, *, batch_size: int = 64) -> list[dict]:
+        """`predict(texts, explain=True)`: which tokens drove each decision."""
+        return self.predict(texts, explain=True, batch_size=batch_size)
+
+
+class Classifier(TextPredictor):
+    runtime = "torch"
+
     def __init__(self, loaded, tokenizer, device, long_text):
         self._loaded, self._tok, self.device, self._long_text = loaded, tokenizer, device, long_text
+        self._max_len = int(loaded.model_config["max_len"])
 
     @classmethod
     def load(cls, checkpoint: str | Path | None = None, *, device: str = "auto",
@@ -46,76 +137,16 @@ class Classifier:
     def __repr__(self) -> str:
         return f"Classifier({str(self.path)!r}, labels={self.labels}, device={self.device.type})"
 
-    def _encode(self, texts):
-        from .data.tokenization import encode_batch
-
-        if isinstance(texts, str):
-            raise TformerError("texts must be a list of strings, not one string (wrap it: [text])")
-        texts = list(texts)
-        if not all(isinstance(t, str) for t in texts):
-            raise TformerError("texts must be strings")
-        filled = [i for i, t in enumerate(texts) if t.strip()]
-        windows = encode_batch(self._tok, [texts[i] for i in filled], int(self._loaded.model_config["max_len"]),
-                               self._long_text)  # one window per text unless long_text=chunks
-        return texts, filled, windows
-
     def _probabilities(self, windows, batch_size: int):
-        import torch
-
         from .data.tokenization import TokenizedSplit, pad_id
         from .hardware import pick_precision
         from .inference import predict_proba
 
-        if batch_size < 1:
-            raise TformerError(f"batch_size={batch_size} must be at least 1")
         split = TokenizedSplit.from_windows(windows)
         precision = pick_precision("fp32" if self.device.type == "cpu" else "auto", self.device)
         probs, _ = predict_proba(self._loaded.model, split, batch_size=batch_size, pad_id=pad_id(self._tok),
                                  device=self.device, precision=precision)
-        if not bool(torch.isfinite(probs).all()):
-            raise TformerError(f"checkpoint {self.path} gives non-finite probabilities (NaN or inf): its weights "
-                               f"are corrupt; retrain or use another checkpoint")
-        return probs
-
-    def predict_proba(self, texts, *, batch_size: int = 64):
-        """(len(texts), len(labels)) class probabilities; empty texts get a row of NaN."""
-        import numpy as np
-
-        texts, filled, windows = self._encode(texts)
-        out = np.full((len(texts), len(self.labels)), np.nan, dtype=np.float32)
-        if filled:
-            out[filled] = self._probabilities(windows, batch_size).numpy()
-        return out
-
-    def predict(self, texts, *, top_k: int = 1, explain: bool = False, batch_size: int = 64) -> list[dict]:
-        """One dict per text, in order: text, label, probability, top_k (the k best labels), explanation (if
-        asked: tokens with last-layer attention and attention rollout weights, each summing to 1), or
-        empty=True for a blank text."""
-        import torch
-
-        if top_k < 1:
-            raise TformerError(f"top_k={top_k} must be at least 1")
-        texts, filled, windows = self._encode(texts)
-        results = [{"text": t, "label": None, "probability": None, "empty": True, "top_k": []} for t in texts]
-        if not filled:
-            return results
-        probs = self._probabilities(windows, batch_size)
-        top_p, top_i = torch.topk(probs, min(top_k, probs.shape[1]), dim=-1)
-        names = self.labels
-        for i, p, j in zip(filled, top_p, top_i):
-            results[i] = {"text": texts[i], "label": names[int(j[0])], "probability": round(float(p[0]), 6),
-                          "top_k": [{"label": names[int(c)], "probability": round(float(q), 6)}
-                                    for q, c in zip(p, j)]}
-        if explain:  # of each text's first window (its only one unless long_text=chunks)
-            weights = self._attention([ws[0][0] for ws in windows], batch_size)
-            for i, ws, w in zip(filled, windows, weights):
-                results[i]["explanation"] = {"tokens": ws[0][1], "last_layer": [round(x, 6) for x in w["last"]],
-                                             "rollout": [round(x, 6) for x in w["rollout"]]}
-        return results
-
-    def explain(self, texts, *, batch_size: int = 64) -> list[dict]:
-        """`predict(texts, explain=True)`: which tokens drove each decision."""
-        return self.predict(texts, explain=True, batch_size=batch_size)
+        return probs.numpy()
 
     def _attention(self, ids: list[list[int]], batch_size: int) -> list[dict]:
         """Per sequence: {'last': [...], 'rollout': [...]} token weights (special tokens included)."""

@@ -9,11 +9,13 @@ import os
 import sys
 from pathlib import Path
 
-USAGE = """usage: tformer {train,evaluate,predict} [overrides ...]
+USAGE = """usage: tformer {train,evaluate,predict,export,serve,report} [overrides ...]
 
   tformer train [key=value ...]           train (Hydra overrides; -m for a multirun sweep)
   tformer evaluate [checkpoint=PATH ...]  metrics of a checkpoint on a split (default: newest run, test split)
   tformer predict "text" [...]            label texts with a checkpoint (see tformer predict --help)
+  tformer export [checkpoint=PATH]        the checkpoint as ONNX, checked against PyTorch (predict runtime=onnx)
+  tformer serve [checkpoint=PATH]         an HTTP server: POST /predict, GET /labels, GET /health
   tformer report RUN_DIR                  config, per-epoch metrics, test metrics and plots of a run
 
   tformer train --help / --cfg job        Hydra's config help and the composed config
@@ -105,7 +107,7 @@ def _run_hydra(task: str, args: list[str]) -> None:
     hydra.main(version_base="1.3", config_path=config_dir(), config_name=task)(_guarded(fn))()
 
 
-COMMANDS = ("train", "evaluate", "predict", "report")
+COMMANDS = ("train", "evaluate", "predict", "report", "export", "serve")
 
 
 def _shell_completion(args: list[str]) -> None:
@@ -176,6 +178,14 @@ def _main() -> None:
         from .commands import report
 
         sys.exit(_guarded(report.main)(rest))
+    if task == "export":
+        from .commands import export
+
+        sys.exit(_guarded(export.main)(rest))
+    if task == "serve":
+        from .commands import serve
+
+        sys.exit(_guarded(serve.main)(rest))
     if task in ("train", "evaluate") and ("--help" in rest or "-h" in rest):
         from .commands import help as help_cmd
 
@@ -187,7 +197,7 @@ def _main() -> None:
         except KeyboardInterrupt:  # before our code runs (while Hydra composes the config)
             _fail(Stopped())
         return
-    print(f"error: unknown command {task!r}; use train, evaluate, predict or report", file=sys.stderr)
+    print(f"error: unknown command {task!r}; use train, evaluate, predict, report, export or serve", file=sys.stderr)
     sys.exit(2)
 
 

@@ -16,6 +16,9 @@ everything else asks a `RunDir` or a `CheckpointDir` for a path.
       manifest.json                 SHA-256 and size of every other file, checked on load
       training_state.safetensors  trainer_state.json          (`last` only: optimizer, schedule, RNG, ...)
 
+    <run dir>/export/onnx/          `tformer export` (an ExportDir; onnx-int8/ when quantized)
+      model.onnx  tokenizer.json  labels.json  export.json (how to read texts, parity)  manifest.json
+
 No torch here: `tformer report` reads runs without paying for it.
 """
 from __future__ import annotations
@@ -86,6 +89,33 @@ class CheckpointDir:
         return CheckpointDir(old) if old.is_dir() else None
 
 
+class ExportDir:
+    """Paths inside one exported model directory: everything `predict runtime=onnx` needs, and no torch file."""
+
+    REQUIRED = ("model.onnx", "tokenizer.json", "labels.json", "export.json")
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    model = property(lambda self: self.path / "model.onnx")
+    tokenizer = property(lambda self: self.path / "tokenizer.json")
+    labels = property(lambda self: self.path / "labels.json")
+    info = property(lambda self: self.path / "export.json")
+    manifest = property(lambda self: self.path / "manifest.json")
+
+    def is_export(self) -> bool:
+        return all((self.path / name).is_file() for name in self.REQUIRED)
+
+    def tmp_sibling(self) -> Path:  # written here, then renamed into place (the previous export moved aside)
+        return temporary_sibling(self.path)
+
+    def old_sibling(self) -> Path:
+        return self.path.parent / f".{self.path.name}.old"
+
+
 class RunDir:
     """Paths of one run directory."""
 
@@ -131,6 +161,10 @@ class RunDir:
     def log(self, task: str) -> Path:
         """`train.log` / `evaluate.log`: what the terminal showed, plus the composed config."""
         return self.root / f"{task}.log"
+
+    def export(self, name: str = "onnx") -> ExportDir:
+        """`tformer export`'s default destination: onnx, or onnx-int8 for a quantized model."""
+        return ExportDir(self.root / "export" / name)
 
     def checkpoint(self, which: str) -> CheckpointDir:
         """`best` or `last`, as written (not necessarily existing)."""
@@ -261,3 +295,30 @@ def newest_checkpoints(root: str | Path, which: str = "best") -> list[Checkpoint
         return []
     found = [CheckpointDir(p.parent) for p in root.glob(f"**/checkpoints/{which}/model.safetensors")]
     return sorted(found, key=lambda c: c.meta.stat().st_mtime if c.meta.exists() else 0.0)
+
+
+def newest_best(root: str | Path = "outputs") -> CheckpointDir | None:
+    """The newest run's best checkpoint; when that run is a job of a `-m` sweep, the sweep's best job (by the
+    metric each job monitored), not whichever job happened to finish last. None when there is none."""
+    found = newest_checkpoints(root, "best")
+    if not found:
+        return None
+    sweep = RunDir.of_checkpoint(found[-1]).sweep()
+    if sweep is None:
+        return found[-1]
+    jobs = [c for c in found if RunDir.of_checkpoint(c).sweep() == sweep]
+    return max(jobs, key=_monitored_score)
+
+
+def _monitored_score(ckpt: CheckpointDir) -> float:
+    """The value a job's early stopping monitored, signed so that larger is better (-inf when unreadable)."""
+    import json
+
+    monitor, mode = ckpt.early_stopping()
+    try:
+        value = float(json.loads(ckpt.metrics.read_text())[monitor])
+    except (OSError, ValueError, KeyError, TypeError):
+        return float("-inf")
+    if value != value or value in (float("inf"), float("-inf")):  # NaN would make max() depend on job order
+        return float("-inf")
+    return -value if mode == "min" else value

@@ -1,7 +1,8 @@
 """`tformer predict`: label texts with a trained checkpoint.
 
 Start-up matters here, so this command parses its few options itself instead of composing the Hydra tree,
-and imports only torch, safetensors and tokenizers (no transformers, datasets or scikit-learn).
+and imports only torch, safetensors and tokenizers (no transformers, datasets or scikit-learn); with
+runtime=onnx (an exported model, `tformer export`) not even torch: onnxruntime, tokenizers and numpy.
 """
 from __future__ import annotations
 
@@ -13,18 +14,20 @@ from ..errors import TformerError
 
 USAGE = """usage: tformer predict [TEXT ...] [checkpoint=PATH] [top_k=N] [file=PATH|-] [json=true]
                        [explain=true] [batch_size=N] [device=auto|cpu|cuda] [max_chars=N] [max_lines=N]
+                       [runtime=torch|onnx]
 
 Labels each TEXT (or each line of file=PATH, or of standard input when no TEXT is given and input is piped).
 checkpoint defaults to the best checkpoint of the newest run under outputs/. explain=true (--explain) shows which tokens
-drove each decision (last-layer attention from the pooled position, and attention rollout). Flags --top-k N,
---file PATH, --json, --explain and --checkpoint PATH are accepted too."""
+drove each decision (last-layer attention from the pooled position, and attention rollout). runtime=onnx runs
+the run's ONNX export (`tformer export`; checkpoint= may be the export dir) with onnxruntime, without torch.
+Flags --top-k N, --file PATH, --json, --explain, --checkpoint PATH and --runtime NAME are accepted too."""
 
 DEFAULTS = {"checkpoint": None, "top_k": 1, "file": None, "json": False, "explain": False, "batch_size": 64,
-            "device": "auto",
+            "device": "auto", "runtime": "torch",
             "max_chars": 100_000, "max_lines": 1_000_000, "outputs_dir": "outputs"}
 _OVERRIDE = re.compile(r"^([a-z_]+)=(.*)$", re.S)
 _FLAGS = {"--top-k": "top_k", "-k": "top_k", "--file": "file", "-f": "file", "--checkpoint": "checkpoint",
-          "--batch-size": "batch_size", "--device": "device"}
+          "--batch-size": "batch_size", "--device": "device", "--runtime": "runtime"}
 _SWITCHES = ("--json", "--explain")
 _FLAG_LIKE = re.compile(r"^--?[A-Za-z][\w-]*$")  # one word after - or --: a flag, never a text
 
@@ -74,7 +77,35 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
     for key in ("top_k", "batch_size", "max_chars", "max_lines"):
         if opts[key] < 1:
             raise TformerError(f"{key}={opts[key]} must be at least 1")
+    if opts["runtime"] not in ("torch", "onnx"):
+        raise TformerError(f"runtime={opts['runtime']!r} must be torch (the checkpoint) or onnx (its export)")
+    if opts["runtime"] == "onnx" and opts["device"] not in ("auto", "cpu"):
+        raise TformerError(f"runtime=onnx runs on the CPU; drop device={opts['device']} or use runtime=torch")
     return opts, texts
+
+
+def load_predictor(opts: dict):
+    """The classifier predict runs: the checkpoint under torch, or its ONNX export under onnxruntime."""
+    from ..run_dir import newest_best
+
+    if opts["runtime"] == "onnx":
+        from ..onnx_classifier import OnnxClassifier
+
+        clf = OnnxClassifier.load(opts["checkpoint"], outputs_dir=opts["outputs_dir"])
+        if not opts["checkpoint"]:
+            print(f"[tformer] using the newest run's export: {clf.path}", file=sys.stderr)
+        return clf
+    from ..classifier import Classifier
+
+    path = opts["checkpoint"] or newest_best(opts["outputs_dir"])
+    if path is None:
+        from pathlib import Path
+
+        raise TformerError(f"no trained checkpoint under {Path(opts['outputs_dir']).resolve()}/; run `tformer "
+                           f"train` first or pass checkpoint=<path>")
+    if not opts["checkpoint"]:
+        print(f"[tformer] using the newest checkpoint: {path}", file=sys.stderr)
+    return Classifier.load(path, device=opts["device"])
 
 
 def read_lines(source: str, max_lines: int) -> list[str]:
@@ -111,13 +142,7 @@ def main(argv: list[str]) -> int:
         print(f"[tformer] {truncated} text(s) longer than max_chars={opts['max_chars']} were cut", file=sys.stderr)
         texts = [t[: opts["max_chars"]] for t in texts]
 
-    from .. import checkpoint
-    from ..classifier import Classifier
-
-    path = opts["checkpoint"] or checkpoint.newest(opts["outputs_dir"]).path
-    if not opts["checkpoint"]:
-        print(f"[tformer] using the newest checkpoint: {path}", file=sys.stderr)
-    clf = Classifier.load(path, device=opts["device"])
+    clf = load_predictor(opts)
     blank = sum(not t.strip() for t in texts)
     if blank:
         print(f"[tformer] {blank} empty text(s) have no label (marked empty)", file=sys.stderr)

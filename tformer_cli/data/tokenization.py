@@ -10,8 +10,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where tensors are made: the ONNX predict path never loads it
+    import torch
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -185,6 +187,8 @@ class TokenizedSplit:
     @property
     def doc_labels(self) -> torch.Tensor:
         """(n_docs,) the label of each document (what metrics are computed on)."""
+        import torch
+
         if self.docs is None:
             return self.labels
         out = torch.empty(self.n_docs, dtype=self.labels.dtype)
@@ -199,6 +203,7 @@ class TokenizedSplit:
     def from_dataset(cls, ds) -> "TokenizedSplit":
         import numpy as np
         import pyarrow as pa
+        import torch
 
         column = ds.data.column("input_ids")  # ChunkedArray of list<int32>, memory-mapped from the cache
         if ds._indices is not None:  # a select()/shuffle() view: materialise the rows it points at
@@ -217,6 +222,8 @@ class TokenizedSplit:
 
     @classmethod
     def from_ids(cls, ids: list[list[int]], labels=None, docs: list[int] | None = None) -> "TokenizedSplit":
+        import torch
+
         lengths = torch.tensor([len(x) for x in ids], dtype=torch.int64)
         offsets = torch.zeros(len(ids) + 1, dtype=torch.int64)
         offsets[1:] = torch.cumsum(lengths, 0)

@@ -264,8 +264,9 @@ class TransformerClassifier(nn.Module):
     def encode(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """input_ids (B, T), mask (B, T) bool with True at real tokens -> final hidden states (B, T, D)."""
         # With no padding in the batch, passing no mask lets SDPA pick its fastest kernel. The check reads the
-        # mask on the host, so it is only made for CPU tensors (on CUDA it would stall the pipeline every step).
-        no_padding = not mask.is_cuda and bool(mask.all())
+        # mask on the host, so it is only made for CPU tensors (on CUDA it would stall the pipeline every step),
+        # and never while tracing for ONNX export, where the graph must keep the mask for every batch it will see.
+        no_padding = not mask.is_cuda and not torch.jit.is_tracing() and bool(mask.all())
         attn_mask = None if no_padding else mask[:, None, None, :]  # (B, 1, 1, T)
         x = self.embed(input_ids)
         for block in self.blocks:

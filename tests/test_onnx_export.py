@@ -1,0 +1,113 @@
+"""`tformer export` to ONNX and the torch-free runtime: parity with PyTorch, the same answers as `Classifier`,
+no torch imported by `predict runtime=onnx`, and damaged exports refused."""
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import run_tformer
+
+pytest.importorskip("onnxruntime")
+
+from tformer_cli import Classifier, TformerError, train  # noqa: E402
+from tformer_cli.export import PARITY_TOLERANCE, export_onnx  # noqa: E402
+from tformer_cli.onnx_classifier import OnnxClassifier  # noqa: E402
+
+# max_len 24 with long_text=chunks: longer texts are read as several windows whose logits are averaged
+TINY = ["data.n_train=400", "data.n_validation=100", "data.n_test=100", "trainer.epochs=1",
+        "embedding_init.vocab_size=300", "trainer.precision=fp32", "model.max_len=24", "data.long_text=chunks"]
+LONG = "the acting was good but the plot was painfully dull and far too long " * 6
+TEXTS = ["a gripping, beautifully shot film", "  ", "never boring", LONG, "x"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return train(TINY, run_dir=tmp_path_factory.mktemp("onnx") / "run").run_dir
+
+
+@pytest.fixture(scope="module")
+def exported(run):
+    return export_onnx(run)
+
+
+def test_fp32_export_matches_pytorch_within_tolerance(exported, run):
+    print(f"max |logit difference| ONNX vs PyTorch: {exported.max_abs_logit_diff:.3e}")
+    assert exported.max_abs_logit_diff <= PARITY_TOLERANCE == 1e-4
+    assert exported.label_agreement == 1.0
+    info = json.loads((exported.path / "export.json").read_text())
+    assert exported.path == run / "export" / "onnx"
+    assert info["quantization"] is None and info["long_text"] == "chunks" and info["max_len"] == 24
+
+
+def test_onnx_runtime_gives_the_torch_answers(exported, run):
+    torch_clf, onnx_clf = Classifier.load(run), OnnxClassifier.load(run)
+    assert onnx_clf.labels == torch_clf.labels
+    assert len(torch_clf._encode([LONG])[2][0]) > 1  # the long text really is several windows
+    p_torch, p_onnx = torch_clf.predict_proba(TEXTS), onnx_clf.predict_proba(TEXTS)
+    assert np.isnan(p_onnx[1]).all() and np.isnan(p_torch[1]).all()
+    filled = [0, 2, 3, 4]
+    assert np.abs(p_torch[filled] - p_onnx[filled]).max() <= 1e-4
+    a, b = torch_clf.predict(TEXTS, top_k=2), onnx_clf.predict(TEXTS, top_k=2)
+    assert [r["label"] for r in a] == [r["label"] for r in b] and b[1]["empty"]
+    with pytest.raises(TformerError, match="torch runtime"):
+        onnx_clf.explain(["never boring"])
+
+
+def test_predict_runtime_onnx_never_imports_torch(exported, run, tmp_path):
+    code = ("import sys\nfrom tformer_cli.cli import main\nsys.argv = ['tformer', 'predict', 'runtime=onnx', "
+            f"'checkpoint={run}', '--json', 'never boring']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('torch imported' if 'torch' in sys.modules else 'no torch', file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip().endswith("no torch")
+    answer = json.loads(r.stdout)
+    expected = Classifier.load(run).predict(["never boring"])[0]
+    assert answer["label"] == expected["label"]
+    assert answer["probability"] == pytest.approx(expected["probability"], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_cli_export_prints_parity_and_predict_uses_it(run, tmp_path):
+    out = tmp_path / "exported"
+    r = run_tformer("export", f"checkpoint={run}", f"out={out}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    diff = float(re.search(r"max \|logit difference\| vs PyTorch ([0-9.e+-]+)", r.stdout).group(1))
+    assert diff <= 1e-4
+    r = run_tformer("predict", "runtime=onnx", f"checkpoint={out}", "--json", "never boring", cwd=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["label"] in ("negative", "positive")
+    r = run_tformer("export", f"checkpoint={run}", "format=tflite", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "format=" in r.stderr
+
+
+def test_int8_export_is_smaller_and_reports_its_difference(exported, run):
+    q = export_onnx(run, quantize="int8")
+    assert q.path == run / "export" / "onnx-int8" and q.bytes < exported.bytes
+    assert 0.0 <= q.label_agreement <= 1.0 and np.isfinite(q.max_abs_logit_diff)
+    clf = OnnxClassifier.load(q.path)
+    assert clf.info["quantization"] == "int8"
+    assert [r["label"] in clf.labels for r in clf.predict(["never boring", LONG])] == [True, True]
+
+
+def test_damaged_or_missing_exports_are_refused_in_one_line(exported, run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(exported.path, copy)
+    data = bytearray((copy / "model.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / "model.onnx").write_bytes(bytes(data))
+    with pytest.raises(TformerError, match="changed after it was written"):
+        OnnxClassifier.load(copy)
+    (copy / "labels.json").unlink()
+    with pytest.raises(TformerError, match="incomplete"):
+        OnnxClassifier.load(copy)
+    other = tmp_path / "other_run"
+    shutil.copytree(run / "checkpoints", other / "checkpoints")
+    with pytest.raises(TformerError, match="tformer export checkpoint="):
+        OnnxClassifier.load(other)
+    r = run_tformer("predict", "runtime=onnx", f"checkpoint={copy}", "hello", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr

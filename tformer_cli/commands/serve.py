@@ -1,0 +1,77 @@
+"""`tformer serve [checkpoint=PATH] [runtime=torch|onnx] [host=127.0.0.1] [port=8000] ...`"""
+from __future__ import annotations
+
+import re
+import sys
+
+from ..errors import TformerError
+
+USAGE = """usage: tformer serve [checkpoint=PATH] [runtime=torch|onnx] [host=127.0.0.1] [port=8000]
+                     [max_batch=64] [max_wait_ms=5] [max_texts=256] [max_chars=20000]
+                     [max_body_bytes=2000000] [device=auto|cpu|cuda] [access_log=false]
+
+Serves the checkpoint (default: the newest run's best; runtime=onnx: its export) over HTTP:
+  POST /predict  ["text", ...] or {"texts": [...], "top_k": 2}  ->  {"predictions": [...]}
+  GET  /labels   GET /health
+Concurrent requests are batched (up to max_batch texts gathered for max_wait_ms). port=0 picks a free port
+(printed). Ctrl-C stops it after the requests in flight. Listens on loopback unless host= says otherwise."""
+
+DEFAULTS = {"checkpoint": None, "runtime": "torch", "host": "127.0.0.1", "port": "8000", "max_batch": "64",
+            "max_wait_ms": "5", "max_texts": "256", "max_chars": "20000", "max_body_bytes": "2000000",
+            "device": "auto", "access_log": "false", "outputs_dir": "outputs"}
+INTEGERS = ("port", "max_batch", "max_texts", "max_chars", "max_body_bytes")
+_OVERRIDE = re.compile(r"^([a-z_]+)=(.*)$", re.S)
+
+
+def parse_args(argv: list[str]) -> dict:
+    opts = dict(DEFAULTS)
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            print(USAGE)
+            raise SystemExit(0)
+        m = _OVERRIDE.match(arg)
+        if not m or m.group(1) not in DEFAULTS:
+            raise TformerError(f"unknown argument {arg!r}; serve takes {', '.join(f'{k}=' for k in DEFAULTS)}")
+        opts[m.group(1)] = m.group(2)
+    for key in INTEGERS:
+        try:
+            opts[key] = int(opts[key])
+        except ValueError:
+            raise TformerError(f"{key}={opts[key]!r} must be an integer") from None
+        if opts[key] < (0 if key == "port" else 1) or (key == "port" and opts[key] > 65535):
+            raise TformerError(f"{key}={opts[key]} is out of range" + (" (0-65535)" if key == "port" else
+                                                                       " (at least 1)"))
+    try:
+        opts["max_wait_ms"] = float(opts["max_wait_ms"])
+    except ValueError:
+        raise TformerError(f"max_wait_ms={opts['max_wait_ms']!r} must be a number") from None
+    if not 0 <= opts["max_wait_ms"] <= 1000:
+        raise TformerError(f"max_wait_ms={opts['max_wait_ms']} must be between 0 and 1000")
+    opts["access_log"] = str(opts["access_log"]).lower() in ("1", "true", "yes")
+    if opts["runtime"] not in ("torch", "onnx"):
+        raise TformerError(f"runtime={opts['runtime']!r} must be torch (the checkpoint) or onnx (its export)")
+    return opts
+
+
+def main(argv: list[str]) -> int:
+    opts = parse_args(argv)
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise TformerError("tformer serve needs FastAPI and uvicorn: pip install 'tformer[serve]'") from None
+    from ..serve import ServeLimits, bind, create_app, run_server
+    from .predict import load_predictor
+
+    sock = bind(opts["host"], opts["port"])  # before the model loads: a taken port fails at once
+    clf = load_predictor({**opts, "runtime": opts["runtime"]})
+    limits = ServeLimits(max_texts=opts["max_texts"], max_chars=opts["max_chars"],
+                         max_body_bytes=opts["max_body_bytes"])
+    app = create_app(clf, limits=limits, max_batch=opts["max_batch"], max_wait_ms=opts["max_wait_ms"])
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"[tformer] serving {clf.path} ({clf.runtime}, {len(clf.labels)} labels) on http://{shown}:{port}  "
+          f"(POST /predict, GET /labels, GET /health; Ctrl-C stops)", flush=True)
+    run_server(app, sock, access_log=opts["access_log"])
+    print("[tformer] server stopped", file=sys.stderr, flush=True)
+    return 0

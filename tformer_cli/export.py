@@ -1,0 +1,144 @@
+"""`tformer export`: a checkpoint as an ONNX model plus what reading texts needs (tokenizer, labels, long-text
+settings), so it runs under onnxruntime without torch (`OnnxClassifier`, `tformer predict runtime=onnx`).
+
+The graph is traced with dynamic batch and sequence axes and keeps the padding mask. Every export is checked
+before it is kept: onnxruntime and PyTorch run the same padded batches of shapes the trace never saw, and an fp32
+export whose logits differ by more than `PARITY_TOLERANCE` is refused. Dynamic int8 quantization (weights int8,
+activations quantized on the fly) is offered for a smaller, often faster model; its difference from PyTorch is
+measured and reported, not bounded (benchmarks/onnx_export.py measures its accuracy change on a test split).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from .atomic import sha256_file, write_problem
+from .errors import TformerError
+from .run_dir import ExportDir, RunDir
+
+PARITY_TOLERANCE = 1e-4  # max |logit difference| allowed between the fp32 ONNX model and PyTorch
+QUANTIZATIONS = (None, "int8")
+
+
+@dataclass
+class Exported:
+    path: Path
+    max_abs_logit_diff: float  # against PyTorch, on the parity batches
+    label_agreement: float  # share of parity sequences given the same top label
+    seconds: float
+    bytes: int
+
+
+def parity_batches(vocab_size: int, max_len: int, pad_id: int, seed: int = 0):
+    """Padded (ids, mask) int64 batches of shapes unlike the trace's: one token, full length, mixed lengths."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for batch, lengths in ((1, [1]), (2, [max_len, max_len]), (5, [max_len, max_len // 2 + 1, 7, 2, 1]),
+                           (9, [min(max_len, 3 + 5 * i) for i in range(9)])):
+        width = max(lengths)
+        ids = torch.randint(0, vocab_size, (batch, width), generator=g)
+        mask = torch.zeros(batch, width, dtype=torch.int64)
+        for r, n in enumerate(lengths):
+            mask[r, :n] = 1
+        out.append((ids.masked_fill(mask == 0, pad_id), mask))
+    return out
+
+
+def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quantize: str | None = None,
+                opset: int = 17) -> Exported:
+    """Write an export dir (default: <run dir>/export/onnx, or onnx-int8) and check it against PyTorch."""
+    import numpy as np
+    import torch
+
+    from . import checkpoint as ckpt
+    from .data.tokenization import LongText, load_tokenizer, pad_id
+    from .onnx_classifier import EXPORT_FORMAT_VERSION, _session
+
+    if quantize not in QUANTIZATIONS:
+        raise TformerError(f"quantize={quantize!r} is not one of none, int8")
+    try:
+        import onnx  # noqa: F401  (the exporter and the quantizer need it)
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        raise TformerError("export needs onnx and onnxruntime: pip install 'tformer[onnx]'") from None
+    start = time.perf_counter()
+    source = ckpt.resolve(checkpoint)
+    loaded = ckpt.load(source, "cpu")
+    model, cfg = loaded.model.eval(), loaded.model.cfg
+    long_text = LongText.from_meta(loaded.meta)
+    pad = pad_id(load_tokenizer(loaded.tokenizer_file, cfg.max_len, long_text))
+    target = ExportDir(Path(out).expanduser() if out is not None
+                       else RunDir.of_checkpoint(source).export("onnx-int8" if quantize else "onnx").path)
+    if target.path.exists() and not target.is_export() and any(target.path.iterdir()):
+        raise TformerError(f"out={target} exists and is not an export dir; choose an empty or new folder")
+    tmp = ExportDir(target.tmp_sibling())
+    try:
+        shutil.rmtree(tmp.path, ignore_errors=True)
+        tmp.path.mkdir(parents=True)
+        ids, mask = parity_batches(cfg.vocab_size, cfg.max_len, pad)[2]
+        with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+            warnings.simplefilter("ignore")  # tracer and deprecation notices about the exporter, not the model
+            torch.onnx.export(model, (ids, mask), str(tmp.model), dynamo=False, opset_version=opset,
+                              input_names=["input_ids", "attention_mask"], output_names=["logits"],
+                              dynamic_axes={"input_ids": {0: "batch", 1: "sequence"},
+                                            "attention_mask": {0: "batch", 1: "sequence"}, "logits": {0: "batch"}})
+        if quantize == "int8":
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            fp32 = tmp.path / "fp32.onnx"
+            tmp.model.rename(fp32)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                logging.disable(logging.WARNING)  # its advice to pre-process goes to the root logger
+                try:
+                    quantize_dynamic(str(fp32), str(tmp.model), weight_type=QuantType.QInt8)
+                finally:
+                    logging.disable(logging.NOTSET)
+            fp32.unlink()
+        session = _session(tmp.model, threads=0)
+        worst, same, total = 0.0, 0, 0
+        with torch.no_grad():
+            for ids, mask in parity_batches(cfg.vocab_size, cfg.max_len, pad, seed=1):
+                ref = model(ids, mask).numpy()
+                got = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+                worst = max(worst, float(np.abs(ref - got).max()))
+                same += int((ref.argmax(1) == got.argmax(1)).sum())
+                total += len(ref)
+        if quantize is None and not worst <= PARITY_TOLERANCE:
+            raise TformerError(f"the ONNX export of {source} differs from PyTorch by {worst:.2e} in the logits "
+                               f"(allowed {PARITY_TOLERANCE:.0e}); nothing was written. Report this with the "
+                               f"checkpoint's model config")
+        shutil.copyfile(loaded.tokenizer_file, tmp.tokenizer)
+        tmp.labels.write_text(json.dumps(list(loaded.label_names), ensure_ascii=False, indent=2) + "\n")
+        from . import __version__
+
+        info = {"format_version": EXPORT_FORMAT_VERSION, "format": "onnx", "opset": opset, "quantization": quantize,
+                "source_checkpoint": str(source.path.resolve()),
+                "source_weights_sha256": sha256_file(source.weights), "max_len": cfg.max_len, "pad_id": pad,
+                **long_text.to_meta(), "parity": {"max_abs_logit_diff": worst, "label_agreement": same / total,
+                                                  "sequences": total},
+                "tformer_version": __version__, "exported_at": time.time()}
+        tmp.info.write_text(json.dumps(info, indent=2) + "\n")
+        tmp.manifest.write_text(json.dumps({f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+                                            for f in sorted(tmp.path.iterdir()) if f.name != tmp.manifest.name},
+                                           indent=2) + "\n")
+        if target.path.exists():
+            old = target.old_sibling()
+            shutil.rmtree(old, ignore_errors=True)
+            target.path.rename(old)
+            tmp.path.rename(target.path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.path.rename(target.path)
+    except OSError as exc:
+        raise TformerError(f"could not write the export to {target}: {write_problem(exc)}") from exc
+    finally:
+        shutil.rmtree(tmp.path, ignore_errors=True)
+    return Exported(target.path, worst, same / total, time.perf_counter() - start, target.model.stat().st_size)

@@ -1,0 +1,242 @@
+"""`tformer serve`: a trained classifier behind HTTP (FastAPI on uvicorn).
+
+    POST /predict   body: ["text", ...]  or  {"texts": ["text", ...], "top_k": 2}
+                    -> {"predictions": [{"text", "label", "probability", "top_k"?} | {"text", "empty": true}, ...]}
+    GET  /labels    -> {"labels": [...]}
+    GET  /health    -> {"status": "ok", "runtime", "checkpoint", "requests", "batches", "texts", ...}
+
+Why FastAPI + uvicorn: the most used and best kept Python ASGI pair, small (no model-server framework with its
+own packaging), async so that many clients can wait on one model. Requests arriving together are batched: a
+single worker takes every text queued within `max_wait_ms` (up to `max_batch` texts) and runs them as one
+forward pass in a thread, so the event loop keeps answering (/health stays responsive under load) and concurrent
+small requests cost about one batch. The model runs one batch at a time.
+
+Every refusal is a 4xx with {"error": "<one line naming the problem and the fix>"}: a body that is not JSON or
+has the wrong shape, too many texts, a text too long, a body over max_body_bytes (413). An unexpected failure is
+a 500 with one line and no traceback (the server logs the same line to stderr).
+"""
+
+import asyncio
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+
+@dataclass
+class ServeLimits:
+    max_texts: int = 256  # per request
+    max_chars: int = 20_000  # per text
+    max_body_bytes: int = 2_000_000
+    max_top_k: int = 100
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def parse_request(body: bytes, limits: ServeLimits, n_labels: int) -> tuple[list[str], int]:
+    """(texts, top_k) of a /predict body, or BadRequest saying what is wrong with it."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"the body is not valid JSON ({exc}); send a JSON list of texts or "
+                         f'{{"texts": [...], "top_k": 1}}') from None
+    top_k = 1
+    if isinstance(data, dict):
+        unknown = sorted(set(data) - {"texts", "top_k"})
+        if unknown:
+            raise BadRequest(f"unknown field(s) {', '.join(map(repr, unknown))}; the body takes texts and top_k")
+        if "texts" not in data:
+            raise BadRequest('the body has no "texts"; send {"texts": ["..."]} or a JSON list of texts')
+        top_k = data.get("top_k", 1)
+        data = data["texts"]
+    if not isinstance(data, list):
+        raise BadRequest("texts must be a JSON list of strings")
+    if not data:
+        raise BadRequest("texts is empty; send at least one text")
+    if len(data) > limits.max_texts:
+        raise BadRequest(f"{len(data)} texts in one request; at most {limits.max_texts} (split the request, or "
+                         f"start the server with a larger max_texts)")
+    bad = next((i for i, t in enumerate(data) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise BadRequest(f"texts[{bad}] is {type(data[bad]).__name__}, not a string")
+    long = next((i for i, t in enumerate(data) if len(t) > limits.max_chars), None)
+    if long is not None:
+        raise BadRequest(f"texts[{long}] has {len(data[long])} characters; at most {limits.max_chars} (cut it, or "
+                         f"start the server with a larger max_chars)")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= limits.max_top_k:
+        raise BadRequest(f"top_k={top_k!r} must be an integer from 1 to {limits.max_top_k}")
+    return data, min(top_k, n_labels)
+
+
+class MicroBatcher:
+    """Gathers the texts of concurrent requests into batches for one model worker."""
+
+    def __init__(self, classifier, max_batch: int, max_wait_ms: float):
+        self.classifier, self.max_batch, self.max_wait = classifier, max_batch, max_wait_ms / 1000
+        self.queue: asyncio.Queue | None = None
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tformer-model")
+        self.batches = self.texts = 0
+        self._worker = None
+
+    def start(self) -> None:
+        self.queue = asyncio.Queue()
+        self._worker = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def predict(self, texts: list[str], top_k: int) -> list[dict]:
+        future = asyncio.get_running_loop().create_future()
+        await self.queue.put((texts, top_k, future))
+        return await future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            jobs = [await self.queue.get()]
+            size = len(jobs[0][0])
+            deadline = loop.time() + self.max_wait
+            while size < self.max_batch:
+                timeout = deadline - loop.time()
+                if timeout <= 0:
+                    break
+                try:
+                    job = await asyncio.wait_for(self.queue.get(), timeout)
+                except asyncio.TimeoutError:
+                    break
+                jobs.append(job)
+                size += len(job[0])
+            texts = [t for job in jobs for t in job[0]]
+            k = max(job[1] for job in jobs)
+            try:
+                results = await loop.run_in_executor(self.executor, lambda: self.classifier.predict(texts, top_k=k))
+            except Exception as exc:  # every waiting request learns of it; the worker goes on
+                for job in jobs:
+                    if not job[2].done():
+                        job[2].set_exception(exc)
+                continue
+            self.batches += 1
+            self.texts += len(texts)
+            start = 0
+            for job_texts, job_k, future in jobs:
+                answers = results[start:start + len(job_texts)]
+                start += len(job_texts)
+                for a in answers:
+                    a["top_k"] = a["top_k"][:job_k]
+                    if job_k == 1 or a.get("empty"):
+                        a.pop("top_k")
+                if not future.done():  # (a client that went away)
+                    future.set_result(answers)
+
+
+def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: int = 64, max_wait_ms: float = 5.0):
+    """The ASGI app serving `classifier` (a Classifier or an OnnxClassifier)."""
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    batcher = MicroBatcher(classifier, max_batch, max_wait_ms)
+    stats = {"requests": 0, "started": time.time()}
+
+    @asynccontextmanager
+    async def lifespan(app):
+        batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title="tformer", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    def error(message: str, status: int) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc):  # 404, 405: the same {"error": ...} shape as every other refusal
+        return error(f"{exc.detail}: {request.method} {request.url.path}; the server answers POST /predict, "
+                     f"GET /labels and GET /health", exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request, exc):
+        line = f"internal error ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"
+        print(f"[tformer serve] {request.method} {request.url.path}: {line}", file=sys.stderr, flush=True)
+        return error(line, 500)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "runtime": classifier.runtime, "checkpoint": str(classifier.path),
+                "labels": len(classifier.labels), "requests": stats["requests"], "batches": batcher.batches,
+                "texts": batcher.texts, "uptime_s": round(time.time() - stats["started"], 3)}
+
+    @app.get("/labels")
+    async def labels():
+        return {"labels": classifier.labels}
+
+    @app.post("/predict")
+    async def predict(request: Request):
+        from .errors import TformerError
+
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
+            return error(f"the body has {declared} bytes; at most {limits.max_body_bytes} (send fewer texts per "
+                         f"request)", 413)
+        body = bytearray()
+        async for chunk in request.stream():  # also bounds a body sent without a length (chunked)
+            body += chunk
+            if len(body) > limits.max_body_bytes:
+                return error(f"the body is over {limits.max_body_bytes} bytes; send fewer texts per request", 413)
+        try:
+            texts, top_k = parse_request(bytes(body), limits, len(classifier.labels))
+        except BadRequest as exc:
+            return error(str(exc), exc.status)
+        stats["requests"] += 1
+        try:
+            return {"predictions": await batcher.predict(texts, top_k)}
+        except TformerError as exc:
+            return error(str(exc), 400)
+
+    return app
+
+
+def bind(host: str, port: int):
+    """A listening socket (port 0: a free one), so a port in use is one clear line before anything starts."""
+    import socket
+
+    from .errors import TformerError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise TformerError(f"host={host} cannot be resolved ({exc.strerror}); use 127.0.0.1 or 0.0.0.0") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise TformerError(f"cannot listen on {host}:{port} ({exc.strerror}); pass another port=<n> (port=0 picks "
+                           f"a free one)") from None
+    # Accepted connections inherit this: without it a keep-alive client waits ~40 ms per response (Nagle's
+    # algorithm holding the body until the headers' delayed ACK), as uvicorn sets it only on sockets it binds.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.listen(2048)
+    return sock
+
+
+def run_server(app, sock, *, access_log: bool = False) -> None:
+    """Serve until Ctrl-C or SIGTERM (uvicorn finishes the requests in flight, then returns)."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level="warning", access_log=access_log, timeout_graceful_shutdown=10)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the signal once it has shut down: the stop it asked for
+        pass
