@@ -156,6 +156,14 @@ class Loaded:
     path: Path
     files: CheckpointDir
 
+    @property
+    def thresholds(self) -> list[float] | None:
+        """A multi-label model's per-label probability cuts (tuned on validation when the checkpoint was saved;
+        0.5 each for one saved before any validation); None for a single-label model."""
+        if not self.model.cfg.multi_label:
+            return None
+        return self.meta.get("thresholds") or [0.5] * len(self.label_names)
+
     def saved_config(self) -> dict | None:
         """The run's saved config (None for a checkpoint without one), see `read_config`."""
         return read_config(self.files) if self.files.config.is_file() else None
@@ -206,6 +214,7 @@ def load(path: str | Path | CheckpointDir, device: str | torch.device = "cpu") -
     cfg = _checked_model_config(ckpt, model_config, label_names)
     _check_weights_header(ckpt, cfg)  # shapes checked against the file's header before anything is allocated
     _check_tokenizer(ckpt, cfg.vocab_size)
+    _check_thresholds(ckpt, meta.get("thresholds"), cfg)
     try:
         state = load_file(str(ckpt.weights))
     except (SafetensorError, OSError) as exc:
@@ -259,6 +268,16 @@ def _check_weights_header(ckpt: CheckpointDir, cfg) -> None:
                   else f"shape mismatch in {wrong[:3]}")
         raise TformerError(f"checkpoint weights {ckpt.weights} do not match {ckpt.model_config.name} ({detail}); "
                            f"the files are from different runs or corrupted")
+
+
+def _check_thresholds(ckpt: CheckpointDir, thresholds, cfg) -> None:
+    """A multi-label checkpoint's thresholds: one probability in (0, 1) per label, or none saved yet."""
+    if thresholds is None:
+        return
+    if not (cfg.multi_label and isinstance(thresholds, list) and len(thresholds) == cfg.num_classes
+            and all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < 1 for t in thresholds)):
+        raise TformerError(f"checkpoint {ckpt}: {ckpt.meta.name} has invalid thresholds (one probability in (0, 1) "
+                           f"per label of a multi-label model); the files are from different runs or edited")
 
 
 def _check_tokenizer(ckpt: CheckpointDir, vocab_size: int) -> None:

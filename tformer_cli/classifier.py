@@ -24,6 +24,8 @@ class TextPredictor:
     runtime = "?"
     _tok = _long_text = None
     _max_len = 0
+    multi_label = False  # then each text gets the set of labels whose probability reaches its threshold
+    thresholds: list[float] | None = None
 
     @property
     def labels(self) -> list[str]:
@@ -58,7 +60,7 @@ class TextPredictor:
         return probs
 
     def predict_proba(self, texts, *, batch_size: int = 64):
-        """(len(texts), len(labels)) class probabilities; empty texts get a row of NaN."""
+        """(len(texts), len(labels)) class probabilities (multi-label: each label's own); empty texts get NaN."""
         import numpy as np
 
         if batch_size < 1:
@@ -72,7 +74,8 @@ class TextPredictor:
     def predict(self, texts, *, top_k: int = 1, explain: bool = False, batch_size: int = 64) -> list[dict]:
         """One dict per text, in order: text, label, probability, top_k (the k best labels), explanation (if
         asked: tokens with last-layer attention and attention rollout weights, each summing to 1), or
-        empty=True for a blank text."""
+        empty=True for a blank text. A multi-label model answers labels (the set over the thresholds, most
+        probable first) and probabilities ({label: p} of that set) instead of label and probability."""
         import numpy as np
 
         if top_k < 1:
@@ -83,15 +86,22 @@ class TextPredictor:
             raise TformerError(f"explain needs the model's attention weights, which the {self.runtime} runtime does "
                                f"not give; use the torch runtime (the checkpoint) to explain")
         texts, filled, windows = self._encode(texts)
-        results = [{"text": t, "label": None, "probability": None, "empty": True, "top_k": []} for t in texts]
+        blank = {"labels": [], "probabilities": {}} if self.multi_label else {"label": None, "probability": None}
+        results = [{"text": t, **blank, "empty": True, "top_k": []} for t in texts]
         if not filled:
             return results
         probs = self._checked(self._probabilities(windows, batch_size))
         order = np.argsort(-probs, axis=1, kind="stable")[:, :min(top_k, probs.shape[1])]
         names = self.labels
         for i, p, j in zip(filled, probs, order):
-            results[i] = {"text": texts[i], "label": names[int(j[0])], "probability": round(float(p[j[0]]), 6),
-                          "top_k": [{"label": names[int(c)], "probability": round(float(p[c]), 6)} for c in j]}
+            top = [{"label": names[int(c)], "probability": round(float(p[c]), 6)} for c in j]
+            if self.multi_label:  # every label at or over its threshold, most probable first
+                chosen = [int(c) for c in np.argsort(-p, kind="stable") if p[c] >= self.thresholds[c]]
+                results[i] = {"text": texts[i], "labels": [names[c] for c in chosen],
+                              "probabilities": {names[c]: round(float(p[c]), 6) for c in chosen}, "top_k": top}
+            else:
+                results[i] = {"text": texts[i], "label": names[int(j[0])], "probability": round(float(p[j[0]]), 6),
+                              "top_k": top}
         if explain:  # of each text's first window (its only one unless long_text=chunks)
             weights = self._attention([ws[0][0] for ws in windows], batch_size)
             for i, ws, w in zip(filled, windows, weights):
@@ -110,6 +120,7 @@ class Classifier(TextPredictor):
     def __init__(self, loaded, tokenizer, device, long_text):
         self._loaded, self._tok, self.device, self._long_text = loaded, tokenizer, device, long_text
         self._max_len = int(loaded.model_config["max_len"])
+        self.multi_label, self.thresholds = bool(loaded.model.cfg.multi_label), loaded.thresholds
 
     @classmethod
     def load(cls, checkpoint: str | Path | None = None, *, device: str = "auto",

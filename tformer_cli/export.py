@@ -122,6 +122,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
         info = {"format_version": EXPORT_FORMAT_VERSION, "format": "onnx", "opset": opset, "quantization": quantize,
                 "source_checkpoint": str(source.path.resolve()),
                 "source_weights_sha256": sha256_file(source.weights), "max_len": cfg.max_len, "pad_id": pad,
+                "multi_label": cfg.multi_label, "thresholds": loaded.thresholds,
                 **long_text.to_meta(), "parity": {"max_abs_logit_diff": worst, "label_agreement": same / total,
                                                   "sequences": total},
                 "tformer_version": __version__, "exported_at": time.time()}

@@ -1,5 +1,6 @@
 """Batched forward passes over a tokenized split: class probabilities per document, in the split's order.
-A document read as several windows (long_text=chunks) gets the softmax of its windows' mean logits."""
+A document read as several windows (long_text=chunks) gets the softmax of its windows' mean logits (a
+multi-label model: the sigmoid of each label's mean logit)."""
 from __future__ import annotations
 
 import torch
@@ -27,6 +28,11 @@ def predict_proba(model, split: TokenizedSplit, *, batch_size: int, pad_id: int,
         with precision.autocast():
             logits_all[batch["index"]] = model(ids, mask).float().cpu()
     logits = document_logits(logits_all, split.docs)
+    if model.cfg.multi_label:  # per label: sigmoid, binary cross-entropy averaged over documents and labels
+        targets = split.doc_labels  # (unlabelled texts, as predict passes them, have no targets: no loss)
+        labelled = len(logits) and targets.shape == logits.shape
+        loss = F.binary_cross_entropy_with_logits(logits, targets.float()) if labelled else 0.0
+        return logits.sigmoid(), float(loss)
     weight = None if loss_weight is None else loss_weight.cpu()
     loss = F.cross_entropy(logits, split.doc_labels, weight=weight, reduction="sum") / max(len(logits), 1)
     return logits.softmax(-1), float(loss)

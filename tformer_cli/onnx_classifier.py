@@ -57,6 +57,8 @@ class OnnxClassifier(TextPredictor):
         self._export, self._session, self._tok, self._info = export, session, tokenizer, info
         self._labels, self._long_text = labels, long_text
         self._max_len, self._pad_id = int(info["max_len"]), int(info["pad_id"])
+        self.multi_label = bool(info.get("multi_label", False))
+        self.thresholds = info.get("thresholds") or ([0.5] * len(labels) if self.multi_label else None)
 
     @classmethod
     def load(cls, path: str | Path | None = None, *, outputs_dir: str | Path = "outputs",
@@ -81,6 +83,10 @@ class OnnxClassifier(TextPredictor):
                                f"{EXPORT_FORMAT_VERSION}; export the checkpoint again with this version")
         if not (isinstance(labels, list) and labels and all(isinstance(n, str) for n in labels)):
             raise TformerError(f"export {export}: {export.labels.name} must be a list of label names; export again")
+        cuts = info.get("thresholds")
+        if cuts is not None and not (isinstance(cuts, list) and len(cuts) == len(labels)
+                                     and all(isinstance(t, (int, float)) and 0 < t < 1 for t in cuts)):
+            raise TformerError(f"export {export}: {export.info.name} has invalid thresholds; export again")
         session = _session(export.model, threads)
         classes = session.get_outputs()[0].shape[-1]
         if classes != len(labels):
@@ -127,6 +133,8 @@ class OnnxClassifier(TextPredictor):
         mean = np.zeros((len(windows), logits.shape[1]), dtype=np.float64)
         np.add.at(mean, docs, logits)
         mean /= np.bincount(docs, minlength=len(windows))[:, None]  # a document's windows averaged, as in training
+        if self.multi_label:
+            return (1 / (1 + np.exp(-mean))).astype(np.float32)
         z = np.exp(mean - mean.max(axis=1, keepdims=True))
         return (z / z.sum(axis=1, keepdims=True)).astype(np.float32)
 

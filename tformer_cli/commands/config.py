@@ -13,7 +13,7 @@ from ..training.config import LossConfig, OptimizerConfig, ScheduleConfig, Train
 from ..typed_config import build, plain
 
 # Filled in from the data and the tokenizer (or a pretrained model), never from the model YAML.
-MODEL_FROM_DATA = ("vocab_size", "num_classes", "embedding_dim", "pad_id")
+MODEL_FROM_DATA = ("vocab_size", "num_classes", "embedding_dim", "pad_id", "multi_label")
 
 
 @dataclass

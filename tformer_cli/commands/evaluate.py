@@ -63,7 +63,8 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
     split = tokenization.TokenizedSplit.from_dataset(
         tokenization.tokenize_split(texts, tok, max_len, config.split, long_text))
     metrics, probs = evaluate_split(loaded.model, split, loaded.label_names, pad_id=tokenization.pad_id(tok),
-                                    device=device, precision=precision, batch_size=config.batch_size)
+                                    device=device, precision=precision, batch_size=config.batch_size,
+                                    thresholds=loaded.thresholds)
     metrics.update({"checkpoint": str(loaded.path), "split": config.split, "data": data_cfg.name})
     title = f"{data_cfg.name} {config.split} ({len(split):,} examples)"
     report.print_metrics(metrics, loaded.label_names, title, console)

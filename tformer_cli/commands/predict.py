@@ -176,7 +176,11 @@ def print_table(results: list[dict], k: int, explained: bool) -> None:
             table.add_row(rich(repr(r["text"])), "(empty)", "-", *(["-"] if k > 1 else []))
             continue
         text = r["text"] if len(r["text"]) <= 200 else r["text"][:197] + "..."
-        row = [rich(text), rich(r["label"]), f"{r['probability']:.3f}"]
+        if "labels" in r:  # multi-label: the label set, each with its probability
+            row = [rich(text), rich(", ".join(r["labels"]) or "(none)"),
+                   " ".join(f"{p:.3f}" for p in r["probabilities"].values()) or "-"]
+        else:
+            row = [rich(text), rich(r["label"]), f"{r['probability']:.3f}"]
         if k > 1:
             row.append(rich(", ".join(f"{x['label']} {x['probability']:.3f}" for x in r["top_k"])))
         table.add_row(*row)
@@ -210,7 +214,9 @@ def render_explanation(result: dict):
     top = max((w for _, w in pairs), default=1.0) or 1.0
     from ..safe_text import terminal
 
-    text = Text(f"{terminal(result['label'])} {result['probability']:.3f}: ", style="bold")
+    head = (f"{result['label']} {result['probability']:.3f}" if "label" in result
+            else ", ".join(result["labels"]) or "(no label)")
+    text = Text(f"{terminal(head)}: ", style="bold")
     for word, w in pairs:
         level = int(255 - 180 * (w / top))
         text.append(terminal(word), style=f"black on rgb(255,{level},{level})" if w / top > 0.15 else "")

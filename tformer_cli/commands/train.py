@@ -189,14 +189,15 @@ def prepare(config: TrainConfig, resume, console) -> Prepared:
     if encoder is not None:
         from ..model import pretrained
 
-        model_cfg = config.encoder_config(**encoder.shape, num_classes=len(data.label_names))
+        model_cfg = config.encoder_config(**encoder.shape, num_classes=len(data.label_names),
+                                          multi_label=config.data.multi_label)
         model = TransformerClassifier(model_cfg)
         pretrained.load_into(model, encoder)
         return Prepared(data, tok, tokenized, model, model_cfg, encoder.source, fingerprint)
     model_cfg = config.encoder_config(
         vocab_size=pre.weight.shape[0] if pre is not None else tok.get_vocab_size(),
         num_classes=len(data.label_names), embedding_dim=pre.weight.shape[1] if pre is not None else 0,
-        pad_id=tokenization.pad_id(tok))
+        pad_id=tokenization.pad_id(tok), multi_label=config.data.multi_label)
     model = TransformerClassifier(model_cfg)
     if pre is not None:
         with torch.no_grad():
@@ -260,7 +261,9 @@ def build_run(config: TrainConfig, prepared: Prepared, run_dir: RunDir, tree: di
         checkpoint.save(run_dir.checkpoint(which), prepared.model, model_config=model_config,
                         tokenizer_json=tokenizer_json, label_names=label_names, config_yaml=config_yaml,
                         metrics=metrics, meta={"epoch": metrics.get("epoch"), "step": metrics.get("step"),
-                                               "data": prepared.data_fingerprint, **config.long_text.to_meta()},
+                                               "data": prepared.data_fingerprint, **config.long_text.to_meta(),
+                                               **({"thresholds": metrics.get("thresholds")}
+                                                  if prepared.model_cfg.multi_label else {})},
                         training_state=training_state)
 
     from ..atomic import JsonLines
@@ -303,7 +306,8 @@ def report_run(config: TrainConfig, run_dir: RunDir, state, prepared: Prepared, 
         return
     loaded = checkpoint.load(run_dir.best, device)
     metrics, probs = evaluate_split(loaded.model, test, loaded.label_names, pad_id=prepared.pad_id, device=device,
-                                    precision=precision, batch_size=config.trainer.eval_batch_size)
+                                    precision=precision, batch_size=config.trainer.eval_batch_size,
+                                    thresholds=loaded.thresholds)
     title = f"test ({len(test):,} examples, best checkpoint)"
     report.print_metrics(metrics, loaded.label_names, title, console)
     write_json(run_dir.test_metrics, metrics)
@@ -317,6 +321,9 @@ def class_weights(labels, num_classes: int, mode: str | None):
 
     if not mode:
         return None
+    if labels.dim() == 2:
+        raise TformerError("loss.class_weights=balanced weighs single-label classes; with data.multi_label=true "
+                           "leave it null")
     if mode != "balanced":
         raise TformerError(f"loss.class_weights={mode} must be null or balanced")
     counts = torch.bincount(labels, minlength=num_classes).float().clamp(min=1)

@@ -23,6 +23,8 @@ class DataConfig:
     label_column: str
     label_offset: int  # subtracted from integer labels (AG News numbers classes 1..4)
     label_names: list[str] | None
+    multi_label: bool  # each text has a set of labels (a list, or one string split on label_separator)
+    label_separator: str
     header: bool  # CSV/TSV: false when the file has no header row
     column_names: list[str] | None  # CSV/TSV without header: the names to give the columns
     validation_fraction: float  # carved from train (stratified, seeded) when there is no validation split

@@ -118,6 +118,7 @@ def fingerprint(data: LoadedData, splits=("train", "validation")) -> dict:
     """What a run trained on, compact enough for a checkpoint's meta.json: per split the row count and a SHA-256
     of every text and label in order, plus the label names. Resume compares it to refuse changed data."""
     import hashlib
+    import json
 
     import numpy as np
 
@@ -128,7 +129,11 @@ def fingerprint(data: LoadedData, splits=("train", "validation")) -> dict:
         for text in ds["text"]:
             h.update(text.encode("utf-8", "surrogatepass"))
             h.update(b"\0")
-        h.update(np.asarray(ds["label"], dtype=np.int64).tobytes())
+        labels = list(ds["label"])
+        if labels and isinstance(labels[0], list):  # multi-label: each row's set of ids
+            h.update(json.dumps(labels).encode())
+        else:
+            h.update(np.asarray(labels, dtype=np.int64).tobytes())
         out[split] = {"rows": len(ds), "sha256": h.hexdigest()}
     return out
 
@@ -347,8 +352,71 @@ def _encode_labels(splits: dict, names: list[str] | None) -> tuple[dict, list[st
     return splits, names
 
 
+def _label_set(value, separator: str, split: str) -> list:
+    """One row's labels as a list: a list as is, a string split on the separator ('' -> no label)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(separator) if part.strip()]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [value]
+    raise TformerError(f"the {split} split has a label of type {type(value).__name__}; with data.multi_label=true "
+                       f"give each row a list of labels or a string like 'a{separator}b'")
+
+
+def _encode_label_sets(splits: dict, names: list[str] | None, separator: str) -> tuple[dict, list[str]]:
+    """Multi-label: every row's label set as a sorted list of ids (a row may have none). String labels are named
+    in sorted order; integer labels are checked against 0..K-1 (K from labels.txt / data.label_names if given)."""
+    import datasets
+
+    sets = {s: [_label_set(v, separator, s) for v in ds["label"]] for s, ds in splits.items()}
+    seen = [x for rows in sets["train"] for x in rows]
+    kinds = {type(x).__name__ for x in seen}
+    if len(kinds) > 1 or kinds - {"str", "int", "float"}:
+        raise TformerError(f"labels must be all strings or all integers, found {', '.join(sorted(kinds))}; convert "
+                           f"the label column")
+    if kinds == {"float"} and any(not float(x).is_integer() for x in seen):
+        raise TformerError("labels must be whole numbers or strings; tformer classifies (it does not regress)")
+    if kinds == {"str"}:
+        names = sorted(set(seen))
+        index = {n: i for i, n in enumerate(names)}
+    else:
+        values = sorted({int(x) for x in seen})
+        k = len(names) if names else (values[-1] + 1 if values else 0)
+        if values and (values[0] < 0 or values[-1] >= k):
+            raise TformerError(f"labels must be 0..{k - 1} for {k} classes, found {values[0]}..{values[-1]}; "
+                               f"renumber them, add a labels.txt naming every class, or use string labels")
+        names = list(names) if names else [str(i) for i in range(k)]
+        index = {i: i for i in range(k)}
+    if len(names) < 2:
+        raise TformerError(f"the train split uses {len(names)} label(s) ({', '.join(map(str, names))}); a "
+                           f"multi-label classifier needs at least two")
+    for split, rows in sets.items():
+        unseen = sorted({str(x) for row in rows for x in row if (x if kinds == {"str"} else int(x)) not in index})
+        if unseen:
+            raise TformerError(f"the {split} split has labels not seen in training: {', '.join(unseen[:5])}; add "
+                               f"them to the train data or drop those rows")
+    feature = datasets.Sequence(datasets.ClassLabel(names=names))
+    out = {}
+    for split, ds in splits.items():
+        ids = [sorted({index[x if kinds == {"str"} else int(x)] for x in row}) for row in sets[split]]
+        ds = ds.remove_columns("label").add_column("label", ids)
+        out[split] = ds.cast_column("label", feature)
+    return out, names
+
+
 def _carve(ds, fraction: float, seed: int, name: str):
-    """(rest, a stratified seeded `fraction` of ds) with a clear error when ds is too small to split."""
+    """(rest, a stratified seeded `fraction` of ds) with a clear error when ds is too small to split.
+    Label sets (multi-label) cannot be stratified: their split is random (seeded)."""
+    if not hasattr(ds.features["label"], "names"):
+        n_part = int(round(fraction * len(ds)))
+        if n_part < 1 or len(ds) - n_part < 1:
+            raise TformerError(f"the train split has {len(ds)} rows: too few to carve a {name} split of "
+                               f"data.{name}_fraction={fraction}; add data or give a {name} file (data.{name}_file)")
+        parts = ds.train_test_split(test_size=fraction, seed=seed)
+        return parts["train"], parts["test"]
     k = len(ds.features["label"].names)
     n_part = int(round(fraction * len(ds)))
     if n_part < k or len(ds) - n_part < k:
@@ -372,6 +440,9 @@ def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
     hub = _from_hub(source)
     splits = {s: _to_text_label(ds, cfg, s, hub) for s, ds in raw.items() if s in SPLIT_ALIASES}
     offset = 0 if hub else cfg.label_offset
+    if offset and cfg.multi_label:
+        raise TformerError("data.label_offset applies to single labels; with data.multi_label=true give label ids "
+                           "from 0 or label names")
     if offset:  # e.g. AG News files number classes 1..4
         splits = {s: ds.map(lambda b: {"label": [None if x is None else int(x) - offset for x in b["label"]]},
                             batched=True, desc=f"shifting labels ({s})") for s, ds in splits.items()}
@@ -399,7 +470,10 @@ def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
 
             output().print(f"{split}: skipped {before - len(ds)} empty or whitespace-only texts")
         splits[split] = ds
-    splits, names = _encode_labels(splits, names)
+    if cfg.multi_label:
+        splits, names = _encode_label_sets(splits, names, cfg.label_separator)
+    else:
+        splits, names = _encode_labels(splits, names)
     if "test" not in splits and cfg.test_fraction:  # datasets without an official split
         splits["train"], splits["test"] = _carve(splits["train"], cfg.test_fraction, seed, "test")
     if "validation" not in splits:

@@ -174,7 +174,7 @@ class TokenizedSplit:
 
     values: torch.Tensor  # (total_tokens,) int32
     offsets: torch.Tensor  # (N + 1,) int64
-    labels: torch.Tensor  # (N,) int64, per sequence
+    labels: torch.Tensor  # (N,) int64 per sequence; multi-label: (N, C) float multi-hot
     docs: torch.Tensor | None = None  # (N,) int64 document index of each sequence; None: one sequence per document
 
     def __len__(self) -> int:
@@ -191,7 +191,7 @@ class TokenizedSplit:
 
         if self.docs is None:
             return self.labels
-        out = torch.empty(self.n_docs, dtype=self.labels.dtype)
+        out = torch.empty((self.n_docs, *self.labels.shape[1:]), dtype=self.labels.dtype)
         out[self.docs] = self.labels
         return out
 
@@ -213,7 +213,13 @@ class TokenizedSplit:
         values = arr.values.to_numpy(zero_copy_only=False)
         start = offsets[0]
         table = ds.with_format("numpy")
-        labels = np.asarray(table["label"], dtype=np.int64)
+        feature = ds.features["label"]
+        if hasattr(feature, "feature"):  # multi-label: each row's set of ids -> a multi-hot row (N, C) float
+            labels = np.zeros((len(ds), feature.feature.num_classes), dtype=np.float32)
+            for row, ids in enumerate(ds["label"]):
+                labels[row, ids] = 1.0
+        else:
+            labels = np.asarray(table["label"], dtype=np.int64)
         docs = np.asarray(table["doc"], dtype=np.int64) if "doc" in ds.column_names else None
         single = docs is None or (len(docs) and int(docs.max()) + 1 == len(docs))
         return cls(torch.from_numpy(np.array(values[start:offsets[-1]], dtype=np.int32)),

@@ -90,8 +90,11 @@ def report_paths(out_dir: Path) -> dict[str, Path]:
 
 def write(out_dir: Path, metrics: dict, label_names: list[str], texts, y_true, probs, *, normalize: bool,
           title: str) -> dict[str, Path]:
-    """confusion_matrix.png, classification_report.json and errors.csv (most confident mistakes first)."""
+    """confusion_matrix.png, classification_report.json and errors.csv (most confident mistakes first); a
+    multi-label model gets the report and its own errors.csv (no confusion matrix: its labels are not exclusive)."""
     paths = report_paths(out_dir)
+    if metrics.get("multi_label"):
+        return _write_multi_label(paths, metrics, label_names, texts, y_true, probs)
     confusion_matrix_png(paths["confusion_matrix"], metrics["confusion_matrix"], label_names, normalize, title)
     write_json(paths["classification_report"], metrics["per_class"])
     probs = np.asarray(probs)
@@ -110,3 +113,25 @@ def write(out_dir: Path, metrics: dict, label_names: list[str], texts, y_true, p
 
     write_with(paths["errors"], errors_csv)
     return paths
+
+
+def _write_multi_label(paths: dict, metrics: dict, label_names, texts, y_true, probs) -> dict[str, Path]:
+    """classification_report.json, and errors.csv: texts whose predicted label set differs from the true one,
+    the most wrong labels first."""
+    write_json(paths["classification_report"], metrics["per_class"])
+    y_true = np.asarray(y_true) > 0.5
+    pred = np.asarray(probs) >= np.asarray(metrics["thresholds"])[None, :]
+    wrong_count = (y_true != pred).sum(1)
+    wrong = np.flatnonzero(wrong_count)
+    wrong = wrong[np.argsort(-wrong_count[wrong], kind="stable")]
+    names = lambda row: "|".join(n for n, on in zip(label_names, row) if on)
+
+    def errors_csv(tmp: Path) -> None:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["index", "text", "true_labels", "predicted_labels", "wrong_labels"])
+            for i in wrong:
+                w.writerow([int(i), texts[int(i)], names(y_true[i]), names(pred[i]), int(wrong_count[i])])
+
+    write_with(paths["errors"], errors_csv)
+    return {k: v for k, v in paths.items() if k != "confusion_matrix"}

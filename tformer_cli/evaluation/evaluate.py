@@ -8,20 +8,30 @@ from ..inference import predict_proba
 
 
 def evaluate_split(model, split, label_names, *, pad_id, device, precision, batch_size, loss_weight=None,
-                   progress="evaluating"):
-    """(metrics, class probabilities (N, C) as numpy) of a model on a tokenized split."""
-    from .metrics import compute
+                   progress="evaluating", thresholds=None):
+    """(metrics, class probabilities (N, C) as numpy) of a model on a tokenized split. A multi-label model's
+    labels are cut at `thresholds` (the checkpoint's); None tunes them on this split (validation does)."""
+    from .metrics import compute, compute_multi_label, tune_thresholds
 
     probs, loss = predict_proba(model, split, batch_size=batch_size, pad_id=pad_id, device=device,
                                 precision=precision, loss_weight=loss_weight, progress=progress)
+    if model.cfg.multi_label:
+        y = split.doc_labels.numpy()
+        cuts = thresholds if thresholds is not None else tune_thresholds(y, probs.numpy())
+        return compute_multi_label(y, probs.numpy(), cuts, label_names, loss), probs.numpy()
     return compute(split.doc_labels.numpy(), probs.argmax(-1).numpy(), label_names, loss), probs.numpy()
 
 
 def validation_metrics(model, split, label_names, *, pad_id, device, precision, batch_size, loss_weight=None) -> dict:
-    """The per-epoch validation pass: val_loss, val_accuracy, val_f1, val_precision, val_recall."""
+    """The per-epoch validation pass: val_loss, val_accuracy, val_f1, val_precision, val_recall. A multi-label
+    model also gets its per-label thresholds tuned here (`thresholds`, saved with the epoch's checkpoints) and
+    val_f1_macro; its val_accuracy is subset accuracy and val_f1 micro F1, both at the tuned thresholds."""
     m, _ = evaluate_split(model, split, label_names, pad_id=pad_id, device=device, precision=precision,
                           batch_size=batch_size, loss_weight=loss_weight, progress="validating")
-    return {f"val_{k}": m[k] for k in ("loss", "accuracy", "f1", "precision", "recall")}
+    out = {f"val_{k}": m[k] for k in ("loss", "accuracy", "f1", "precision", "recall")}
+    if m.get("multi_label"):
+        out.update(val_f1_macro=m["f1_macro"], thresholds=m["thresholds"])
+    return out
 
 
 def write_reports(out_dir: Path, metrics, label_names, texts, split, probs, normalize: bool, title: str,

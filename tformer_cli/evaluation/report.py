@@ -10,25 +10,31 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
     console = console or output()
     from ..safe_text import markup, rich
 
+    multi = bool(metrics.get("multi_label"))
     summary = Table(title=markup(title), show_header=True, header_style="bold")
-    for col in ("n", "accuracy", f"precision ({metrics['average']})", f"recall ({metrics['average']})",
-                f"f1 ({metrics['average']})", "loss"):
+    cols = ["n", "subset accuracy" if multi else "accuracy", f"precision ({metrics['average']})",
+            f"recall ({metrics['average']})", f"f1 ({metrics['average']})"]
+    cols += ["f1 (macro)", "hamming loss"] if multi else []
+    for col in cols + ["loss"]:
         summary.add_column(col, justify="right")
     loss = metrics.get("loss")
+    extra = [f"{metrics['f1_macro']:.4f}", f"{metrics['hamming_loss']:.4f}"] if multi else []
     summary.add_row(f"{metrics['n']:,}", f"{metrics['accuracy']:.4f}", f"{metrics['precision']:.4f}",
-                    f"{metrics['recall']:.4f}", f"{metrics['f1']:.4f}", "-" if loss is None else f"{loss:.4f}")
+                    f"{metrics['recall']:.4f}", f"{metrics['f1']:.4f}", *extra,
+                    "-" if loss is None else f"{loss:.4f}")
     console.print(summary)
 
-    per_class = Table(title="per class", header_style="bold")
-    for col in ("label", "precision", "recall", "f1", "support"):
+    per_class = Table(title="per label (at its threshold)" if multi else "per class", header_style="bold")
+    for col in ("label", "precision", "recall", "f1", "support") + (("threshold",) if multi else ()):
         per_class.add_column(col, justify="left" if col == "label" else "right")
-    for name in label_names:
+    for i, name in enumerate(label_names):
         row = metrics["per_class"].get(name, {})
         per_class.add_row(rich(name), f"{row.get('precision', 0):.3f}", f"{row.get('recall', 0):.3f}",
-                          f"{row.get('f1-score', 0):.3f}", f"{int(row.get('support', 0)):,}")
+                          f"{row.get('f1-score', 0):.3f}", f"{int(row.get('support', 0)):,}",
+                          *([f"{metrics['thresholds'][i]:.2f}"] if multi else []))
     console.print(per_class)
 
-    if len(label_names) <= 25:
+    if len(label_names) <= 25 and not multi:  # (labels of a multi-label model are not exclusive: no matrix)
         cm = Table(title="confusion matrix (rows: true, columns: predicted)", header_style="bold")
         cm.add_column("")
         for n in label_names:  # whole names: a terminal narrower than the table folds them, a file keeps them

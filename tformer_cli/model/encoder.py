@@ -48,6 +48,7 @@ class EncoderConfig:
     scale_embeddings: bool = True  # token vectors * sqrt(d_model) (Vaswani et al.); BERT-family: false
     embedding_norm: bool = False  # LayerNorm over token + position embeddings (BERT-family: true)
     norm_eps: float = 1e-5  # every LayerNorm's eps (BERT-family: 1e-12)
+    multi_label: bool = False  # the logits are independent per label (sigmoid), not one distribution (softmax)
 
     RANGES = {"vocab_size": (1, None, "[)"), "num_classes": (2, None, "[)"), "d_model": (1, None, "[)"),
               "n_layers": (0, None, "[)"), "n_heads": (1, None, "[)"), "d_ff": (1, None, "[)"),

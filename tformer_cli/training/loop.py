@@ -50,6 +50,9 @@ class Optimization:
         self.scaler = precision.grad_scaler()
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if labels.dim() == 2:  # multi-label: an independent yes/no per label (smoothing pulls targets toward 0.5)
+            targets = labels * (1 - self.label_smoothing) + 0.5 * self.label_smoothing
+            return F.binary_cross_entropy_with_logits(logits.float(), targets)
         return F.cross_entropy(logits.float(), labels, weight=self.loss_weight, label_smoothing=self.label_smoothing)
 
     @property

@@ -1,0 +1,135 @@
+"""Multi-label classification on generated data with a known answer: each text mentions 0-3 topics, its labels
+are exactly the topics it mentions. Labels come as a delimited string column (CSV) and as lists (JSON lines)."""
+import csv
+import json
+import random
+
+import numpy as np
+import pytest
+
+from tformer_cli import Classifier, TformerError, train
+
+TOPICS = {"sports": ["match", "goal", "team", "coach", "league", "stadium"],
+          "politics": ["election", "senate", "vote", "minister", "policy", "parliament"],
+          "tech": ["software", "chip", "robot", "startup", "code", "laptop"],
+          "food": ["recipe", "pasta", "chef", "flavor", "bake", "spicy"]}
+FILLER = ["the", "a", "today", "we", "saw", "about", "and", "some", "news", "story", "people", "said", "new"]
+
+
+def make(n: int, seed: int) -> list[tuple[str, list[str]]]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        labels = sorted(rng.sample(sorted(TOPICS), rng.choice([0, 1, 1, 2, 2, 3])))
+        words = [w for t in labels for w in rng.sample(TOPICS[t], 2)] + rng.sample(FILLER, rng.randint(4, 8))
+        rng.shuffle(words)
+        rows.append((" ".join(words), labels))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("multi")
+    with open(folder / "train.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "topics"])
+        for text, labels in make(1500, 1):
+            w.writerow([text, ",".join(labels)])
+    with open(folder / "test.jsonl", "w") as f:
+        for text, labels in make(300, 2):
+            f.write(json.dumps({"text": text, "topics": labels}) + "\n")
+    return folder
+
+
+def overrides(files):
+    return ["data=files", f"data.train_file={files / 'train.csv'}", f"data.test_file={files / 'test.jsonl'}",
+            "data.multi_label=true", "data.label_column=topics", "trainer.epochs=3", "trainer.precision=fp32",
+            "embedding_init.vocab_size=200", "optimizer.lr=3e-3"]
+
+
+@pytest.fixture(scope="module")
+def result(files, tmp_path_factory):
+    return train(overrides(files), run_dir=tmp_path_factory.mktemp("multi_run") / "run")
+
+
+def test_learns_the_known_label_sets(result):
+    m = result.test_metrics
+    print({k: m[k] for k in ("accuracy", "f1", "f1_macro", "hamming_loss")})
+    assert m["multi_label"] and m["average"] == "micro" and m["n"] == 300
+    assert m["f1"] >= 0.9 and m["f1_macro"] >= 0.9 and m["accuracy"] >= 0.7  # subset accuracy: every label right
+    assert set(m["per_class"]) >= set(TOPICS)
+
+
+def test_thresholds_are_tuned_stored_and_applied(result):
+    clf = Classifier.load(result.run_dir)
+    meta = json.loads((result.best_checkpoint / "meta.json").read_text())
+    assert clf.multi_label and clf.labels == sorted(TOPICS)
+    assert meta["thresholds"] == clf.thresholds == result.test_metrics["thresholds"]
+    assert len(clf.thresholds) == 4 and all(0 < t < 1 for t in clf.thresholds)
+    # the test metrics are exactly scikit-learn's on the classifier's own label sets
+    from sklearn.metrics import f1_score
+    from sklearn.preprocessing import MultiLabelBinarizer
+
+    rows = make(300, 2)
+    answers = clf.predict([t for t, _ in rows])
+    binarize = MultiLabelBinarizer(classes=clf.labels).fit([])
+    truth, pred = binarize.transform([ls for _, ls in rows]), binarize.transform([a["labels"] for a in answers])
+    assert f1_score(truth, pred, average="micro") == pytest.approx(result.test_metrics["f1"], abs=1e-9)
+    probs = clf.predict_proba([t for t, _ in rows])
+    assert ((probs >= np.array(clf.thresholds)) == pred.astype(bool)).all()
+    assert not np.allclose(probs.sum(1), 1.0)  # independent sigmoids, not a distribution
+
+
+def test_predict_returns_label_sets(result):
+    clf = Classifier.load(result.run_dir)
+    out = clf.predict(["the coach said the team and the league", "we saw a new recipe about pasta and a robot",
+                       "the people said some news", ""], top_k=2)
+    assert out[0]["labels"] == ["sports"] and set(out[0]["probabilities"]) == {"sports"}
+    assert set(out[1]["labels"]) == {"food", "tech"}
+    assert out[2]["labels"] == [] and out[3]["empty"] and out[3]["labels"] == []
+    assert len(out[0]["top_k"]) == 2 and out[0]["top_k"][0]["label"] == "sports"
+
+
+def test_cli_predict_and_evaluate_on_the_multi_label_run(result, files, tmp_path):
+    from helpers import run_tformer
+
+    r = run_tformer("predict", f"checkpoint={result.run_dir}", "--json", "the senate vote on the new chip policy",
+                    cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert set(json.loads(r.stdout)["labels"]) == {"politics", "tech"}
+    r = run_tformer("evaluate", f"checkpoint={result.run_dir}", f"hydra.run.dir={tmp_path / 'eval'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["f1"] == pytest.approx(result.test_metrics["f1"], abs=1e-9)
+    assert "subset accuracy" in r.stdout and "hamming loss" in r.stdout
+    assert (tmp_path / "eval" / "errors.csv").is_file() or (tmp_path / "eval" / "classification_report.json").is_file()
+
+
+def test_onnx_export_keeps_the_label_sets(result):
+    pytest.importorskip("onnxruntime")
+    from tformer_cli.export import export_onnx
+    from tformer_cli.onnx_classifier import OnnxClassifier
+
+    exported = export_onnx(result.run_dir)
+    assert exported.max_abs_logit_diff <= 1e-4
+    texts = ["the coach said the team and the league", "we saw a new recipe about pasta and a robot"]
+    a, b = Classifier.load(result.run_dir).predict(texts), OnnxClassifier.load(result.run_dir).predict(texts)
+    assert [x["labels"] for x in a] == [x["labels"] for x in b]
+
+
+def test_bad_multi_label_settings_are_one_line(files, tmp_path):
+    with pytest.raises(TformerError, match="class_weights"):
+        train(overrides(files) + ["loss.class_weights=balanced"], run_dir=tmp_path / "a")
+    (tmp_path / "one.csv").write_text("text,topics\nhello,x\nworld,x\nagain,x\nmore,x\nand more,x\n")
+    with pytest.raises(TformerError, match="at least two"):
+        train(["data=files", f"data.train_file={tmp_path / 'one.csv'}", "data.multi_label=true",
+               "data.label_column=topics"], run_dir=tmp_path / "b")
+
+
+def test_threshold_tuning_finds_the_known_cut():
+    from tformer_cli.evaluation.metrics import tune_thresholds
+
+    y = np.array([[1, 0], [1, 0], [1, 0], [0, 0], [0, 0], [0, 0]])
+    p = np.array([[0.35, 0.9], [0.4, 0.1], [0.45, 0.2], [0.1, 0.3], [0.2, 0.6], [0.25, 0.7]])
+    # label 0: every cut in (0.25, 0.35] separates perfectly; the one nearest 0.5 is kept. label 1: no positive
+    assert tune_thresholds(y, p) == [0.35, 0.5]
