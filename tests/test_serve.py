@@ -16,6 +16,8 @@ pytest.importorskip("uvicorn")
 
 from tformer_cli import Classifier, train  # noqa: E402
 
+pytestmark = pytest.mark.slow  # real `tformer` processes
+
 TINY = ["data.n_train=400", "data.n_validation=100", "data.n_test=100", "trainer.epochs=1",
         "embedding_init.vocab_size=300", "trainer.precision=fp32"]
 

@@ -129,7 +129,12 @@ def verify_manifest(ckpt: CheckpointDir) -> None:
 
 
 def resolve(path: str | Path) -> CheckpointDir:
-    """A checkpoint dir, or a run dir (-> its best checkpoint); falls back to a checkpoint left mid-swap."""
+    """A checkpoint dir, or a run dir (-> its best checkpoint); falls back to a checkpoint left mid-swap;
+    hf://<owner>/<name>[@revision]: a pushed checkpoint, downloaded (or from the Hub cache)."""
+    from . import hub_repo
+
+    if hub_repo.is_ref(str(path)):
+        return CheckpointDir(hub_repo.download(str(path)))
     found = resolve_checkpoint(path)
     if found is None:
         raise TformerError(f"checkpoint {path} does not exist; pass checkpoint=<run dir> (its best checkpoint) or a checkpoint directory")

@@ -9,13 +9,14 @@ import os
 import sys
 from pathlib import Path
 
-USAGE = """usage: tformer {train,evaluate,predict,export,serve,report} [overrides ...]
+USAGE = """usage: tformer {train,evaluate,predict,export,serve,push,report} [overrides ...]
 
   tformer train [key=value ...]           train (Hydra overrides; -m for a multirun sweep)
   tformer evaluate [checkpoint=PATH ...]  metrics of a checkpoint on a split (default: newest run, test split)
   tformer predict "text" [...]            label texts with a checkpoint (see tformer predict --help)
   tformer export [checkpoint=PATH]        the checkpoint as ONNX, checked against PyTorch (predict runtime=onnx)
   tformer serve [checkpoint=PATH]         an HTTP server: POST /predict, GET /labels, GET /health
+  tformer push checkpoint=PATH repo=ID    upload to the Hugging Face Hub; load with checkpoint=hf://ID
   tformer report RUN_DIR                  config, per-epoch metrics, test metrics and plots of a run
 
   tformer train --help / --cfg job        Hydra's config help and the composed config
@@ -107,7 +108,7 @@ def _run_hydra(task: str, args: list[str]) -> None:
     hydra.main(version_base="1.3", config_path=config_dir(), config_name=task)(_guarded(fn))()
 
 
-COMMANDS = ("train", "evaluate", "predict", "report", "export", "serve")
+COMMANDS = ("train", "evaluate", "predict", "report", "export", "serve", "push")
 
 
 def _shell_completion(args: list[str]) -> None:
@@ -182,6 +183,10 @@ def _main() -> None:
         from .commands import export
 
         sys.exit(_guarded(export.main)(rest))
+    if task == "push":
+        from .commands import push
+
+        sys.exit(_guarded(push.main)(rest))
     if task == "serve":
         from .commands import serve
 
@@ -197,7 +202,7 @@ def _main() -> None:
         except KeyboardInterrupt:  # before our code runs (while Hydra composes the config)
             _fail(Stopped())
         return
-    print(f"error: unknown command {task!r}; use train, evaluate, predict, report, export or serve", file=sys.stderr)
+    print(f"error: unknown command {task!r}; use train, evaluate, predict, report, export, serve or push", file=sys.stderr)
     sys.exit(2)
 
 

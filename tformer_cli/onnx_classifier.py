@@ -29,6 +29,10 @@ def resolve_export(path: str | Path | None, outputs_dir: str | Path = "outputs")
             raise TformerError(f"no trained checkpoint under {Path(outputs_dir).resolve()}/; run `tformer train` "
                                f"first or pass checkpoint=<export dir>")
         run = RunDir.of_checkpoint(best)
+    elif str(path).startswith("hf://"):
+        from .hub_repo import download
+
+        return ExportDir(download(str(path), onnx=True))
     else:
         p = Path(path).expanduser()
         if ExportDir(p).is_export() or ExportDir(p).model.is_file() or ExportDir(p).info.is_file():

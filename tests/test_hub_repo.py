@@ -1,0 +1,99 @@
+"""`tformer push` and checkpoint=hf://...: the staged repository, laid out in a Hugging Face cache exactly as the
+Hub client stores a download (blobs + snapshot symlinks + refs/main), then loaded offline through
+`huggingface_hub.snapshot_download` by predict (both runtimes) and `Classifier.load`. The upload itself needs the
+network and is not exercised here."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import run_tformer
+from tformer_cli import Classifier, train
+
+pytestmark = pytest.mark.slow  # real `tformer` processes
+
+TINY = ["data.n_train=400", "data.n_validation=100", "data.n_test=100", "trainer.epochs=1",
+        "embedding_init.vocab_size=300", "trainer.precision=fp32"]
+REPO = "someone/tiny-demo"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    run_dir = train(TINY, run_dir=tmp_path_factory.mktemp("hub") / "run").run_dir
+    pytest.importorskip("onnxruntime")
+    from tformer_cli.export import export_onnx
+
+    export_onnx(run_dir)
+    return run_dir
+
+
+def as_hub_cache(staged, cache):
+    """What `snapshot_download` leaves in HF_HUB_CACHE: blobs by hash, a snapshot of symlinks, refs/main."""
+    repo = cache / f"models--{REPO.replace('/', '--')}"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    snapshot = repo / "snapshots" / COMMIT
+    for f in sorted(p for p in staged.rglob("*") if p.is_file()):
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        (repo / "blobs" / digest).write_bytes(f.read_bytes())
+        link = snapshot / f.relative_to(staged)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(repo / "blobs" / digest, link.parent))
+    return cache
+
+
+@pytest.fixture(scope="module")
+def cache(run, tmp_path_factory):
+    staged = tmp_path_factory.mktemp("staged") / "repo"
+    r = run_tformer("push", f"checkpoint={run}", f"stage={staged}", cwd=tmp_path_factory.mktemp("cwd"))
+    assert r.returncode == 0, r.stderr
+    return as_hub_cache(staged, tmp_path_factory.mktemp("hf_cache"))
+
+
+def hub_env(cache):
+    return {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+
+
+def test_the_staged_repository_holds_the_checkpoint_export_and_card(run, cache):
+    snapshot = cache / f"models--{REPO.replace('/', '--')}" / "snapshots" / COMMIT
+    names = {p.name for p in snapshot.iterdir()}
+    assert {"model.safetensors", "model.json", "tokenizer.json", "labels.json", "meta.json", "manifest.json",
+            "README.md", "onnx"} <= names
+    assert not names & {"training_state.safetensors", "trainer_state.json"}
+    assert (snapshot / "onnx" / "model.onnx").is_file()
+    card = (snapshot / "README.md").read_text()
+    assert "library_name: tformer" in card and "`negative`" in card and "hf://<this repo>" in card
+
+
+def test_predict_loads_hf_references_from_the_hub_cache(run, cache, tmp_path):
+    expected = Classifier.load(run).predict(["never boring"])[0]
+    for runtime in ("torch", "onnx"):
+        for ref in (f"hf://{REPO}", f"hf://{REPO}@main"):
+            r = run_tformer("predict", f"runtime={runtime}", f"checkpoint={ref}", "--json", "never boring",
+                            cwd=tmp_path, env=hub_env(cache))
+            assert r.returncode == 0, r.stderr
+            got = json.loads(r.stdout)
+            assert got["label"] == expected["label"]
+            assert got["probability"] == pytest.approx(expected["probability"], abs=1e-4)
+
+
+def test_classifier_load_of_an_hf_reference(run, cache, tmp_path):
+    code = (f"from tformer_cli import Classifier\nc = Classifier.load('hf://{REPO}')\n"
+            "import json\nprint(json.dumps(c.predict(['never boring'])[0]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, **hub_env(cache)})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["label"] == Classifier.load(run).predict(["never boring"])[0]["label"]
+
+
+def test_missing_or_malformed_references_and_offline_push_are_one_line(run, cache, tmp_path):
+    for ref, words in ((f"hf://{REPO}-nope", "not in the local Hub cache"), ("hf://just-a-name", "hf://<owner>")):
+        r = run_tformer("predict", f"checkpoint={ref}", "hello", cwd=tmp_path, env=hub_env(cache))
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
+    r = run_tformer("push", f"checkpoint={run}", f"repo={REPO}", cwd=tmp_path, env=hub_env(cache))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot push" in r.stderr, r.stderr

@@ -1,0 +1,47 @@
+"""`tformer push checkpoint=PATH repo=<owner>/<name> [private=true] [message=...] [stage=DIR]`."""
+from __future__ import annotations
+
+import re
+
+from ..errors import TformerError
+
+USAGE = """usage: tformer push [checkpoint=PATH] repo=<owner>/<name> [private=true] [message=TEXT] [stage=DIR]
+
+Uploads the run's best checkpoint (safetensors + JSON, no optimizer state), its ONNX export if it has one, and a
+model card to a Hugging Face Hub model repository (created if needed; log in with `hf auth login` or set
+HF_TOKEN). Load it back anywhere with checkpoint=hf://<owner>/<name>. stage=DIR writes what would be uploaded
+into DIR and uploads nothing."""
+
+DEFAULTS = {"checkpoint": None, "repo": None, "private": "false", "message": None, "stage": None,
+            "outputs_dir": "outputs"}
+_OVERRIDE = re.compile(r"^([a-z_]+)=(.*)$", re.S)
+
+
+def main(argv: list[str]) -> int:
+    opts = dict(DEFAULTS)
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            print(USAGE)
+            raise SystemExit(0)
+        m = _OVERRIDE.match(arg)
+        if not m or m.group(1) not in DEFAULTS:
+            raise TformerError(f"unknown argument {arg!r}; push takes {', '.join(f'{k}=' for k in DEFAULTS)}")
+        opts[m.group(1)] = m.group(2)
+    from pathlib import Path
+
+    from .. import hub_repo
+    from ..run_dir import newest_best
+
+    source = opts["checkpoint"] or newest_best(opts["outputs_dir"])
+    if source is None:
+        raise TformerError("no trained checkpoint under outputs/; pass checkpoint=<run dir>")
+    if opts["stage"]:
+        folder = hub_repo.stage(source, Path(opts["stage"]))
+        print(f"[tformer] staged {source} in {folder} (nothing uploaded)")
+        return 0
+    if not opts["repo"]:
+        raise TformerError("push needs repo=<owner>/<name> (the Hub model repository to upload to)")
+    url = hub_repo.push(source, opts["repo"], private=str(opts["private"]).lower() in ("1", "true", "yes"),
+                        message=opts["message"])
+    print(f"[tformer] pushed {source} to {url}; load it with checkpoint=hf://{opts['repo']}")
+    return 0
