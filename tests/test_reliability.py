@@ -4,7 +4,6 @@ import os
 import pickle
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 

@@ -121,15 +121,33 @@ def test_no_network_fails_fast_with_one_line(tmp_path, env):
     assert run_dirs(tmp_path) == []
 
 
+def keyword_csv(path, n=2000, seed=0):
+    """A task one epoch at a useful lr learns and a near-zero lr cannot: the label is which of two keywords sits
+    among 20 random filler words (the demo's word-order task needs many epochs, so two barely-trained jobs would
+    be ranked by chance)."""
+    import random
+
+    rng = random.Random(seed)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        for i in range(n):
+            words = [f"filler{rng.randrange(60)}" for _ in range(20)]
+            words.insert(rng.randrange(21), "splendid" if i % 2 else "dreadful")
+            w.writerow([" ".join(words), "pos" if i % 2 else "neg"])
+
+
 def test_after_a_sweep_the_default_checkpoint_is_its_best_job(tmp_path):
-    r = run_tformer("train", "-m", "optimizer.lr=0.003,0.0000001", "data.n_train=3000", "data.n_validation=300",
-                    "data.n_test=100", "trainer.test_after_fit=false", "trainer.epochs=2", *FAST[1:], cwd=tmp_path)
+    keyword_csv(tmp_path / "train.csv")
+    r = run_tformer("train", "-m", "optimizer.lr=0.003,0.0000001", "data=files", "data.train_file=train.csv",
+                    "data.test_fraction=0.1", "trainer.test_after_fit=false", "trainer.epochs=2", *FAST[1:],
+                    cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     jobs = sorted((tmp_path / "outputs" / "multirun").glob("*/*/*/checkpoints/best"))
     assert len(jobs) == 2
     scores = {j: json.loads((j / "metrics.json").read_text())["val_accuracy"] for j in jobs}
     best = max(scores, key=scores.get)
-    assert "lr=0.003" in str(best) and scores[best] > min(scores.values())  # the sweep's first job, not its last
+    assert "lr=0.003" in str(best) and scores[best] > min(scores.values()), scores  # the sweep's first job
     r = run_tformer("evaluate", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"checkpoint {best.relative_to(tmp_path)}" in r.stdout

@@ -137,6 +137,34 @@ def _shell_completion(args: list[str]) -> None:
     hydra.main(version_base="1.3", config_path=config_dir(), config_name=task)(fn)()
 
 
+def _resume_sweep_args(args: list[str]) -> list[str]:
+    """`tformer train -m <same overrides> resume=<sweep dir>|true`: the sweep goes on in its own directory (each
+    job finds its folder there: finished jobs are read, not retrained; interrupted ones resume; the rest run)."""
+    from .errors import TformerError
+    from .run_dir import SweepDir, newest_sweep
+
+    given = [a for a in args if a.startswith("resume=")]
+    if not given:
+        return args
+    value = given[-1].split("=", 1)[1]
+    if value.lower() in ("true", "1", "yes"):
+        sweep = newest_sweep("outputs")
+        if sweep is None:
+            raise TformerError("resume=true with -m but there is no sweep under outputs/multirun/; run the sweep "
+                               "first or pass resume=<sweep dir>")
+    elif value.lower() in ("false", "null", "none", ""):
+        return args
+    else:
+        sweep = Path(value).expanduser()
+        if not SweepDir(sweep).is_sweep():
+            raise TformerError(f"resume={value} with -m must be a sweep directory (outputs/multirun/<date>/<time>, "
+                               f"with multirun.yaml); to continue one run, drop -m")
+    if any(a.startswith("hydra.sweep.dir=") for a in args):
+        raise TformerError("resume=<sweep dir> sets hydra.sweep.dir itself; drop hydra.sweep.dir=")
+    sweep = sweep.resolve()
+    return [a for a in args if not a.startswith("resume=")] + [f"resume={sweep}", f"hydra.sweep.dir={sweep}"]
+
+
 def _sigterm_like_ctrl_c() -> None:
     """SIGTERM (a scheduler, `kill`, a container stop) takes the same clean path as Ctrl-C."""
     import signal
@@ -198,6 +226,8 @@ def _main() -> None:
         return
     if task in ("train", "evaluate"):
         try:
+            if task == "train" and ("-m" in rest or "--multirun" in rest):
+                rest = _guarded(_resume_sweep_args)(rest)
             _run_hydra(task, rest)
         except KeyboardInterrupt:  # before our code runs (while Hydra composes the config)
             _fail(Stopped())

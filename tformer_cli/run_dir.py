@@ -326,3 +326,9 @@ def _monitored_score(ckpt: CheckpointDir) -> float:
     if value != value or value in (float("inf"), float("-inf")):  # NaN would make max() depend on job order
         return float("-inf")
     return -value if mode == "min" else value
+
+
+def newest_sweep(root: str | Path = "outputs") -> Path | None:
+    """The most recently started `-m` sweep under root/multirun, by its multirun.yaml."""
+    found = sorted(Path(root).glob("multirun/**/multirun.yaml"), key=lambda p: p.stat().st_mtime)
+    return found[-1].parent if found else None

@@ -51,7 +51,8 @@ def jobs(sweep_dir: Path) -> list[Job]:
     for job_dir in SweepDir(sweep_dir).job_dirs():
         run = RunDir(job_dir)
         overrides = yaml.safe_load(run.hydra_overrides.read_text()) if run.hydra_overrides.is_file() else None
-        found.append(_read_job(run, [str(o) for o in overrides or []]))
+        # (resume=<sweep dir> is how the sweep was continued, not a setting)
+        found.append(_read_job(run, [str(o) for o in overrides or [] if not str(o).startswith("resume=")]))
     shared = set.intersection(*(set(j.overrides) for j in found)) if found else set()
     for j in found:
         j.varying = [o for o in j.overrides if o not in shared]
@@ -79,8 +80,13 @@ def _read_job(run: RunDir, overrides: list[str]) -> Job:
     if run.test_metrics.is_file():
         test = json.loads(run.test_metrics.read_text())
         job.test = {k: test[k] for k in ("accuracy", "f1") if k in test}
+    if run.finished:  # training time per epoch, as recorded (a resumed sweep rewrites .hydra/ of finished jobs)
+        try:
+            job.seconds = sum(float(h.get("epoch_seconds", 0)) for h in json.loads(run.history.read_text()))
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass
     times = [p.stat().st_mtime for p in run.root.rglob("*") if p.is_file()]
-    if times and run.hydra_config.is_file():
+    if job.seconds is None and times and run.hydra_config.is_file():
         job.seconds = max(times) - run.hydra_config.stat().st_mtime
     return job
 

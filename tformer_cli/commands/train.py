@@ -47,7 +47,14 @@ def train(config: TrainConfig, run_dir: RunDir, tree: dict, overrides: list[str]
     from ..console import output
 
     console = output()
-    resume_from = checkpoint.find_resumable(config.resume) if config.resume else None
+    from ..run_dir import SweepDir
+
+    if config.resume and SweepDir(str(config.resume)).is_sweep():  # a job of a resumed `-m` sweep
+        finished, resume_from = sweep_job_plan(run_dir)
+        if finished is not None:
+            return finished
+    else:
+        resume_from = checkpoint.find_resumable(config.resume) if config.resume else None
     if resume_from is not None:
         run_dir.discard_if_empty()  # the folder Hydra made for this invocation: the run goes on in its own
         run_dir = RunDir.of_checkpoint(resume_from)  # a resumed run keeps writing into its own directory
@@ -61,6 +68,32 @@ def train(config: TrainConfig, run_dir: RunDir, tree: dict, overrides: list[str]
         best_value = _train_locked(config, run_dir, tree, overrides, resume, console)
     console.close_log()
     return Trained(run_dir, best_value)
+
+
+def sweep_job_plan(run_dir: RunDir):
+    """(Trained, None) for a job of a resumed sweep that had finished (read, not retrained); (None, its `last`)
+    for one interrupted after a checkpoint (resumed); (None, None) for one that never got that far (trained
+    afresh in its folder)."""
+    import json
+
+    from ..console import output
+
+    if run_dir.finished:
+        best = run_dir.best.existing()
+        monitor, mode = best.early_stopping() if best is not None else ("val_accuracy", "max")
+        value = json.loads(best.metrics.read_text()).get(monitor) if best is not None else None
+        line = (f"job {run_dir.root.name} had finished ({monitor} {value:.4f}); not retrained" if value is not None
+                else f"job {run_dir.root.name} had finished; not retrained")
+        output().print(line, highlight=False)
+        with open(run_dir.log("train"), "a", encoding="utf-8") as f:
+            f.write(f"===== resumed sweep: {line}\n")
+        return Trained(run_dir, float(value) if value is not None else float("nan")), None
+    last = run_dir.last.existing()
+    if last is not None and last.has_training_state():
+        return None, last
+    for leftover in (run_dir.metrics_log, run_dir.metrics_csv):  # a job killed before its first checkpoint
+        leftover.unlink(missing_ok=True)
+    return None, None
 
 
 def _train_locked(config: TrainConfig, run_dir: RunDir, tree: dict, overrides, resume, console) -> float:
@@ -95,6 +128,10 @@ def _train_locked(config: TrainConfig, run_dir: RunDir, tree: dict, overrides, r
                                f"{max(1, config.trainer.batch_size // 2)} (the last checkpoint is kept)") from exc
         except Interrupted as exc:
             status = "KILLED"
+            sweep = run_dir.sweep()
+            if sweep is not None:  # a job of a -m sweep: the whole sweep picks up where it stopped
+                raise Interrupted(f"{exc}; resume the sweep with the same `tformer train -m ...` command plus "
+                                  f"resume={sweep}") from None
             command = " ".join(["tformer", "train", *[o for o in overrides if not o.startswith("resume=")],
                                 f"resume={run_dir}"])
             raise Interrupted(f"{exc}; resume with: {command}") from None

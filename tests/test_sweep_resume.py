@@ -1,0 +1,54 @@
+"""A grid sweep killed half-way and resumed with resume=<sweep dir>: every job listed once, finished jobs read
+back (not retrained), the interrupted job resumed from its checkpoint, the missing ones run."""
+import csv
+import glob
+import signal
+import subprocess
+import time
+
+import pytest
+
+from helpers import TFORMER, run_tformer
+
+pytestmark = pytest.mark.slow
+
+SWEEP = ["train", "-m", "model.n_heads=2,4", "seed=1,2", "data.n_train=2000", "data.n_validation=200",
+         "data.n_test=200", "trainer.epochs=2", "trainer.checkpoint_every_steps=10", "trainer.precision=fp32"]
+
+
+def test_killed_grid_sweep_resumes_without_retraining_finished_jobs(tmp_path):
+    proc = subprocess.Popen([TFORMER, *SWEEP], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not glob.glob(str(tmp_path / "outputs/multirun/*/*/2_*/checkpoints/last")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # job 2 has saved a mid-epoch checkpoint
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-2000:]
+    assert "resume the sweep" in out
+    (sweep,) = [p for p in (tmp_path / "outputs" / "multirun").glob("*/*") if p.is_dir()]
+    jobs = sorted(p.name.split("_")[0] for p in sweep.iterdir() if p.is_dir())
+    assert jobs == ["0", "1", "2"]
+    finished = {j: [p for p in sweep.glob(f"{j}_*")][0] for j in ("0", "1")}
+    stamps = {j: {f: (d / f).stat().st_mtime_ns for f in ("history.json", "checkpoints/best/model.safetensors",
+                                                          "test_metrics.json")} for j, d in finished.items()}
+
+    r = run_tformer(*SWEEP, f"resume={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [row["job"] for row in rows] == ["0", "1", "2", "3"] and {row["status"] for row in rows} == {"done"}
+    assert not any("resume=" in row["overrides"] for row in rows)
+    for j, d in finished.items():  # read, not retrained
+        assert {f: (d / f).stat().st_mtime_ns for f in stamps[j]} == stamps[j]
+        assert "not retrained" in (d / "train.log").read_text()
+    job2 = [p for p in sweep.glob("2_*")][0]
+    assert "resumed" in (job2 / "train.log").read_text() and (job2 / "history.json").is_file()
+    assert (sweep.parent.parent / sweep.parent.name).exists()
+    assert len([p for p in (tmp_path / "outputs" / "multirun").glob("*/*") if p.is_dir()]) == 1  # no new sweep
+
+
+def test_resume_with_m_must_name_a_sweep(tmp_path):
+    r = run_tformer("train", "-m", "seed=1,2", f"resume={tmp_path}", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "sweep directory" in r.stderr
+    r = run_tformer("train", "-m", "seed=1,2", "resume=true", cwd=tmp_path)
+    assert r.returncode == 2 and "no sweep" in r.stderr
