@@ -232,3 +232,28 @@ def test_data_that_cannot_train_a_classifier_is_refused(tmp_path, rows, message)
     p.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows))
     with pytest.raises(TformerError, match=message):
         sources.load(files_cfg(train_file=str(p)))
+
+
+def test_multi_label_class_ids_in_strings_use_label_names_and_numeric_order(tmp_path):
+    rows = ["text,label"] + [f"text number {i},\"{i % 11},{(i + 2) % 11}\"" for i in range(66)] + ["no topics,"]
+    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
+    names = "[" + ",".join(f"topic{i}" for i in range(11)) + "]"
+    data = sources.load(data_config("files", train_file=str(tmp_path / "train.csv"), multi_label=True,
+                                    validation_fraction=0.2, label_names=names))
+    assert data.label_names == [f"topic{i}" for i in range(11)]  # "10" is class 10, not a name sorted before "2"
+    train = data.splits["train"]
+    by_text = dict(zip(train["text"], train["label"]))
+    some = next(t for t in by_text if t.startswith("text number 9"))
+    assert by_text[some] == sorted({9 % 11, 11 % 11})  # "9,0"
+
+
+def test_split_labels_of_another_type_than_train_are_one_line(tmp_path):
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"t{i},{i % 2}\n" for i in range(20)))
+    (tmp_path / "test.csv").write_text("text,label\na,0\nb,positive\n")
+    with pytest.raises(TformerError, match="not seen in training: positive"):
+        sources.load(files_cfg(train_file=str(tmp_path / "train.csv"), test_file=str(tmp_path / "test.csv")))
+    (tmp_path / "mtrain.csv").write_text("text,label\n" + "".join(f"t{i},\"{i % 2},2\"\n" for i in range(20)))
+    (tmp_path / "mtest.csv").write_text("text,label\na,\"0,2\"\nb,\"1,sports\"\n")
+    with pytest.raises(TformerError, match="labels not seen in training"):
+        sources.load(files_cfg(train_file=str(tmp_path / "mtrain.csv"), test_file=str(tmp_path / "mtest.csv"),
+                               multi_label=True))

@@ -97,3 +97,49 @@ def test_missing_or_malformed_references_and_offline_push_are_one_line(run, cach
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
     r = run_tformer("push", f"checkpoint={run}", f"repo={REPO}", cwd=tmp_path, env=hub_env(cache))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot push" in r.stderr, r.stderr
+
+
+class _Refusing:
+    """A local stand-in for the Hub endpoint: answers every request 401 (bad token), or drops every connection."""
+
+    def __init__(self, mode: str):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_anything(self):
+                if mode == "drop":
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                body = b'{"error": "Invalid credentials in Authorization header"}'
+                self.send_response(401)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = do_HEAD = do_anything
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.mark.parametrize("mode, words", [("401", "log in with `hf auth login`"), ("drop", "could not reach the Hub")])
+def test_a_push_the_hub_refuses_or_cannot_reach_is_one_line(run, tmp_path, mode, words):
+    hub = _Refusing(mode)
+    try:
+        env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_not_a_real_token", "HF_HUB_OFFLINE": "0",
+               "HF_HOME": str(tmp_path / "hf")}
+        r = run_tformer("push", f"checkpoint={run}", f"repo={REPO}", cwd=tmp_path, env=env)
+    finally:
+        hub.close()
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr and "Traceback" not in r.stderr, \
+        r.stderr[-3000:]

@@ -111,3 +111,49 @@ def test_damaged_or_missing_exports_are_refused_in_one_line(exported, run, tmp_p
         OnnxClassifier.load(other)
     r = run_tformer("predict", "runtime=onnx", f"checkpoint={copy}", "hello", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_an_export_older_than_its_checkpoint_is_refused_until_re_exported(exported, run, tmp_path):
+    import shutil
+
+    from tformer_cli import hub_repo
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    other = train(TINY + ["seed=7"], run_dir=tmp_path / "other").run_dir
+    shutil.rmtree(copy / "checkpoints" / "best")  # a newer best was saved after the export (resumed, extended)
+    shutil.copytree(other / "checkpoints" / "best", copy / "checkpoints" / "best")
+    with pytest.raises(TformerError, match="re-export: tformer export checkpoint="):
+        OnnxClassifier.load(copy)
+    with pytest.raises(TformerError, match="before pushing"):
+        hub_repo.stage(copy, tmp_path / "stage")
+    assert OnnxClassifier.load(copy / "export" / "onnx").labels  # named explicitly, an export is what it is
+
+    last = export_onnx(copy / "checkpoints" / "last")  # another checkpoint of the run: its own folder
+    assert last.path == copy / "export" / "onnx-last"
+    assert OnnxClassifier.load(copy / "checkpoints" / "last").info["source_checkpoint"] == "../../checkpoints/last"
+    export_onnx(copy)  # re-exported: best's export is current again
+    assert OnnxClassifier.load(copy).predict(["never boring"])[0]["label"] == \
+        Classifier.load(copy).predict(["never boring"])[0]["label"]
+
+    staged = hub_repo.stage(copy, tmp_path / "stage")
+    assert json.loads((staged / "onnx" / "export.json").read_text())["source_checkpoint"] == ".."
+    assert OnnxClassifier.load(staged / "onnx").labels  # its manifest still holds
+    (staged / "stale.txt").write_text("left from an earlier stage")
+    hub_repo.stage(copy, staged)  # a previous stage is replaced, not merged
+    assert not (staged / "stale.txt").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(TformerError, match="not empty"):
+        hub_repo.stage(copy, tmp_path / "mine")
+
+
+def test_export_refuses_unwritable_targets_and_handles_tiny_max_len(run, tmp_path):
+    with pytest.raises(TformerError, match="needs out="):
+        export_onnx("hf://someone/model")
+    (tmp_path / "file.onnx").write_text("x")
+    with pytest.raises(TformerError, match="is a file"):
+        export_onnx(run, tmp_path / "file.onnx")
+    short = train([*TINY[:-2], "model.max_len=4"], run_dir=tmp_path / "short").run_dir
+    done = export_onnx(short)  # parity batches never longer than max_len
+    assert done.max_abs_logit_diff <= PARITY_TOLERANCE

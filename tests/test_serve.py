@@ -1,7 +1,9 @@
 """`tformer serve`: a real server process on a loopback port, real HTTP requests (urllib), real answers."""
 import json
 import os
+import select
 import signal
+import sys
 import subprocess
 import threading
 import urllib.error
@@ -33,6 +35,10 @@ class Server:
         env.pop("TFORMER_DEBUG", None)
         self.proc = subprocess.Popen([TFORMER, "serve", "port=0", *args], cwd=cwd, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env)
+        ready, _, _ = select.select([self.proc.stdout], [], [], 180)  # a hung start fails the test, not CI
+        if not ready:
+            self.proc.kill()
+            pytest.fail("the server printed nothing within 180 s")
         line = self.proc.stdout.readline()  # "[tformer] serving ... on http://127.0.0.1:<port> ..."
         assert "http://127.0.0.1:" in line, line + self.proc.stderr.read()
         self.url = "http://127.0.0.1:" + line.split("http://127.0.0.1:")[1].split()[0]
@@ -90,6 +96,7 @@ def test_predict_gives_the_classifier_answers(server, run):
     (json.dumps(["y" * 501]).encode(), 400, "at most 500"),
     (b'{"texts": ["x"], "top_k": 0}', 400, "top_k=0"),
     (json.dumps(["z" * 500] * 8).encode(), 413, "at most 4000"),
+    (b"[" * 3000, 400, "too deeply"),
 ])
 def test_bad_requests_get_a_4xx_with_one_line(server, body, status, words):
     got, answer = server.request("/predict", raw=body, headers={"Content-Type": "application/json"})
@@ -152,3 +159,32 @@ def test_refusals_before_serving_are_one_line(run, tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "does not exist" in r.stderr
     r = subprocess.run([TFORMER, "serve", "max_batch=0"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert r.returncode == 2 and "max_batch=0" in r.stderr
+
+
+FAILING_MODEL = """
+import sys
+from tformer_cli import Classifier
+from tformer_cli.serve import bind, create_app, run_server
+
+clf = Classifier.load(sys.argv[1])
+def predict(texts, **kwargs):  # the model failing mid-request (a fault injected into the real classifier)
+    raise RuntimeError("the model fell over\\nsecond line")
+clf.predict = predict
+sock = bind("127.0.0.1", 0)
+print(f"serving on http://127.0.0.1:{sock.getsockname()[1]} ...", flush=True)
+run_server(create_app(clf), sock)
+"""
+
+
+def test_a_failing_model_is_a_500_with_one_line_and_no_traceback(run, tmp_path):
+    s = Server.__new__(Server)
+    s.proc = subprocess.Popen([sys.executable, "-c", FAILING_MODEL, str(run)], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    line = s.proc.stdout.readline()
+    s.url = "http://127.0.0.1:" + line.split("http://127.0.0.1:")[1].split()[0]
+    status, answer = s.request("/predict", ["hello"])
+    assert status == 500 and answer == {"error": "internal error (RuntimeError: the model fell over)"}
+    assert s.request("/health")[0] == 200  # the worker goes on
+    assert s.stop() == 0
+    err = s.proc.stderr.read()
+    assert "Traceback" not in err and "[tformer serve] POST /predict: internal error (RuntimeError" in err, err

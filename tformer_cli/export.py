@@ -40,7 +40,8 @@ def parity_batches(vocab_size: int, max_len: int, pad_id: int, seed: int = 0):
 
     g = torch.Generator().manual_seed(seed)
     out = []
-    for batch, lengths in ((1, [1]), (2, [max_len, max_len]), (5, [max_len, max_len // 2 + 1, 7, 2, 1]),
+    mixed = [max_len, max_len // 2 + 1, min(7, max_len), min(2, max_len), 1]  # (the trace's batch)
+    for batch, lengths in ((1, [1]), (2, [max_len, max_len]), (5, mixed),
                            (9, [min(max_len, 3 + 5 * i) for i in range(9)])):
         width = max(lengths)
         ids = torch.randint(0, vocab_size, (batch, width), generator=g)
@@ -68,15 +69,20 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
         import onnxruntime  # noqa: F401
     except ImportError:
         raise TformerError("export needs onnx and onnxruntime: pip install 'tformer[onnx]'") from None
+    if str(checkpoint).startswith("hf://") and out is None:
+        raise TformerError(f"export checkpoint={checkpoint} needs out=<folder>: a Hub checkpoint lives in the "
+                           f"download cache, which is no place to write (its repository may already have onnx/)")
     start = time.perf_counter()
     source = ckpt.resolve(checkpoint)
     loaded = ckpt.load(source, "cpu")
     model, cfg = loaded.model.eval(), loaded.model.cfg
     long_text = LongText.from_meta(loaded.meta)
     pad = pad_id(load_tokenizer(loaded.tokenizer_file, cfg.max_len, long_text))
-    target = ExportDir(Path(out).expanduser() if out is not None
-                       else RunDir.of_checkpoint(source).export("onnx-int8" if quantize else "onnx").path)
-    if target.path.exists() and not target.is_export() and any(target.path.iterdir()):
+    target = (ExportDir(Path(out).expanduser()) if out is not None
+              else RunDir.of_checkpoint(source).export_of(source, quantized=quantize is not None))
+    if target.path.exists() and not target.path.is_dir():
+        raise TformerError(f"out={target} is a file; pass a folder (new, empty, or an earlier export to replace)")
+    if target.path.is_dir() and not target.is_export() and any(target.path.iterdir()):
         raise TformerError(f"out={target} exists and is not an export dir; choose an empty or new folder")
     tmp = ExportDir(target.tmp_sibling())
     try:
@@ -120,7 +126,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
         from . import __version__
 
         info = {"format_version": EXPORT_FORMAT_VERSION, "format": "onnx", "opset": opset, "quantization": quantize,
-                "source_checkpoint": str(source.path.resolve()),
+                "source_checkpoint": _relative_or_absolute(source.path, target.path),
                 "source_weights_sha256": sha256_file(source.weights), "max_len": cfg.max_len, "pad_id": pad,
                 "multi_label": cfg.multi_label, "thresholds": loaded.thresholds,
                 **long_text.to_meta(), "parity": {"max_abs_logit_diff": worst, "label_agreement": same / total,
@@ -130,16 +136,36 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
         tmp.manifest.write_text(json.dumps({f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size}
                                             for f in sorted(tmp.path.iterdir()) if f.name != tmp.manifest.name},
                                            indent=2) + "\n")
-        if target.path.exists():
-            old = target.old_sibling()
-            shutil.rmtree(old, ignore_errors=True)
-            target.path.rename(old)
-            tmp.path.rename(target.path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.path.rename(target.path)
+        _replace(tmp.path, target)
     except OSError as exc:
         raise TformerError(f"could not write the export to {target}: {write_problem(exc)}") from exc
     finally:
         shutil.rmtree(tmp.path, ignore_errors=True)
     return Exported(target.path, worst, same / total, time.perf_counter() - start, target.model.stat().st_size)
+
+
+def _replace(new: Path, target: ExportDir) -> None:
+    """Move a finished export into place; the previous one is moved aside first and put back if the rename
+    fails, so a failure never leaves neither."""
+    if not target.path.exists():
+        new.rename(target.path)
+        return
+    old = target.old_sibling()
+    shutil.rmtree(old, ignore_errors=True)
+    target.path.rename(old)
+    try:
+        new.rename(target.path)
+    except OSError:
+        old.rename(target.path)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _relative_or_absolute(source: Path, export: Path) -> str:
+    """The source checkpoint as seen from the export (portable when the run dir moves or is published)."""
+    import os
+
+    try:
+        return os.path.relpath(source.resolve(), export.resolve())
+    except ValueError:  # another drive (Windows)
+        return str(source.resolve())

@@ -76,6 +76,17 @@ def stage(checkpoint: str | Path, folder: Path) -> Path:
 
     source = ckpt.resolve(checkpoint)
     ckpt.verify_manifest(source)  # never publish a damaged checkpoint
+    export = RunDir.of_checkpoint(source).export_of(source)
+    stale = export.stale_for(source) if export.is_export() else None
+    if stale:
+        raise TformerError(f"{stale} (before pushing)")
+    if folder.exists() and not folder.is_dir():
+        raise TformerError(f"stage={folder} is a file; pass a new or empty folder")
+    if folder.is_dir() and any(folder.iterdir()):
+        if not (CheckpointDir(folder).manifest.is_file() and (folder / "README.md").is_file()):
+            raise TformerError(f"stage={folder} is not empty; pass a new or empty folder (a previous stage is "
+                               f"replaced, anything else is left alone)")
+        shutil.rmtree(folder)  # an earlier stage: a fresh copy, not a merge of two checkpoints
     folder.mkdir(parents=True, exist_ok=True)
     listed = json.loads(source.manifest.read_text())
     for name in [*listed, source.manifest.name]:
@@ -83,11 +94,25 @@ def stage(checkpoint: str | Path, folder: Path) -> Path:
             raise TformerError(f"checkpoint {source} holds optimizer state; push the run's best checkpoint "
                                f"(pass the run dir)")
         shutil.copy2(source.path / name, folder / name)
-    export = RunDir.of_checkpoint(source).export("onnx")
     if export.is_export():
-        shutil.copytree(export.path, folder / ONNX_FOLDER, dirs_exist_ok=True)
+        _stage_export(export, folder / ONNX_FOLDER)
     (folder / "README.md").write_text(model_card(source, export.is_export()))
     return folder
+
+
+def _stage_export(export, into: Path) -> None:
+    """The export as published: its source is the repository's root checkpoint (not a path on this machine)."""
+    from .atomic import sha256_file
+    from .run_dir import ExportDir
+
+    shutil.copytree(export.path, into)
+    staged = ExportDir(into)
+    info = json.loads(staged.info.read_text())
+    info["source_checkpoint"] = ".."
+    staged.info.write_text(json.dumps(info, indent=2) + "\n")
+    listed = json.loads(staged.manifest.read_text())
+    listed[staged.info.name] = {"sha256": sha256_file(staged.info), "bytes": staged.info.stat().st_size}
+    staged.manifest.write_text(json.dumps(listed, indent=2) + "\n")
 
 
 def model_card(source: CheckpointDir, has_onnx: bool) -> str:
@@ -131,7 +156,7 @@ def push(checkpoint: str | Path, repo: str, *, private: bool = False, message: s
             raise TformerError(f"cannot push to {repo}: {hub.why_unavailable().split(', and')[0]}; push from a "
                                f"machine with network access (stage=<folder> writes what would be uploaded)")
         from huggingface_hub import HfApi
-        from huggingface_hub.errors import HfHubHTTPError
+        from huggingface_hub.errors import HfHubHTTPError, HFValidationError
 
         api = HfApi()
         try:
@@ -139,6 +164,19 @@ def push(checkpoint: str | Path, repo: str, *, private: bool = False, message: s
             api.upload_folder(repo_id=repo, folder_path=str(folder),
                               commit_message=message or f"tformer push of {Path(str(checkpoint)).name}")
         except HfHubHTTPError as exc:
-            raise TformerError(f"could not push to {repo}: {str(exc).splitlines()[0][:200]} (log in with `hf auth "
-                               f"login` or set HF_TOKEN with write access)") from None
+            raise TformerError(f"could not push to {repo}: {_first_line(exc)} (log in with `hf auth login` or set "
+                               f"HF_TOKEN with write access)") from None
+        except (HFValidationError, ValueError) as exc:
+            raise TformerError(f"could not push to {repo}: {_first_line(exc)}") from None
+        except Exception as exc:  # no route, DNS, TLS, timeouts: requests' errors are OSErrors; httpx (or
+            # the httpx2 huggingface_hub may ship) has its own
+            if not (isinstance(exc, OSError) or type(exc).__module__.startswith(("httpx", "httpcore", "requests",
+                                                                                   "urllib3"))):
+                raise
+            raise TformerError(f"could not reach the Hub to push to {repo}: {_first_line(exc)}; check the network "
+                               f"(or HF_ENDPOINT), or stage=<folder> and upload it later") from None
         return str(url)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]

@@ -21,14 +21,15 @@ EXPORT_FORMAT_VERSION = 1
 
 
 def resolve_export(path: str | Path | None, outputs_dir: str | Path = "outputs") -> ExportDir:
-    """An export dir; a run dir (-> its export/onnx); a checkpoint dir of a run (-> the run's export/onnx); None:
-    the newest run's (a sweep's best job)."""
+    """An export dir; a run dir (-> the export of its best checkpoint); a checkpoint dir of a run (-> that
+    checkpoint's export); None: the newest run's (a sweep's best job). An export found through a run must have been
+    made from the checkpoint's current weights: a newer best saved after `tformer export` is refused, not served
+    as the old model."""
     if path is None:
-        best = newest_best(outputs_dir)
-        if best is None:
+        ckpt = newest_best(outputs_dir)
+        if ckpt is None:
             raise TformerError(f"no trained checkpoint under {Path(outputs_dir).resolve()}/; run `tformer train` "
                                f"first or pass checkpoint=<export dir>")
-        run = RunDir.of_checkpoint(best)
     elif str(path).startswith("hf://"):
         from .hub_repo import download
 
@@ -41,16 +42,20 @@ def resolve_export(path: str | Path | None, outputs_dir: str | Path = "outputs")
             raise TformerError(f"checkpoint {path} does not exist; pass an export dir (`tformer export` prints it) "
                                f"or the run dir it was exported from")
         if RunDir(p).checkpoints.is_dir():
-            run = RunDir(p)
-        elif CheckpointDir(p).weights.is_file():  # a checkpoint dir: its run's export
-            run = RunDir(p.parent.parent)
+            ckpt = RunDir(p).best
+        elif CheckpointDir(p).weights.is_file():
+            ckpt = CheckpointDir(p)
         else:
             raise TformerError(f"checkpoint={path} is neither an export dir nor a run dir; pass the folder "
                                f"`tformer export` wrote (<run dir>/export/onnx) or its run dir")
-    found = run.export("onnx")
+    run = RunDir.of_checkpoint(ckpt)
+    found = run.export_of(ckpt)
     if not found.is_export():
-        raise TformerError(f"run {run} has no ONNX export; run `tformer export checkpoint={run}` first (or predict "
-                           f"with the torch runtime)")
+        raise TformerError(f"{ckpt} has no ONNX export; run `tformer export checkpoint={ckpt.path}` first (or "
+                           f"predict with the torch runtime)")
+    stale = found.stale_for(ckpt)
+    if stale:
+        raise TformerError(stale)
     return found
 
 

@@ -24,6 +24,7 @@ No torch here: `tformer report` reads runs without paying for it.
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -57,6 +58,15 @@ class CheckpointDir:
     training_tensors = property(lambda self: self.path / "training_state.safetensors")
     training_json = property(lambda self: self.path / "trainer_state.json")
     manifest = property(lambda self: self.path / "manifest.json")
+
+    def weights_sha256(self) -> str | None:
+        """From the manifest every checkpoint is written with (hashing the weights only for an older one)."""
+        try:
+            return json.loads(self.manifest.read_text())[self.weights.name]["sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            from .atomic import sha256_file
+
+            return sha256_file(self.weights) if self.weights.is_file() else None
 
     def early_stopping(self) -> tuple[str, str]:
         """(monitor, mode) of the run's early stopping, from its saved config; (val_accuracy, max) if unreadable.
@@ -116,6 +126,21 @@ class ExportDir:
     def old_sibling(self) -> Path:
         return self.path.parent / f".{self.path.name}.old"
 
+    def source_weights_sha256(self) -> str | None:
+        try:
+            return json.loads(self.info.read_text()).get("source_weights_sha256")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def stale_for(self, ckpt: "CheckpointDir") -> str | None:
+        """Why this export is not `ckpt` as it is now (a newer best was saved, or it was exported from another
+        checkpoint of the run), or None. Serving an old model under a checkpoint's name would be silently wrong."""
+        made_from, now = self.source_weights_sha256(), ckpt.weights_sha256()
+        if made_from is None or now is None or made_from == now:
+            return None
+        return (f"the ONNX export {self.path} was made from other weights than {ckpt.path} has now (a newer best "
+                f"was saved, or another checkpoint was exported); re-export: tformer export checkpoint={ckpt.path}")
+
 
 class RunDir:
     """Paths of one run directory."""
@@ -169,6 +194,12 @@ class RunDir:
     def export(self, name: str = "onnx") -> ExportDir:
         """`tformer export`'s default destination: onnx, or onnx-int8 for a quantized model."""
         return ExportDir(self.root / "export" / name)
+
+    def export_of(self, ckpt: "CheckpointDir", quantized: bool = False) -> ExportDir:
+        """Where a checkpoint of this run is exported by default: export/onnx[-int8] for `best` (what a run dir
+        stands for), export/onnx-<name>[-int8] for any other (so exporting `last` never replaces best's)."""
+        name = "onnx" if ckpt.path.name == "best" else f"onnx-{ckpt.path.name}"
+        return self.export(name + ("-int8" if quantized else ""))
 
     def checkpoint(self, which: str) -> CheckpointDir:
         """`best` or `last`, as written (not necessarily existing)."""

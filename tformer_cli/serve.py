@@ -45,6 +45,8 @@ def parse_request(body: bytes, limits: ServeLimits, n_labels: int) -> tuple[list
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"the body is not valid JSON ({exc}); send a JSON list of texts or "
                          f'{{"texts": [...], "top_k": 1}}') from None
+    except RecursionError:
+        raise BadRequest("the body nests JSON too deeply; send a flat list of texts") from None
     top_k = 1
     if isinstance(data, dict):
         unknown = sorted(set(data) - {"texts", "top_k"})
@@ -116,7 +118,8 @@ class MicroBatcher:
             texts = [t for job in jobs for t in job[0]]
             k = max(job[1] for job in jobs)
             try:
-                results = await loop.run_in_executor(self.executor, lambda: self.classifier.predict(texts, top_k=k))
+                results = await loop.run_in_executor(self.executor, lambda: self.classifier.predict(
+                    texts, top_k=k, batch_size=self.max_batch))
             except Exception as exc:  # every waiting request learns of it; the worker goes on
                 for job in jobs:
                     if not job[2].done():
@@ -163,9 +166,13 @@ def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: in
         return error(f"{exc.detail}: {request.method} {request.url.path}; the server answers POST /predict, "
                      f"GET /labels and GET /health", exc.status_code)
 
-    @app.exception_handler(Exception)
-    async def unexpected(request, exc):
-        line = f"internal error ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"
+    def internal(request, exc: Exception) -> JSONResponse:
+        """A failure of the server or the model, not of the request: one line to the client and to stderr.
+        (Returned from the endpoint itself: Starlette's handler for Exception would log a traceback too.)"""
+        from .errors import TformerError
+
+        text = str(exc).splitlines()[0][:300] if str(exc) else ""
+        line = text if isinstance(exc, TformerError) else f"internal error ({type(exc).__name__}: {text})"
         print(f"[tformer serve] {request.method} {request.url.path}: {line}", file=sys.stderr, flush=True)
         return error(line, 500)
 
@@ -181,8 +188,6 @@ def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: in
 
     @app.post("/predict")
     async def predict(request: Request):
-        from .errors import TformerError
-
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
             return error(f"the body has {declared} bytes; at most {limits.max_body_bytes} (send fewer texts per "
@@ -199,8 +204,8 @@ def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: in
         stats["requests"] += 1
         try:
             return {"predictions": await batcher.predict(texts, top_k)}
-        except TformerError as exc:
-            return error(str(exc), 400)
+        except Exception as exc:  # (asyncio.CancelledError, a client gone, is a BaseException and passes)
+            return internal(request, exc)
 
     return app
 

@@ -296,9 +296,19 @@ def _to_text_label(ds, cfg, split: str, hub: bool = False):
     return ds
 
 
-def _unlabelled(ds) -> bool:
-    """A split whose labels are all missing or -1 (GLUE's hidden test labels) cannot be evaluated on."""
-    return len(ds) > 0 and all(x is None or x == -1 for x in ds["label"])
+def _unlabelled(ds, multi_label: bool = False) -> bool:
+    """A split whose labels are all missing or -1 (GLUE's hidden test labels) cannot be evaluated on. (With
+    multi-label data a missing label is an empty label set, a real answer: only -1 marks hidden labels.)"""
+    return len(ds) > 0 and all((x is None and not multi_label) or x == -1 for x in ds["label"])
+
+
+def _as_int(x):
+    """An integer label (int, whole float, or digit string), or None for anything else."""
+    try:
+        value = int(x) if not isinstance(x, str) else int(x.strip())
+    except (TypeError, ValueError):
+        return None
+    return value if not isinstance(x, float) or float(x).is_integer() else None
 
 
 def _encode_labels(splits: dict, names: list[str] | None) -> tuple[dict, list[str]]:
@@ -342,8 +352,7 @@ def _encode_labels(splits: dict, names: list[str] | None) -> tuple[dict, list[st
                                f"add a labels.txt naming every class, or use string labels")
         names = list(names) if names else [str(i) for i in range(k)]
         for split, ds in splits.items():
-            seen = {int(x) for x in ds["label"]}
-            unseen = sorted(seen - set(values))
+            unseen = sorted({str(x) for x in ds["label"] if _as_int(x) not in values}, key=lambda v: (len(v), v))
             if unseen:
                 raise TformerError(f"the {split} split has labels not seen in training: "
                                    f"{', '.join(map(str, unseen[:5]))}; check the split files")
@@ -372,6 +381,9 @@ def _encode_label_sets(splits: dict, names: list[str] | None, separator: str) ->
     import datasets
 
     sets = {s: [_label_set(v, separator, s) for v in ds["label"]] for s, ds in splits.items()}
+    every = [x for rows in sets.values() for row in rows for x in row]
+    if every and all(isinstance(x, str) and x.strip().isdigit() for x in every):  # "0,2": class ids in a string
+        sets = {s: [[int(x) for x in row] for row in rows] for s, rows in sets.items()}
     seen = [x for rows in sets["train"] for x in rows]
     kinds = {type(x).__name__ for x in seen}
     if len(kinds) > 1 or kinds - {"str", "int", "float"}:
@@ -394,7 +406,7 @@ def _encode_label_sets(splits: dict, names: list[str] | None, separator: str) ->
         raise TformerError(f"the train split uses {len(names)} label(s) ({', '.join(map(str, names))}); a "
                            f"multi-label classifier needs at least two")
     for split, rows in sets.items():
-        unseen = sorted({str(x) for row in rows for x in row if (x if kinds == {"str"} else int(x)) not in index})
+        unseen = sorted({str(x) for row in rows for x in row if (x if kinds == {"str"} else _as_int(x)) not in index})
         if unseen:
             raise TformerError(f"the {split} split has labels not seen in training: {', '.join(unseen[:5])}; add "
                                f"them to the train data or drop those rows")
@@ -448,7 +460,7 @@ def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
                             batched=True, desc=f"shifting labels ({s})") for s, ds in splits.items()}
     if names is None and cfg.label_names:
         names = [str(n) for n in cfg.label_names]
-    splits = {s: ds for s, ds in splits.items() if not _unlabelled(ds)}  # e.g. GLUE test files
+    splits = {s: ds for s, ds in splits.items() if not _unlabelled(ds, cfg.multi_label)}  # e.g. GLUE test files
     if "train" not in splits:
         raise TformerError(f"{source} has no train split; it has {', '.join(raw)}")
     remove = list(cfg.remove)
