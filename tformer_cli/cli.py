@@ -25,8 +25,27 @@ USAGE = """usage: tformer {train,evaluate,predict,export,serve,push,report} [ove
 Set TFORMER_DEBUG=1 for full tracebacks."""
 
 
+MAX_JOB_DIRNAME = 150  # characters of a sweep job's folder name from its overrides (file names stop at 255 bytes)
+
+
+def short_dirname(overrides: str) -> str:
+    """A sweep job's folder name from its overrides: as is when short, else cut and ended with a hash of the whole,
+    so every job still gets its own stable name (Optuna's 17-digit floats and long grids pass 255 bytes)."""
+    import hashlib
+
+    if len(overrides.encode()) <= MAX_JOB_DIRNAME:
+        return overrides
+    digest = hashlib.sha1(overrides.encode()).hexdigest()[:10]
+    return overrides.encode()[:MAX_JOB_DIRNAME - 12].decode(errors="ignore") + "~" + digest
+
+
 def config_dir() -> str:
-    """Installed wheels carry the configs inside the package; a source checkout has them at the top level."""
+    """Installed wheels carry the configs inside the package; a source checkout has them at the top level. (The
+    resolvers the configs use are registered here, since everything that composes them asks for this first.)"""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("tformer_dirname"):
+        OmegaConf.register_new_resolver("tformer_dirname", short_dirname)
     here = Path(__file__).resolve().parent
     for candidate in (here / "configs", here.parent / "configs"):
         if (candidate / "train.yaml").is_file():
@@ -105,6 +124,10 @@ def _run_hydra(task: str, args: list[str]) -> None:
 
     fn = {"train": train_cmd.run, "evaluate": evaluate_cmd.run}[task]
     sys.argv = [f"tformer {task}"] + args
+    import warnings
+
+    for module in ("optuna", "hydra_plugins"):  # Hydra's Optuna sweeper still speaks optuna 2 (its deprecations)
+        warnings.filterwarnings("ignore", category=FutureWarning, module=module)
     hydra.main(version_base="1.3", config_path=config_dir(), config_name=task)(_guarded(fn))()
 
 

@@ -1,0 +1,1 @@
+"""Hydra loads sweepers only from the `hydra_plugins` namespace; tformer's live in tformer_cli (optuna_sweep.py)."""

@@ -1,0 +1,69 @@
+"""A 6-trial Optuna search (hparams_search=small_optuna, Hydra's own Optuna sweeper, the study in SQLite in the
+sweep dir) killed during its fourth trial and resumed with resume=<sweep dir>: every trial listed once, finished
+trials read back (not retrained), the interrupted one resumed from its checkpoint with the same parameters, and
+the study ends with exactly the trials asked for."""
+import csv
+import glob
+import signal
+import subprocess
+import time
+
+import pytest
+
+from helpers import TFORMER, run_tformer, train_config
+
+optuna = pytest.importorskip("optuna")
+pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+
+SEARCH = ["train", "-m", "hparams_search=small_optuna", "model=tiny", "hydra.sweeper.n_trials=6",
+          "data.n_train=1000", "data.n_validation=100", "data.n_test=100", "trainer.epochs=2",
+          "trainer.checkpoint_every_steps=10", "trainer.precision=fp32", "embedding_init.vocab_size=300"]
+
+
+def test_hparams_search_configs_compose_with_the_resumable_sweeper():
+    from hydra import compose, initialize_config_dir
+
+    from tformer_cli.cli import config_dir
+
+    for name in ("small_optuna", "minilm_optuna"):
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+            sweeper = compose("train", overrides=[f"hparams_search={name}"], return_hydra_config=True).hydra.sweeper
+        assert sweeper._target_.endswith("tformer_sweepers.resumable_optuna.ResumableOptunaSweeper")
+        assert sweeper.storage.endswith("/optuna.db") and sweeper.sampler._target_ == "optuna.samplers.TPESampler"
+        assert "optimizer.lr" in sweeper.params
+    assert train_config("hparams_search=minilm_optuna").model["pretrained"].endswith("all-MiniLM-L6-v2")
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # load_study of the plugin's optuna-2 distributions
+def test_killed_optuna_search_resumes_where_it_stopped(tmp_path):
+    proc = subprocess.Popen([TFORMER, *SEARCH], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not glob.glob(str(tmp_path / "outputs/multirun/*/*/3_*/checkpoints/last")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # trial 3 has saved a mid-epoch checkpoint
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "resume the sweep" in out, out[-3000:]
+    (sweep,) = [p for p in (tmp_path / "outputs" / "multirun").glob("*/*") if p.is_dir()]
+    assert (sweep / "optuna.db").is_file()
+    finished = {j: next(sweep.glob(f"{j}_*")) for j in ("0", "1", "2")}
+    stamps = {j: (d / "checkpoints/best/model.safetensors").stat().st_mtime_ns for j, d in finished.items()}
+    interrupted = next(sweep.glob("3_*"))
+
+    r = run_tformer(*SEARCH, f"resume={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [row["job"] for row in rows] == ["0", "1", "2", "3", "4", "5"] and {row["status"] for row in rows} == {
+        "done"}
+    assert next(sweep.glob("3_*")) == interrupted  # the same folder, same parameters
+    assert "resumed" in (interrupted / "train.log").read_text()
+    assert "3 of 6 trials had ended (kept, not rerun); job 3 resumes where it stopped; 3 to go" in r.stdout
+    for j, d in finished.items():
+        assert (d / "checkpoints/best/model.safetensors").stat().st_mtime_ns == stamps[j]
+    study = optuna.load_study(study_name="tformer", storage=f"sqlite:///{sweep / 'optuna.db'}")
+    ended = [t for t in study.trials if t.user_attrs.get("tformer_ended")]
+    assert len(ended) == 6 and sorted(t.user_attrs["tformer_job"] for t in ended) == list(range(6))
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in ended)
+    assert (sweep / "optimization_results.yaml").is_file()
+    assert len([p for p in (tmp_path / "outputs" / "multirun").glob("*/*") if p.is_dir()]) == 1
