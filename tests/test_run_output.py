@@ -147,7 +147,9 @@ def test_after_a_sweep_the_default_checkpoint_is_its_best_job(tmp_path):
     assert len(jobs) == 2
     scores = {j: json.loads((j / "metrics.json").read_text())["val_accuracy"] for j in jobs}
     best = max(scores, key=scores.get)
-    assert "lr=0.003" in str(best) and scores[best] > min(scores.values()), scores  # the sweep's first job
+    job = best.parent.parent
+    assert job.name.startswith("0_") and "optimizer.lr=0.003" in (job / ".hydra" / "overrides.yaml").read_text()
+    assert scores[best] > min(scores.values()), scores  # the sweep's first job, not its last
     r = run_tformer("evaluate", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"checkpoint {best.relative_to(tmp_path)}" in r.stdout
