@@ -188,6 +188,85 @@ def _resume_sweep_args(args: list[str]) -> list[str]:
     return [a for a in args if not a.startswith("resume=")] + [f"resume={sweep}", f"hydra.sweep.dir={sweep}"]
 
 
+def _distributed_args(args: list[str]) -> list[str]:
+    """`trainer.devices=N` (N > 1) starts N copies of this command as the ranks of one DDP run (this process waits
+    for them); under torchrun (or those copies), ranks other than 0 run in a throwaway folder: rank 0 writes."""
+    import shutil
+    import tempfile
+
+    from .errors import TformerError
+
+    given = [a.split("=", 1)[1] for a in args if a.startswith("trainer.devices=")]
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    multirun = "-m" in args or "--multirun" in args
+    if world > 1:
+        if multirun:
+            raise TformerError("a -m sweep cannot run under torchrun; sweep with trainer.devices=N per job instead "
+                               "(jobs run one after another, each on N processes)")
+        if os.environ.get("RANK", "0") != "0":
+            folder = tempfile.mkdtemp(prefix=f"tformer-rank{os.environ['RANK']}-")
+            import atexit
+
+            atexit.register(shutil.rmtree, folder, True)
+            return args + [f"hydra.run.dir={folder}"]
+        return args
+    if not given:
+        return args
+    try:
+        n = int(given[-1])
+    except ValueError:
+        raise TformerError(f"trainer.devices={given[-1]} must be a whole number of processes (1 = no DDP)") from None
+    if n <= 1:
+        return args
+    if multirun:
+        raise TformerError("trainer.devices>1 with -m is not supported yet; run the sweep's jobs one at a time "
+                           "(or launch each with torchrun)")
+    sys.exit(_launch_ranks(n, [a for a in args if not a.startswith("trainer.devices=")]))
+
+
+def _launch_ranks(n: int, args: list[str]) -> int:
+    """Start `tformer train` N times on this machine with the environment torchrun gives its workers (RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and wait. The ranks share this terminal: Ctrl-C reaches each of them
+    and they stop after the same step (rank 0 saves); this process only waits (torchrun's own agent would meet
+    Ctrl-C with a traceback and cut the ranks short). If a rank fails, the others are stopped (a rank left alone
+    would wait for the failed one forever). Returns rank 0's exit code, or the failed rank's."""
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    print(f"[tformer] starting {n} processes (DistributedDataParallel on this machine)", flush=True)
+    threads = str(max(1, (os.cpu_count() or 1) // n))  # (as torchrun: the cores shared, not oversubscribed)
+    procs = []
+    for rank in range(n):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
+               "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        env.setdefault("OMP_NUM_THREADS", threads)
+        procs.append(subprocess.Popen([sys.executable, "-m", "tformer_cli", "train", *args], env=env))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: [p.send_signal(signal.SIGTERM) for p in procs if p.poll() is None])
+    failed = None
+    while any(p.poll() is None for p in procs):
+        bad = [p.returncode for p in procs if p.returncode not in (None, 0, 130)]
+        if bad and failed is None:
+            failed = bad[0]
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            deadline = time.time() + 30
+            while time.time() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.1)
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(0.1)
+    code = failed if failed is not None else procs[0].returncode
+    return code if code >= 0 else 128 - code  # (killed by signal N: 128 + N, as a shell reports it)
+
+
 def _sigterm_like_ctrl_c() -> None:
     """SIGTERM (a scheduler, `kill`, a container stop) takes the same clean path as Ctrl-C."""
     import signal
@@ -247,6 +326,8 @@ def _main() -> None:
 
         print(_guarded(help_cmd.render)(task, [a for a in rest if not a.startswith("-")]))
         return
+    if task == "train":
+        rest = _guarded(_distributed_args)(rest)
     if task in ("train", "evaluate"):
         try:
             if task == "train" and ("-m" in rest or "--multirun" in rest):

@@ -48,7 +48,11 @@ def train(config: TrainConfig, run_dir: RunDir, tree: dict, overrides: list[str]
 
     console = output()
     from ..run_dir import SweepDir
+    from ..training import distributed
 
+    dist = distributed.from_env()
+    if dist.enabled and not dist.is_main:
+        return _train_worker(config, run_dir, tree, dist)
     if config.resume and SweepDir(str(config.resume)).is_sweep():  # a job of a resumed `-m` sweep
         finished, resume_from = sweep_job_plan(run_dir)
         if finished is not None:
@@ -102,8 +106,15 @@ def _train_locked(config: TrainConfig, run_dir: RunDir, tree: dict, overrides, r
     from ..hardware import pick_device, pick_precision
     from ..training.loop import Interrupted, fit
 
-    seed_everything(config.seed)
+    from ..training import distributed
+
+    dist = distributed.from_env()
     device = pick_device(config.trainer.device)
+    if dist.enabled:  # (before seeding: joining the group draws random numbers)
+        device = distributed.init(dist, device)
+        console.print(f"[bold]distributed[/] {dist.world} processes (DDP, {'NCCL' if device.type == 'cuda' else 'gloo'}"
+                      f"), global batch {config.trainer.batch_size}; rank 0 writes", highlight=False)
+    seed_everything(config.seed)
     precision = pick_precision(config.trainer.precision, device)
     torch.set_float32_matmul_precision("high")
     prepared = prepare(config, resume, console)
@@ -119,6 +130,7 @@ def _train_locked(config: TrainConfig, run_dir: RunDir, tree: dict, overrides, r
     status = "FAILED"
     try:
         fit_run = build_run(config, prepared, run_dir, tree, device, precision, resume, console, run_logger)
+        fit_run.dist = dist
         restore = _install_signal_handlers(fit_run)
         try:
             state = fit(fit_run)
@@ -133,10 +145,11 @@ def _train_locked(config: TrainConfig, run_dir: RunDir, tree: dict, overrides, r
                 raise Interrupted(f"{exc}; resume the sweep with the same `tformer train -m ...` command plus "
                                   f"resume={sweep}") from None
             command = " ".join(["tformer", "train", *[o for o in overrides if not o.startswith("resume=")],
-                                f"resume={run_dir}"])
+                                *([f"trainer.devices={dist.world}"] if dist.enabled else []), f"resume={run_dir}"])
             raise Interrupted(f"{exc}; resume with: {command}") from None
         finally:
             restore()  # Ctrl-C while reporting: the generic one-line stop (the checkpoints are complete)
+            distributed.shutdown()  # (the other ranks are done: rank 0 reports alone)
         report_run(config, run_dir, state, prepared, device, precision, console)
         if run_dir.test_metrics.is_file():
             import json
@@ -153,6 +166,43 @@ def _train_locked(config: TrainConfig, run_dir: RunDir, tree: dict, overrides, r
 
         checkpoint.drop_training_state(run_dir.last)
     return float(state.best_metrics["best_value"])
+
+
+def _train_worker(config: TrainConfig, run_dir: RunDir, tree: dict, dist) -> Trained:
+    """A torchrun rank other than 0: the same data, model, optimizer state and steps as rank 0, writing nothing
+    (its Hydra folder is a throwaway one, cli.py; rank 0 writes checkpoints, logs and reports)."""
+    import torch
+
+    from .. import checkpoint
+    from ..console import output
+    from ..hardware import pick_device, pick_precision
+    from ..training import distributed
+    from ..training.loop import Interrupted, fit
+
+    import warnings
+
+    console = output()
+    console.screen.quiet = True  # one voice: rank 0's (its warnings too)
+    warnings.simplefilter("ignore")
+    resume_from = checkpoint.find_resumable(config.resume) if config.resume else None
+    resume = load_resume(resume_from, tree) if resume_from is not None else None
+    device = distributed.init(dist, pick_device(config.trainer.device))
+    seed_everything(config.seed)
+    precision = pick_precision(config.trainer.precision, device)
+    torch.set_float32_matmul_precision("high")
+    prepared = prepare(config, resume, console)
+    fit_run = build_run(config, prepared, run_dir, tree, device, precision, resume, console)
+    fit_run.save_checkpoint, fit_run.log_metrics, fit_run.dist = (lambda *args: None), None, dist
+    fit_run.say = lambda *args, **kwargs: None
+    restore = _install_signal_handlers(fit_run, quiet=True)
+    try:
+        state = fit(fit_run)
+    except Interrupted:  # rank 0 says it (and saved the checkpoint)
+        raise SystemExit(130) from None
+    finally:
+        restore()
+        distributed.shutdown()
+    return Trained(run_dir, float(state.best_metrics["best_value"]))
 
 
 def log_header(task: str, overrides, tree: dict, resumed: bool = False) -> str:
@@ -234,6 +284,10 @@ def prepare(config: TrainConfig, resume, console) -> Prepared:
         tok = tokenization.load_tokenizer(encoder.tokenizer_file, max_len)
     else:
         tok, pre = build_tokenizer_and_embeddings(config, data.splits["train"]["text"])
+        if pre is None:  # learned from the texts: under DDP, rank 0's (WordPiece training is not reproducible
+            from ..training import distributed  # across processes when merges tie)
+
+            tok = distributed.same_tokenizer(tok, max_len)
     tokenization.configure(tok, max_len, config.data.truncation, config.long_text)
     tokenized = {s: TokenizedSplit.from_dataset(tokenization.tokenize_split(ds, tok, max_len, s, config.long_text))
                  for s, ds in data.splits.items()}
@@ -387,7 +441,7 @@ def class_weights(labels, num_classes: int, mode: str | None):
 # Keys that may differ between a run and its resumption (where data comes from, how fast, how loud).
 RESUME_IGNORED = ("resume", "resume_ignore_data_change", "trainer.keep_optimizer_state", "trainer.device", "trainer.num_workers", "trainer.log_every_steps",
                   "trainer.checkpoint_every_steps", "trainer.eval_batch_size", "trainer.test_after_fit", "data.dir",
-                  "trainer.compile", "logger")
+                  "trainer.compile", "trainer.devices", "logger")
 
 
 def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -437,16 +491,26 @@ def _get(d, dotted):
     return d
 
 
-def _install_signal_handlers(run):
-    """First SIGINT/SIGTERM: finish the step, save, stop. Second: exit at once (checkpoints are atomic)."""
+def _install_signal_handlers(run, quiet: bool = False):
+    """First SIGINT/SIGTERM: finish the step, save, stop. Second: exit at once (checkpoints are atomic). A second
+    signal within a second is the same stop (Ctrl-C under torchrun: the terminal's SIGINT, then torchrun's
+    SIGTERM)."""
     import os
     import signal
+    import time
+
+    first = []
 
     def handler(signum, frame):
+        if run.stop_requested and first and time.monotonic() - first[0] < 1.0:
+            return
         if run.stop_requested:
             print("\n[tformer] second interrupt: exiting now", flush=True)
             os._exit(130)
         run.stop_requested = True
+        first.append(time.monotonic())
+        if quiet:
+            return
         print(f"\n[tformer] {signal.Signals(signum).name}: finishing this step and saving the last checkpoint "
               f"(again to exit at once)", flush=True)
 

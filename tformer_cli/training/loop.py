@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -21,8 +21,10 @@ from ..errors import TformerError
 from ..hardware import MaybeCompiled, Precision
 from . import optim as optim_lib
 from . import schedules
+from . import distributed
 from . import state as state_lib
 from .config import OptimizerConfig, ScheduleConfig, TrainerConfig
+from .distributed import Dist
 from .early_stopping import EarlyStopping
 from .state import TrainingState
 
@@ -71,16 +73,17 @@ class Optimization:
             self.scaler.load_state_dict(state["scaler"])
 
 
-def train_step(opt: Optimization, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def train_step(opt: Optimization, batch: dict[str, torch.Tensor], loss_weight: float = 1.0) -> torch.Tensor:
     """Forward, loss, backward, gradient clipping, optimizer and schedule step. Returns the loss (detached,
-    still on the device: reading it would wait for the step to finish)."""
+    still on the device: reading it would wait for the step to finish). loss_weight scales what is
+    backpropagated (a rank's share of a global batch under DDP), not what is returned."""
     ids = batch["input_ids"].to(opt.device, non_blocking=True)
     mask = batch["attention_mask"].to(opt.device, non_blocking=True)
     labels = batch["labels"].to(opt.device, non_blocking=True)
     with opt.precision.autocast():
         logits = opt.forward(ids, mask)
     loss = opt.loss(logits, labels)
-    opt.scaler.scale(loss).backward()
+    opt.scaler.scale(loss * loss_weight if loss_weight != 1.0 else loss).backward()
     if opt.grad_clip > 0:
         opt.scaler.unscale_(opt.optimizer)  # clip the true gradients, not the scaled ones
         torch.nn.utils.clip_grad_norm_(opt.model.parameters(), opt.grad_clip)
@@ -120,6 +123,7 @@ class Run:
     stop_requested: bool = False  # set by a signal handler; the loop saves and stops after the current step
     say: Callable[..., None] | None = None  # rich-style print(text, highlight=...); default: a rich Console
     log_metrics: Callable[[dict], None] | None = None  # one record per logged step and per epoch (metrics.jsonl)
+    dist: Dist = field(default_factory=Dist)  # this process's place in a torchrun launch (distributed.py)
 
 
 def fit(run: Run) -> TrainingState:
@@ -141,9 +145,13 @@ def fit(run: Run) -> TrainingState:
     state = TrainingState(EarlyStopping(es.monitor, es.mode, es.patience, es.min_delta))
     if run.resume is not None:
         _restore(run, state, opt)
+    wrapped_for = None  # the frozen/unfrozen state the DDP wrapper was built for
     while state.epoch < tcfg.epochs and not state.stopper.should_stop:
         state.embeddings_frozen = state.epoch < run.freeze_epochs
         optim_lib.set_embedding_frozen(model, state.embeddings_frozen, run.freeze_layers)
+        if run.dist.enabled and wrapped_for != state.embeddings_frozen:
+            opt.forward = MaybeCompiled(distributed.wrap(model, run.dist, run.device), tcfg.compile, run.say)
+            wrapped_for = state.embeddings_frozen
         seconds = _train_epoch(run, state, opt, loader)
         metrics = _end_epoch(run, state, opt, seconds)
         if state.stopper.should_stop:
@@ -176,23 +184,34 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
     Losses accumulate on the device and are read on the host once every log_every_steps."""
     from tqdm.auto import tqdm
 
-    tcfg, epoch = run.trainer, state.epoch
+    tcfg, epoch, dist = run.trainer, state.epoch, run.dist
     run.model.train()
     loader.set_epoch(epoch)
     t0 = time.perf_counter()
+    everything = loader.batches()
+    if dist.enabled:  # this rank's rows of each global batch; the epoch's sums so far are counted once, by rank 0
+        everything = distributed.shard(everything, dist)
+        if not dist.is_main:
+            state.epoch_loss_sum, state.epoch_seen = 0.0, 0
+    n_batches = len(everything)
+    todo = everything[state.batches_done:]
+    sizes = [size for _, size in todo] if dist.enabled else None
     loss_sum = torch.full((), state.epoch_loss_sum, device=run.device)
     window, window_n = torch.zeros((), device=run.device), 0
     window_t, window_seen = time.perf_counter(), 0
-    batches = loader.batches()[state.batches_done:]
-    bar = tqdm(loader.iterate(batches), total=len(loader), initial=state.batches_done, unit="batch", leave=False,
+    bar = tqdm(loader.iterate([rows for rows, _ in todo] if dist.enabled else todo), total=n_batches,
+               initial=state.batches_done, unit="batch", leave=False,
                desc=f"epoch {epoch + 1}/{tcfg.epochs}" + (" (embeddings frozen)" if state.embeddings_frozen else ""),
-               dynamic_ncols=True, disable=None)
-    for batch in bar:
-        loss = train_step(opt, batch)
+               dynamic_ncols=True, disable=None if dist.is_main else True)
+    for i, batch in enumerate(bar):
+        rows = batch["labels"].shape[0]
+        loss = train_step(opt, batch, rows * dist.world / sizes[i] if dist.enabled else 1.0)
         state.step, state.batches_done = state.step + 1, state.batches_done + 1
-        loss_sum += loss * batch["labels"].shape[0]
-        state.epoch_seen += batch["labels"].shape[0]
-        window, window_n, window_seen = window + loss, window_n + 1, window_seen + batch["labels"].shape[0]
+        loss_sum += loss * rows
+        state.epoch_seen += rows
+        window, window_n, window_seen = window + loss, window_n + 1, window_seen + rows
+        if dist.enabled:  # a stop seen by any rank, agreed on by all: every rank ends after this same step
+            run.stop_requested = distributed.any_rank(run.stop_requested, run.device)
         if state.step % tcfg.log_every_steps == 0:
             running = float(window) / window_n  # the one host sync, every log_every_steps
             _check_finite(running, f"near step {state.step} (epoch {epoch + 1})")
@@ -203,17 +222,25 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
                                  "lr": opt.lr, "samples_per_s": window_seen / max(now - window_t, 1e-9)})
                 window_t, window_seen = now, 0
             window, window_n = torch.zeros((), device=run.device), 0
-        mid_epoch = state.batches_done < len(loader)
+        mid_epoch = state.batches_done < n_batches
         every = tcfg.checkpoint_every_steps
         if mid_epoch and (run.stop_requested or (every and state.step % every == 0)):
             state.epoch_loss_sum = float(loss_sum)
+            saved_local = (state.epoch_loss_sum, state.epoch_seen)
+            if dist.enabled:  # `last` holds the whole epoch's sums (every rank's), as a single process's would
+                state.epoch_loss_sum, state.epoch_seen = distributed.all_sum(list(saved_local), run.device)
+                state.epoch_seen = int(state.epoch_seen)
             run.save_checkpoint("last", {"step": state.step, "epoch": epoch + 1, "batches_done": state.batches_done},
                                 _training_files(state, opt))
             if run.stop_requested:
                 bar.close()
                 raise Interrupted(f"interrupted at epoch {epoch + 1}, step {state.step}; the last checkpoint is saved")
+            state.epoch_loss_sum, state.epoch_seen = saved_local  # each rank goes on with its own part
     bar.close()
     state.epoch_loss_sum = float(loss_sum)
+    if dist.enabled:  # the epoch's train loss and throughput over every rank's rows
+        total, seen = distributed.all_sum([state.epoch_loss_sum, state.epoch_seen], run.device)
+        state.epoch_loss_sum, state.epoch_seen = total, int(seen)
     return time.perf_counter() - t0
 
 

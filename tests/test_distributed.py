@@ -1,0 +1,92 @@
+"""DistributedDataParallel on the CPU (gloo, 2 processes started by `tformer train trainer.devices=2` through
+torchrun): the same global batches give the same losses and weights as one process, rank 0 alone writes, and
+Ctrl-C stops every rank after the same step with a checkpoint the run resumes from, ending where an uninterrupted
+single-process run ends."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from helpers import TFORMER, run_tformer
+from tformer_cli.training.distributed import Dist, shard
+
+# default vocabulary size: the demo's WordPiece training is then reproducible across processes, so the
+# single-process reference reads texts exactly as the DDP run's rank 0 does
+RUN = ["data.n_train=512", "data.n_validation=128", "data.n_test=64", "trainer.epochs=2", "trainer.batch_size=32",
+       "trainer.precision=fp32", "model.max_len=32", "trainer.log_every_steps=4", "trainer.test_after_fit=false"]
+
+
+def test_shards_cover_every_row_once_with_equal_step_counts():
+    g = torch.Generator().manual_seed(0)
+    batches = list(torch.randperm(103, generator=g).split(8))  # the last global batch has 7 rows
+    batches.append(torch.tensor([200]))  # one row for two ranks: dropped
+    parts = [shard(batches, Dist(rank, 2)) for rank in (0, 1)]
+    assert len(parts[0]) == len(parts[1]) == 13
+    rows = [int(i) for part in parts for local, _ in part for i in local]
+    assert sorted(rows) == list(range(103))  # each sample once; only the 1-row batch is left out
+    assert all(size == len(a) + len(b) for (a, size), (b, _) in zip(*parts))
+
+
+def history(run):
+    return json.loads((run / "history.json").read_text())
+
+
+def best_weights(run):
+    from safetensors.torch import load_file
+
+    return load_file(run / "checkpoints" / "best" / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    work = tmp_path_factory.mktemp("single")
+    r = run_tformer("train", *RUN, "hydra.run.dir=run", cwd=work)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return work / "run"
+
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_processes_take_the_steps_one_process_takes(single, tmp_path):
+    r = run_tformer("train", *RUN, "trainer.devices=2", "hydra.run.dir=run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "distributed 2 processes (DDP, gloo), global batch 32" in r.stdout
+    one, two = history(single), history(tmp_path / "run")
+    assert [h["step"] for h in one] == [h["step"] for h in two] == [16, 32]
+    for a, b in zip(one, two):
+        assert abs(a["train_loss"] - b["train_loss"]) < 1e-5 and abs(a["val_loss"] - b["val_loss"]) < 1e-5
+    wa, wb = best_weights(single), best_weights(tmp_path / "run")
+    # fp32 sums in another order, through 32 Adam steps (which divide by tiny second moments for rare tokens):
+    # the weights agree to ~2e-4 where training moved them by ~3e-2
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # rank 1 wrote nothing here
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if s["kind"] == "step"] == [4, 8, 12, 16, 20, 24, 28, 32]  # once, by rank 0
+
+
+def test_ctrl_c_stops_every_rank_and_the_run_resumes_to_the_same_end(single, tmp_path):
+    args = [*RUN, "trainer.devices=2", "trainer.checkpoint_every_steps=5", "hydra.run.dir=run"]
+    proc = subprocess.Popen([TFORMER, "train", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    last = tmp_path / "run" / "checkpoints" / "last"
+    deadline = time.time() + 300
+    while time.time() < deadline and not last.is_dir():
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: torchrun and both ranks get it
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    assert "resume with: tformer train" in out and "Traceback" not in out, out[-3000:]
+    saved = json.loads((last / "metrics.json").read_text())
+    assert saved["step"] < 32
+
+    r = run_tformer("train", *args, f"resume={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    one, two = history(single), history(tmp_path / "run")
+    assert [h["epoch"] for h in two] == [1, 2]
+    assert abs(one[-1]["val_loss"] - two[-1]["val_loss"]) < 1e-5
+    assert abs(one[-1]["train_loss"] - two[-1]["train_loss"]) < 1e-5
