@@ -1,5 +1,6 @@
 """The logger group, read back with each tool's own reader: csv (the csv module), TensorBoard (its event
-accumulator) and MLflow (its client, on a real SQLite tracking store)."""
+accumulator), MLflow (its client, on a real SQLite tracking store) and W&B (its offline run file, decoded with
+W&B's own protobuf records: this wandb release ships no Python reader for it)."""
 import csv
 import json
 
@@ -68,6 +69,64 @@ def test_mlflow_run_reads_back_and_a_resume_continues_it(tmp_path):
     epochs = client.get_metric_history(run_id, "epoch")
     assert sorted(int(m.value) for m in epochs) == [1, 2, 3]
     assert client.get_run(run_id).info.status == "FINISHED"
+
+
+def wandb_records(path):
+    """The records of a W&B run file (`run-<id>.wandb`): a LevelDB-style log (a 7-byte ':W&B' header, 32 KiB blocks
+    of [crc32, length, type] chunks) of wandb_internal_pb2.Record messages."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    ident, magic, _ = struct.unpack("<4sHB", data[:7])
+    assert ident == b":W&B" and magic == 0xBEE1
+    pos, block, pending, out = 7, 32768, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:  # zero padding at a block's end
+            pos += left
+            continue
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk  # full | first | middle | last
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            out.append(record)
+    return out
+
+
+def test_wandb_offline_run_reads_back_and_a_resume_is_a_new_run_in_its_group(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    result = train(TINY + ["logger=wandb", "logger.project=tests"], run_dir=tmp_path / "run")
+    (run_file,) = (result.run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    records = wandb_records(run_file)
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert run.display_name == "run" and run.run_group == "run" and run.project == "tests"
+    config = {i.key: json.loads(i.value_json) for i in run.config.update}
+    assert config["trainer"]["epochs"] == 2 and config["logger"]["name"] == "wandb"
+    key = lambda item: item.key or "/".join(item.nested_key)  # ("epoch/val_accuracy" is stored as a path)
+    rows = [{key(i): json.loads(i.value_json) for i in r.history.item} for r in records
+            if r.WhichOneof("record_type") == "history"]
+    epochs = [(row["trainer/step"], row["epoch/val_accuracy"]) for row in rows if "epoch/val_accuracy" in row]
+    assert epochs == [(h["step"], pytest.approx(h["val_accuracy"])) for h in result.history]
+    assert any("train/loss" in row for row in rows)
+    summary = {key(i): json.loads(i.value_json) for r in records if r.WhichOneof("record_type") == "summary"
+               for i in r.summary.update}
+    assert summary["test/accuracy"] == pytest.approx(result.test_metrics["accuracy"])
+    assert [r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit"] == [0]
+
+    train(TINY + ["logger=wandb", "logger.project=tests", f"resume={result.run_dir}", "trainer.epochs=3"])
+    runs = sorted(result.run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(runs) == 2
+    names = [[r.run for r in wandb_records(f) if r.WhichOneof("record_type") == "run"][0] for f in runs]
+    assert sorted((n.display_name, n.run_group) for n in names) == [("run", "run"), ("run-from-step-20", "run")]
 
 
 def test_a_missing_logger_package_or_name_is_one_line(tmp_path):

@@ -23,7 +23,7 @@ def third_party_imports(folder: Path) -> set[str]:
 
 
 # extras that hold packages tformer_cli imports lazily, for one feature (the rest: dev tools, data packages)
-RUNTIME_EXTRAS = ("onnx", "serve", "tensorboard", "mlflow", "optuna")
+RUNTIME_EXTRAS = ("onnx", "serve", "tensorboard", "mlflow", "wandb", "optuna")
 DISTRIBUTIONS.update({"mlflow": "mlflow-skinny", "hydra_plugins": "hydra-optuna-sweeper"})
 # installed by `make` with --no-deps, outside pyproject: its optuna<3 pin cannot sit beside SQLAlchemy 2
 MAKE_INSTALLED = {"hydra-optuna-sweeper"}

@@ -10,7 +10,7 @@ everything else asks a `RunDir` or a `CheckpointDir` for a path.
       metrics.json                  (evaluate runs) the metrics of the evaluated split
       train.log / evaluate.log      the composed config, then everything the terminal showed
       metrics.jsonl                 one JSON record per logged step (loss, lr, samples/s) and per epoch
-      metrics.csv / tensorboard/ / mlflow_run_id      what the chosen logger writes (training/loggers.py)
+      metrics.csv / tensorboard/ / mlflow_run_id / wandb/   what the chosen logger writes (training/loggers.py)
 
     <checkpoint dir>/
       model.safetensors  model.json  tokenizer.json  labels.json  config.yaml  metrics.json  meta.json
@@ -164,6 +164,7 @@ class RunDir:
     metrics_csv = property(lambda self: self.root / "metrics.csv")  # logger=csv: one row per epoch
     tensorboard = property(lambda self: self.root / "tensorboard")  # logger=tensorboard: event files
     mlflow_run_id = property(lambda self: self.root / "mlflow_run_id")  # logger=mlflow: the run a resume continues
+    wandb = property(lambda self: self.root / "wandb")  # logger=wandb: W&B's own folder (offline runs to sync)
 
     BOOKKEEPING = (".hydra", ".lock", "train.log", "evaluate.log")  # what a run dir holds before any result
 

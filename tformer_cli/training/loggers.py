@@ -9,6 +9,8 @@ is imported only when its logger is chosen; a missing one is a one-line error na
     tensorboard  event files (<run dir>/tensorboard); a resume purges the events after its checkpoint's step
     mlflow       one MLflow run per training run (a resume continues it): params = the flattened config,
                  metrics by step, test metrics and the run dir as tags; status FINISHED / FAILED / KILLED
+    wandb        one Weights & Biases run per training run, offline by default (no account or network needed;
+                 `wandb sync` uploads it later); a resume starts a new W&B run in the same group
 
 Adding one: a class with the four methods below, registered with `@logger("name")`, and configs/logger/name.yaml.
 """
@@ -189,6 +191,52 @@ class MlflowLogger(Logger):
     def finish(self, status: str) -> None:
         if self.client is not None and self.run_id is not None:
             self.client.set_terminated(self.run_id, status=status)
+
+
+@logger("wandb")
+class WandbLogger(Logger):
+    MODES = ("offline", "online", "disabled")
+
+    def __init__(self, cfg: LoggerConfig, run_dir: RunDir):
+        _need("wandb", "wandb")
+        self.run_dir, self.cfg, self.run = run_dir, cfg, None
+        self.mode = str(cfg.option("mode") or "offline")
+        if self.mode not in self.MODES:
+            raise TformerError(f"logger.mode={self.mode} is not one of {', '.join(self.MODES)}")
+
+    def start(self, config: dict, resume_step: int | None) -> None:
+        import os
+
+        os.environ.setdefault("WANDB_SILENT", "true")  # its banner and sync hints would interleave with ours
+        import wandb
+
+        group = self.run_dir.root.name
+        # W&B steps only go forward, and offline runs cannot be resumed: a resumed run (which logs again from
+        # its checkpoint's step) is a new W&B run in the run's group, named after where it starts
+        name = group if resume_step is None else f"{group}-from-step-{resume_step}"
+        try:
+            self.run = wandb.init(project=str(self.cfg.option("project") or "tformer"),
+                                  entity=self.cfg.option("entity"), name=name, group=group,
+                                  dir=str(self.run_dir.root), mode=self.mode, config=config,
+                                  settings=wandb.Settings(silent=True, console="off"))
+        except Exception as exc:  # (wandb's errors have no common base: auth, network, bad settings)
+            raise TformerError(f"logger=wandb: {(str(exc).splitlines() or [type(exc).__name__])[0][:200]} (mode "
+                               f"{self.mode}; logger.mode=offline needs no account or network)") from None
+        self.run.define_metric("trainer/step")
+        self.run.define_metric("*", step_metric="trainer/step")  # x axis: our optimizer step, as other loggers
+
+    def log(self, record: dict) -> None:
+        group = "train" if record.get("kind") == "step" else "epoch"
+        self.run.log({**{f"{group}/{k}": v for k, v in scalars(record).items()},
+                      "trainer/step": int(record.get("step", 0))})
+
+    def log_test(self, metrics: dict) -> None:
+        for k, v in scalars(metrics).items():
+            self.run.summary[f"test/{k}"] = v
+
+    def finish(self, status: str) -> None:
+        if self.run is not None:
+            self.run.finish(exit_code=0 if status == "FINISHED" else 1)
 
 
 def build_logger(cfg: LoggerConfig, run_dir: RunDir) -> Logger:
