@@ -24,7 +24,7 @@ import torch
 
 from .atomic import sha256_file, write_problem
 from .errors import TformerError
-from .run_dir import CheckpointDir, RunDir, newest_best, newest_checkpoints, resolve_checkpoint, resolve_resumable
+from .run_dir import PRETRAINING, CheckpointDir, RunDir, newest_best, newest_checkpoints, resolve_checkpoint, resolve_resumable
 
 FORMAT_VERSION = 2  # 2: manifest.json (SHA-256 of every file) written and checked
 READABLE_VERSIONS = (1, 2)
@@ -210,6 +210,9 @@ def load(path: str | Path | CheckpointDir, device: str | torch.device = "cpu") -
     except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
         raise TformerError(f"checkpoint {p} has a corrupt JSON file ({type(exc).__name__}); retrain or use another "
                            f"checkpoint") from None
+    if isinstance(meta, dict) and meta.get("kind") == PRETRAINING:
+        raise TformerError(f"checkpoint {p} is a pretraining (masked-LM) checkpoint, not a classifier; fine-tune "
+                           f"it with `tformer train model.init={RunDir.of_checkpoint(ckpt)} data=<name>`")
     version = meta.get("format_version") if isinstance(meta, dict) else None
     if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise TformerError(f"checkpoint {p} has format version {version}, this tformer reads "
@@ -331,6 +334,47 @@ class ResumeState:
     @property
     def step(self) -> int:
         return int(self.state["step"])
+
+
+@dataclass
+class Pretrained:
+    """A `tformer pretrain` checkpoint: its encoder shape, weights (MaskedLM names), tokenizer and training state."""
+
+    files: CheckpointDir
+    model_config: dict
+    state: dict  # tensors, named as in model/mlm.py's MaskedLM
+    meta: dict
+    training: tuple[dict, dict] | None  # (tensors, JSON) when it is a resumable `last`
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.files.tokenizer
+
+
+def load_pretraining(path: str | Path | CheckpointDir, with_training_state: bool = False) -> Pretrained:
+    """A pretraining checkpoint, checked as any checkpoint is (manifest), refused by name if it is a classifier."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    ckpt = path if isinstance(path, CheckpointDir) else resolve(path)
+    try:
+        meta = json.loads(ckpt.meta.read_text())
+        model_config = json.loads(ckpt.model_config.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise TformerError(f"checkpoint {ckpt.path} is incomplete or corrupt ({type(exc).__name__}); pass a "
+                           f"`tformer pretrain` run dir") from None
+    if not isinstance(meta, dict) or meta.get("kind") != PRETRAINING:
+        raise TformerError(f"{ckpt.path} is not a `tformer pretrain` checkpoint; model.init takes a pretraining run "
+                           f"dir (outputs/pretrain/<date>/<time>); to continue a classifier use resume=")
+    verify_manifest(ckpt)
+    try:
+        state = load_file(str(ckpt.weights))
+        training = None
+        if with_training_state and ckpt.has_training_state():
+            training = (load_file(str(ckpt.training_tensors)), json.loads(ckpt.training_json.read_text()))
+    except (SafetensorError, OSError, json.JSONDecodeError) as exc:
+        raise TformerError(f"checkpoint {ckpt.path} is unreadable ({exc}); pretrain again") from None
+    return Pretrained(ckpt, model_config, state, meta, training)
 
 
 def find_resumable(resume, outputs_dir: str | Path = "outputs") -> CheckpointDir:

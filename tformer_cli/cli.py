@@ -9,9 +9,10 @@ import os
 import sys
 from pathlib import Path
 
-USAGE = """usage: tformer {train,evaluate,predict,export,serve,push,report} [overrides ...]
+USAGE = """usage: tformer {train,evaluate,predict,pretrain,export,serve,push,report} [overrides ...]
 
   tformer train [key=value ...]           train (Hydra overrides; -m for a multirun sweep)
+  tformer pretrain [key=value ...]        masked-LM pretraining on unlabeled text; then train model.init=RUN_DIR
   tformer evaluate [checkpoint=PATH ...]  metrics of a checkpoint on a split (default: newest run, test split)
   tformer predict "text" [...]            label texts with a checkpoint (see tformer predict --help)
   tformer export [checkpoint=PATH]        the checkpoint as ONNX, checked against PyTorch (predict runtime=onnx)
@@ -120,9 +121,10 @@ def _run_hydra(task: str, args: list[str]) -> None:
     import hydra
 
     from .commands import evaluate as evaluate_cmd
+    from .commands import pretrain as pretrain_cmd
     from .commands import train as train_cmd
 
-    fn = {"train": train_cmd.run, "evaluate": evaluate_cmd.run}[task]
+    fn = {"train": train_cmd.run, "evaluate": evaluate_cmd.run, "pretrain": pretrain_cmd.run}[task]
     sys.argv = [f"tformer {task}"] + args
     import warnings
 
@@ -131,7 +133,7 @@ def _run_hydra(task: str, args: list[str]) -> None:
     hydra.main(version_base="1.3", config_path=config_dir(), config_name=task)(_guarded(fn))()
 
 
-COMMANDS = ("train", "evaluate", "predict", "report", "export", "serve", "push")
+COMMANDS = ("train", "evaluate", "predict", "pretrain", "report", "export", "serve", "push")
 
 
 def _shell_completion(args: list[str]) -> None:
@@ -328,7 +330,7 @@ def _main() -> None:
         return
     if task == "train":
         rest = _guarded(_distributed_args)(rest)
-    if task in ("train", "evaluate"):
+    if task in ("train", "evaluate", "pretrain"):
         try:
             if task == "train" and ("-m" in rest or "--multirun" in rest):
                 rest = _guarded(_resume_sweep_args)(rest)
@@ -336,7 +338,7 @@ def _main() -> None:
         except KeyboardInterrupt:  # before our code runs (while Hydra composes the config)
             _fail(Stopped())
         return
-    print(f"error: unknown command {task!r}; use train, evaluate, predict, report, export, serve or push", file=sys.stderr)
+    print(f"error: unknown command {task!r}; use train, evaluate, predict, pretrain, report, export, serve or push", file=sys.stderr)
     sys.exit(2)
 
 

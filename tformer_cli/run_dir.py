@@ -34,6 +34,9 @@ def temporary_sibling(path: Path) -> Path:
     return path.parent / f".{path.name}.tmp-{os.getpid()}"
 
 
+PRETRAINING = "masked-lm"  # meta.json "kind" of a `tformer pretrain` checkpoint (classifiers have none)
+
+
 class CheckpointDir:
     """Paths inside one checkpoint directory."""
 
@@ -67,6 +70,13 @@ class CheckpointDir:
             from .atomic import sha256_file
 
             return sha256_file(self.weights) if self.weights.is_file() else None
+
+    def is_pretraining(self) -> bool:
+        """A `tformer pretrain` (masked-LM) checkpoint, by its meta.json."""
+        try:
+            return json.loads(self.meta.read_text()).get("kind") == PRETRAINING
+        except (OSError, ValueError, AttributeError):
+            return False
 
     def early_stopping(self) -> tuple[str, str]:
         """(monitor, mode) of the run's early stopping, from its saved config; (val_accuracy, max) if unreadable.
@@ -324,12 +334,14 @@ def resolve_resumable(path: str | Path) -> CheckpointDir | None:
     return None
 
 
-def newest_checkpoints(root: str | Path, which: str = "best") -> list[CheckpointDir]:
-    """Every `which` checkpoint under root, oldest first by the time its meta file was written."""
+def newest_checkpoints(root: str | Path, which: str = "best", pretraining: bool = False) -> list[CheckpointDir]:
+    """Every `which` checkpoint under root, oldest first by the time its meta file was written: classifiers, or
+    with pretraining=True only `tformer pretrain` checkpoints (which predict, evaluate and resume never pick)."""
     root = Path(root)
     if not root.is_dir():
         return []
     found = [CheckpointDir(p.parent) for p in root.glob(f"**/checkpoints/{which}/model.safetensors")]
+    found = [c for c in found if c.is_pretraining() == pretraining]
     return sorted(found, key=lambda c: c.meta.stat().st_mtime if c.meta.exists() else 0.0)
 
 

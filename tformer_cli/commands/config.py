@@ -26,6 +26,7 @@ class ModelOptions:
     layer_lr_decay: float  # lr of layer l = lr * decay^(top - l)
     freeze_layers: int  # frozen for freeze_epochs: the token table, and with N > 0 all embeddings + N blocks
     freeze_epochs: int
+    init: str | None = None  # a `tformer pretrain` run dir: the encoder (and tokenizer) to start from
 
 
 OPTION_KEYS = tuple(f.name for f in fields(ModelOptions))

@@ -250,8 +250,11 @@ class Prepared:
         epochs, layers = freeze_plan(config)
         frozen = (f", frozen for {epochs} epoch(s)" + (f" with the lowest {layers} blocks" if layers else "")
                   if epochs else "")
-        source = ("encoder" if options.pretrained else f"embeddings {config.embedding_init.name}") + \
-            (f" pretrained, from {self.embeddings_source}" if self.embeddings_source else "")
+        if options.init and self.embeddings_source:
+            source = f"encoder from the {self.embeddings_source}"
+        else:
+            source = ("encoder" if options.pretrained else f"embeddings {config.embedding_init.name}") + \
+                (f" pretrained, from {self.embeddings_source}" if self.embeddings_source else "")
         return (f"{self.model.num_parameters():,} parameters ({c.n_layers} layers, d_model {c.d_model}, {c.n_heads} "
                 f"heads, {c.positions} positions, {c.norm}-norm, {c.pooling} pooling); {source}{frozen}"
                 + (f"; layer-wise lr decay {options.layer_lr_decay}" if options.layer_lr_decay != 1.0 else ""))
@@ -275,8 +278,14 @@ def prepare(config: TrainConfig, resume, console) -> Prepared:
         check_same_data(resume, fingerprint, config.resume_ignore_data_change, console)
     max_len, pre, encoder = int(config.model["max_len"]), None, None
     options = config.model_options
+    init = None
     if resume is not None:
         tok = tokenization.load_tokenizer(resume.checkpoint.tokenizer_file, max_len)
+    elif options.init:
+        from .. import checkpoint
+
+        init = checkpoint.load_pretraining(options.init)
+        tok = tokenization.load_tokenizer(init.tokenizer_file, max_len)
     elif options.pretrained:
         from ..model import pretrained
 
@@ -294,6 +303,8 @@ def prepare(config: TrainConfig, resume, console) -> Prepared:
     if resume is not None:
         model, model_cfg = resume.checkpoint.model, EncoderConfig.from_dict(resume.checkpoint.model_config)
         return Prepared(data, tok, tokenized, model, model_cfg, None, fingerprint)
+    if init is not None:
+        return _from_pretraining(config, init, data, tok, tokenized, fingerprint, console)
     if encoder is not None:
         from ..model import pretrained
 
@@ -341,6 +352,43 @@ def freeze_plan(config: TrainConfig) -> tuple[int, int]:
     if options.pretrained or options.freeze_epochs:
         return options.freeze_epochs, options.freeze_layers
     return (emb.freeze_epochs, 0) if emb.pretrained else (0, 0)
+
+
+# A classifier started from a `tformer pretrain` run keeps the pretrained encoder's shape; these come from the
+# classifier's own model config (the head, pooling, regularisation, and the length it reads).
+_FROM_CLASSIFIER = ("pooling", "head_hidden", "dropout", "attention_dropout", "max_len")
+
+
+def _from_pretraining(config: TrainConfig, init, data, tok, tokenized, fingerprint, console) -> "Prepared":
+    """The classifier whose encoder is the pretraining run's (weights copied key for key; the head is new)."""
+    from ..model.encoder import EncoderConfig, TransformerClassifier
+    from ..model.mlm import encoder_state
+    from ..safe_text import markup
+
+    mine = config.encoder_config(vocab_size=int(init.model_config["vocab_size"]), num_classes=len(data.label_names),
+                                 multi_label=config.data.multi_label, pad_id=int(init.model_config["pad_id"]),
+                                 embedding_dim=int(init.model_config.get("embedding_dim") or 0))
+    merged = {**init.model_config, **{k: getattr(mine, k) for k in _FROM_CLASSIFIER},
+              "num_classes": mine.num_classes, "multi_label": mine.multi_label}
+    if merged["positions"] == "learned" and merged["max_len"] > int(init.model_config["max_len"]):
+        raise TformerError(f"model.max_len={merged['max_len']} is longer than the pretraining run's "
+                           f"{init.model_config['max_len']} learned positions; use model.max_len<="
+                           f"{init.model_config['max_len']}")
+    model_cfg = EncoderConfig.from_dict(merged)
+    model = TransformerClassifier(model_cfg)
+    weights = encoder_state(init.state)
+    if model_cfg.positions != "learned":
+        weights = {k: v for k, v in weights.items() if k != "position_table"}
+    elif "position_embedding.weight" in weights:
+        weights["position_embedding.weight"] = weights["position_embedding.weight"][:model_cfg.max_len]
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or any(not k.startswith("head.") for k in missing):
+        raise TformerError(f"the pretraining run {init.files.path} does not fit this encoder (missing "
+                           f"{[k for k in missing if not k.startswith('head.')][:3]}, unexpected {unexpected[:3]})")
+    source = f"pretraining run {init.files.path.parent.parent}"
+    console.print(f"[bold]encoder[/] from {markup(source)} ({model_cfg.n_layers} layers, d_model {model_cfg.d_model}, "
+                  f"its tokenizer); a new {model_cfg.num_classes}-way head", highlight=False)
+    return Prepared(data, tok, tokenized, model, model_cfg, source, fingerprint)
 
 
 def build_tokenizer_and_embeddings(config: TrainConfig, train_texts):

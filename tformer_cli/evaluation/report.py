@@ -44,18 +44,21 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
         console.print(cm)
 
 
-def print_history(history: list[dict], console=None) -> None:
+def print_history(history: list[dict], console=None, columns: tuple[str, ...] | None = None,
+                  title: str = "training summary") -> None:
     from rich.table import Table
 
     from ..console import output
 
     console = console or output()
-    table = Table(title="training summary", header_style="bold")
-    cols = ["epoch", "train_loss", "val_loss", "val_accuracy", "val_f1", "lr", "train_samples_per_s", "epoch_seconds"]
+    table = Table(title=title, header_style="bold")
+    cols = list(columns or ("epoch", "train_loss", "val_loss", "val_accuracy", "val_f1", "lr", "train_samples_per_s",
+                            "epoch_seconds"))
+    names = {"train_samples_per_s": "samples/s", "epoch_seconds": "seconds"}
+    shown = {"epoch": str, "lr": lambda v: f"{v:.2e}", "train_samples_per_s": lambda v: f"{v:,.0f}",
+             "epoch_seconds": lambda v: f"{v:.1f}"}
     for c in cols:
-        table.add_column(c.replace("train_samples_per_s", "samples/s").replace("epoch_seconds", "seconds"),
-                         justify="right")
+        table.add_column(names.get(c, c), justify="right")
     for h in history:
-        table.add_row(str(h["epoch"]), *[f"{h[c]:.4f}" for c in cols[1:5]], f"{h['lr']:.2e}",
-                      f"{h['train_samples_per_s']:,.0f}", f"{h['epoch_seconds']:.1f}")
+        table.add_row(*[shown.get(c, lambda v: f"{v:.4f}")(h[c]) for c in cols])
     console.print(table)

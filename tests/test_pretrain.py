@@ -1,0 +1,118 @@
+"""`tformer pretrain` (masked-LM pretraining of our encoder) and the hand-off to `tformer train model.init=`:
+BERT's 80/10/10 masking, the tied output layer, a run that learns, resumes and is refused where a classifier is
+expected, and a classifier whose encoder starts exactly as the pretraining run left it."""
+import json
+import math
+
+import pytest
+import torch
+
+from helpers import compose_config, run_tformer, train_config
+from tformer_cli import TformerError, train
+from tformer_cli.commands.pretrain import pretrain
+from tformer_cli.model.encoder import EncoderConfig
+from tformer_cli.model.mlm import IGNORE, MaskedLM, encoder_state, mask_tokens
+from tformer_cli.run_dir import RunDir, newest_best
+from tformer_cli.typed_config import plain
+
+TINY = ["model=tiny", "data.n_train=1000", "data.n_validation=150", "data.n_test=100", "trainer.precision=fp32",
+        "embedding_init.vocab_size=300"]
+
+
+def test_masking_is_bert_s_80_10_10_and_never_touches_special_tokens_or_padding():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 1000, (400, 64), generator=g)
+    ids[:, 0], ids[:, 47] = 2, 3  # [CLS] ... [SEP], then padding
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[:, 48:] = False  # padding
+    ids[~mask] = 0
+    inputs, labels = mask_tokens(ids, mask, mask_id=4, vocab_size=1000, special_ids=[0, 2, 3],
+                                 generator=torch.Generator().manual_seed(1), prob=0.15)
+    chosen = labels.ne(IGNORE)
+    assert not chosen[:, 0].any() and not chosen[:, 47:].any()  # [CLS], [SEP] and padding
+    maskable = mask.clone()
+    maskable[:, 0] = maskable[:, 47] = False
+    assert abs(chosen.sum().item() / maskable.sum().item() - 0.15) < 0.01
+    assert torch.equal(labels[chosen], ids[chosen])
+    as_mask = (inputs[chosen] == 4).float().mean().item()
+    kept = (inputs[chosen] == ids[chosen]).float().mean().item()
+    assert abs(as_mask - 0.8) < 0.02 and abs(kept - 0.1) < 0.02  # (a random token equal to the original: rare)
+    assert torch.equal(inputs[~chosen], ids[~chosen])
+
+
+def test_the_output_layer_is_the_token_table():
+    cfg = EncoderConfig(vocab_size=50, num_classes=2, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=8)
+    model = MaskedLM(cfg)
+    ids, mask = torch.randint(5, 50, (2, 8)), torch.ones(2, 8, dtype=torch.bool)
+    logits = model(ids, mask)
+    assert logits.shape == (2, 8, 50)
+    assert not any(p.shape == (50, 16) for n, p in model.named_parameters() if not n.startswith("encoder."))
+    model.loss(logits, torch.where(torch.rand(2, 8) < 0.5, ids, torch.full_like(ids, IGNORE))).backward()
+    assert model.encoder.token_embedding.weight.grad[5:].abs().sum() > 0  # reached through output and input
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    run = RunDir(tmp_path_factory.mktemp("pretrain") / "run")
+    tree = plain(compose_config("pretrain", *TINY, "trainer.epochs=2"))
+    pretrain(tree, run)
+    return run
+
+
+def test_pretraining_learns_and_writes_a_run(pretrained):
+    history = json.loads(pretrained.history.read_text())
+    vocab = json.loads(pretrained.best.model_config.read_text())["vocab_size"]
+    assert history[-1]["val_mlm_loss"] < history[0]["val_mlm_loss"] < math.log(vocab)  # better than guessing
+    assert history[-1]["val_mlm_loss"] < math.log(vocab) - 0.5
+    assert pretrained.best.is_pretraining() and pretrained.last.has_training_state()
+    assert newest_best(pretrained.root.parent) is None  # predict and evaluate never pick a pretraining run
+
+
+def test_pretraining_resumes_to_train_longer(pretrained, tmp_path):
+    import shutil
+
+    copy = RunDir(tmp_path / "run")
+    shutil.copytree(pretrained.root, copy.root)
+    tree = plain(compose_config("pretrain", *TINY, "trainer.epochs=3", f"resume={copy.root}"))
+    pretrain(tree, RunDir(tmp_path / "unused"))
+    history = json.loads(copy.history.read_text())
+    assert [h["epoch"] for h in history] == [1, 2, 3] and "resuming" in copy.log("pretrain").read_text()
+    assert not (tmp_path / "unused").exists()
+
+
+def test_a_classifier_starts_from_the_pretrained_encoder(pretrained, tmp_path):
+    from tformer_cli.commands.train import prepare
+    from tformer_cli.console import output
+
+    config = train_config(*TINY, f"model.init={pretrained.root}")
+    prepared = prepare(config, None, output())
+    from safetensors.torch import load_file
+
+    expected = encoder_state(load_file(pretrained.best.weights))
+    got = prepared.model.state_dict()
+    assert expected and all(torch.equal(got[k], v) for k, v in expected.items())
+    assert prepared.tokenizer.to_str() == pretrained.best.tokenizer.read_text()
+
+    result = train([*TINY, "trainer.epochs=1", f"model.init={pretrained.root}"], run_dir=tmp_path / "ft")
+    assert result.test_metrics["n"] == 100
+    assert (result.run_dir / "checkpoints" / "best" / "tokenizer.json").read_text() == \
+        pretrained.best.tokenizer.read_text()
+
+
+def test_pretraining_checkpoints_are_refused_where_a_classifier_is_needed(pretrained, tmp_path):
+    r = run_tformer("predict", f"checkpoint={pretrained.root}", "hello", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "model.init=" in r.stderr
+    with pytest.raises(TformerError, match="not a `tformer pretrain` checkpoint"):
+        train_classifier = train([*TINY, "trainer.epochs=1"], run_dir=tmp_path / "clf")
+        train([*TINY, "trainer.epochs=1", f"model.init={train_classifier.run_dir}"], run_dir=tmp_path / "x")
+
+
+def test_logits_at_the_masked_positions_only_give_the_same_loss():
+    torch.manual_seed(0)
+    cfg = EncoderConfig(vocab_size=40, num_classes=2, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=10)
+    model = MaskedLM(cfg).eval()
+    ids, mask = torch.randint(5, 40, (3, 10)), torch.ones(3, 10, dtype=torch.bool)
+    labels = torch.where(torch.rand(3, 10) < 0.3, ids, torch.full_like(ids, IGNORE))
+    full, masked_only = model(ids, mask), model(ids, mask, labels)
+    assert masked_only.shape == (int(labels.ne(IGNORE).sum()), 40)
+    assert torch.allclose(model.loss(full, labels), model.loss(masked_only, labels), atol=1e-6)

@@ -1,0 +1,315 @@
+"""`tformer pretrain`: masked-language-model pretraining of the encoder on unlabeled text, in the same run
+directories as `train` (checkpoints/best by validation MLM loss, checkpoints/last to resume, metrics.jsonl,
+history.json, pretrain.log), with the same progress, Ctrl-C and `resume=` behaviour. Then
+`tformer train model.init=<this run dir>` fine-tunes a classifier from it (train.py: `prepare`).
+
+Texts: the data config's train split, plus data.dir/unsupervised.parquet when present (mlm.use_unsupervised) and
+mlm.extra_files; never the test split. The validation split's texts measure the MLM loss and masked-token accuracy
+each epoch (on masks drawn from a fixed seed, so epochs are comparable).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import TformerError
+from ..run_dir import RunDir
+
+
+@dataclass
+class MlmOptions:
+    mask_prob: float = 0.15
+    use_unsupervised: bool = True
+    extra_files: list = field(default_factory=list)
+    max_texts: int | None = None
+
+    RANGES = {"mask_prob": (0, 1, "()"), "max_texts": (1, None, "[)")}
+
+
+def run(cfg) -> float:
+    """The Hydra entry point; returns the best validation MLM loss."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from ..typed_config import plain
+
+    hydra = HydraConfig.get()
+    return pretrain(plain(cfg), RunDir(hydra.runtime.output_dir), list(hydra.overrides.task))
+
+
+def pretraining_texts(config, options: MlmOptions, console) -> tuple[list[str], list[str]]:
+    """(train texts, validation texts): the labelled splits' texts (labels unused) and any unlabeled files."""
+    import random
+
+    from ..data import sources
+    from ..safe_text import markup
+
+    data = sources.load(config.data, seed=config.seed)
+    train, validation = list(data.splits["train"]["text"]), list(data.splits["validation"]["text"])
+    extra = [Path(f).expanduser() for f in options.extra_files]
+    folder = sources.resolve_dir(config.data)
+    if options.use_unsupervised and folder is not None and (folder / "unsupervised.parquet").is_file():
+        extra.append(folder / "unsupervised.parquet")
+    for path in extra:
+        train += read_texts(path)
+    if options.max_texts is not None and len(train) > options.max_texts:
+        train = random.Random(config.seed).sample(train, options.max_texts)
+    train = [t for t in train if t and t.strip()]
+    console.print(f"[bold]texts[/] {len(train):,} to pretrain on ({markup(config.data.name)} train split"
+                  + "".join(f" + {markup(p.name)}" for p in extra) + f"), {len(validation):,} to validate on",
+                  highlight=False)
+    return train, validation
+
+
+def read_texts(path: Path) -> list[str]:
+    """The `text` column of a parquet / csv / tsv / json / jsonl file."""
+    import datasets
+
+    kinds = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
+    if not path.is_file() or path.suffix not in kinds:
+        raise TformerError(f"mlm.extra_files: {path} is not a readable {'/'.join(kinds)} file")
+    extra = {"delimiter": "\t"} if path.suffix == ".tsv" else {}
+    ds = datasets.load_dataset(kinds[path.suffix], data_files=str(path), split="train", **extra)
+    if "text" not in ds.column_names:
+        raise TformerError(f"{path} has no `text` column (it has {', '.join(ds.column_names)})")
+    return [t for t in ds["text"] if isinstance(t, str)]
+
+
+def pretrain(tree: dict, run_dir: RunDir, overrides=()) -> float:
+    import copy
+
+    from .. import checkpoint
+    from ..console import output
+    from ..typed_config import build
+    from .train import configure, log_header
+
+    tree = copy.deepcopy(tree)
+    options = build(MlmOptions, tree.get("mlm") or {}, "mlm")
+    config, located = configure({k: v for k, v in tree.items() if k != "mlm"})  # (data paths made absolute)
+    tree.update(located)
+    console = output()
+    resume_from = None
+    if config.resume:
+        resume_from = _find_resumable(config.resume)
+        run_dir.discard_if_empty()
+        run_dir = RunDir.of_checkpoint(resume_from)
+    with run_dir.lock():
+        console.open_log(run_dir.log("pretrain"), log_header("pretrain", overrides, tree, resumed=resume_from is not None))
+        if resume_from is not None:
+            console.print(f"[bold]resuming[/] {run_dir}", highlight=False)
+        best = _pretrain_locked(config, options, tree, run_dir, overrides, resume_from, console)
+    console.close_log()
+    if not config.trainer.keep_optimizer_state:
+        checkpoint.drop_training_state(run_dir.last)
+    return best
+
+
+def _find_resumable(resume):
+    from ..run_dir import newest_checkpoints
+
+    if resume is True or str(resume).lower() == "true":
+        found = [c for c in newest_checkpoints("outputs", "last", pretraining=True)
+                 if c.has_training_state() and not RunDir.of_checkpoint(c).finished]
+        if not found:
+            raise TformerError("resume=true but no unfinished pretraining run under outputs/; pass resume=<run dir>")
+        return found[-1]
+    last = RunDir(Path(str(resume)).expanduser()).last.existing()
+    if last is None or not last.has_training_state() or not last.is_pretraining():
+        raise TformerError(f"resume={resume}: no pretraining run with a resumable last checkpoint there; pass the "
+                           f"run dir (outputs/pretrain/<date>/<time>)")
+    return last
+
+
+def _pretrain_locked(config, options: MlmOptions, tree: dict, run_dir: RunDir, overrides, resume_from,
+                     console) -> float:
+    import torch
+    from omegaconf import OmegaConf
+    from tqdm.auto import tqdm
+
+    from .. import checkpoint
+    from ..atomic import JsonLines, write_json
+    from ..data import tokenization
+    from ..data.batching import BatchLoader
+    from ..data.tokenization import TokenizedSplit
+    from ..evaluation import report
+    from ..hardware import pick_device, pick_precision
+    from ..model.mlm import IGNORE, MaskedLM, mask_tokens
+    from ..run_dir import PRETRAINING
+    from ..training.early_stopping import EarlyStopping
+    from ..training.loop import Interrupted, Optimization
+    from ..training.state import TrainingState
+    from .train import _install_signal_handlers, build_tokenizer_and_embeddings, seed_everything
+
+    seed_everything(config.seed)
+    device = pick_device(config.trainer.device)
+    precision = pick_precision(config.trainer.precision, device)
+    train_texts, val_texts = pretraining_texts(config, options, console)
+    max_len, resumed = int(config.model["max_len"]), None
+    if resume_from is not None:
+        resumed = checkpoint.load_pretraining(resume_from, with_training_state=True)
+        tok, pre = tokenization.load_tokenizer(resumed.tokenizer_file, max_len), None
+    else:
+        tok, pre = build_tokenizer_and_embeddings(config, train_texts)
+    tokenization.configure(tok, max_len)
+    encode = lambda texts: TokenizedSplit.from_ids([e.ids for e in tok.encode_batch(texts)])
+    train_split, val_split = encode(train_texts), encode(val_texts)
+    pad = tokenization.pad_id(tok)
+    if resumed is not None:
+        from ..model.encoder import EncoderConfig
+
+        model_cfg = EncoderConfig.from_dict(resumed.model_config)
+    else:
+        model_cfg = config.encoder_config(vocab_size=pre.weight.shape[0] if pre is not None else tok.get_vocab_size(),
+                                          num_classes=2, embedding_dim=pre.weight.shape[1] if pre is not None else 0,
+                                          pad_id=pad)
+    model = MaskedLM(model_cfg)
+    if resumed is not None:
+        model.load_state_dict(resumed.state)
+    elif pre is not None:
+        with torch.no_grad():
+            model.encoder.token_embedding.weight.copy_(pre.weight)
+    model.to(device)
+    specials = sorted({tok.token_to_id(t) for t in tokenization.SPECIAL_TOKENS if tok.token_to_id(t) is not None
+                       and t not in ("[MASK]", "[UNK]")})
+    mask_id = tok.token_to_id("[MASK]")
+    console.print(f"[bold]model[/] {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, vocabulary "
+                  f"{model_cfg.vocab_size:,}, {sum(p.numel() for p in model.parameters()):,} parameters with the MLM "
+                  f"head (output layer tied to the token table); device {device}, precision {precision.name}; run "
+                  f"dir {run_dir}", highlight=False)
+    tcfg = config.trainer
+    loader = BatchLoader(train_split, tcfg.batch_size, pad, shuffle=True, seed=tcfg.seed)
+    opt = Optimization(model, optimizer=config.optimizer, schedule=config.schedule,
+                       total_steps=tcfg.epochs * len(loader), device=device, precision=precision,
+                       grad_clip=tcfg.grad_clip, say=console.print)
+    es = tcfg.early_stopping
+    state = TrainingState(EarlyStopping(es.monitor, es.mode, es.patience, es.min_delta))
+    if resumed is not None and resumed.training is not None:
+        tensors, saved = resumed.training
+        opt.load_state_dict(tensors, saved)
+        state.load_state_dict(tensors, saved)
+        console.print(f"resuming at epoch {state.epoch + 1}, batch {state.batches_done} (step {state.step})",
+                      highlight=False)
+    if resume_from is not None and run_dir.finished:
+        run_dir.history.unlink()  # trained longer: unfinished until it ends again
+    config_yaml, tokenizer_json = OmegaConf.to_yaml(OmegaConf.create(tree)), tok.to_str()
+    metrics_log = JsonLines(run_dir.metrics_log)
+    if resumed is not None:
+        metrics_log.truncate_after(state.step)
+
+    def masked(batch, step):
+        g = torch.Generator().manual_seed(config.seed * 1_000_003 + step)  # no state: resumes draw the same masks
+        return mask_tokens(batch["input_ids"], batch["attention_mask"], mask_id=mask_id, vocab_size=model_cfg.vocab_size,
+                           special_ids=specials, generator=g, prob=options.mask_prob)
+
+    def save(which: str, metrics: dict, training: bool) -> None:
+        files = None
+        if training:
+            t1, s1 = state.state_dict()
+            t2, s2 = opt.state_dict()
+            files = ({**t1, **t2}, {**s1, **s2})
+        checkpoint.save(run_dir.checkpoint(which), model, model_config=model_cfg.to_dict(),
+                        tokenizer_json=tokenizer_json, label_names=[], config_yaml=config_yaml, metrics=metrics,
+                        meta={"kind": PRETRAINING, "epoch": metrics.get("epoch"), "step": metrics.get("step")},
+                        training_state=files)
+
+    @torch.no_grad()
+    def validate() -> dict:
+        model.eval()
+        total, correct, count = 0.0, 0, 0
+        for i, batch in enumerate(BatchLoader(val_split, tcfg.eval_batch_size, pad, shuffle=False)):
+            inputs, labels = masked(batch, -1 - i)  # the same masks every epoch
+            labels = labels.to(device)
+            with precision.autocast():
+                logits = model(inputs.to(device), batch["attention_mask"].to(device), labels)
+            targets = labels[labels.ne(IGNORE)]
+            if len(targets) == 0:
+                continue
+            total += float(model.loss(logits, labels)) * len(targets)
+            correct += int(logits.argmax(-1).eq(targets).sum())
+            count += len(targets)
+        model.train()
+        return {"val_mlm_loss": total / max(count, 1), "val_mlm_accuracy": correct / max(count, 1)}
+
+    stop = type("Stop", (), {"stop_requested": False})()
+    restore = _install_signal_handlers(stop)
+    try:
+        while state.epoch < tcfg.epochs and not state.stopper.should_stop:
+            model.train()
+            loader.set_epoch(state.epoch)
+            t0, window_n = time.perf_counter(), 0
+            loss_sum = torch.full((), state.epoch_loss_sum, device=device)  # summed on the device, read when logged
+            window = torch.zeros((), device=device)
+            bar = tqdm(loader.iterate(loader.batches()[state.batches_done:]), total=len(loader),
+                       initial=state.batches_done, unit="batch", leave=False, dynamic_ncols=True, disable=None,
+                       desc=f"pretrain epoch {state.epoch + 1}/{tcfg.epochs}")
+            for batch in bar:
+                inputs, labels = masked(batch, state.step)
+                labels = labels.to(device, non_blocking=True)
+                with precision.autocast():
+                    logits = model(inputs.to(device, non_blocking=True),
+                                   batch["attention_mask"].to(device, non_blocking=True), labels)
+                loss = model.loss(logits, labels)
+                opt.scaler.scale(loss).backward()
+                if tcfg.grad_clip > 0:
+                    opt.scaler.unscale_(opt.optimizer)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+                opt.scaler.step(opt.optimizer)
+                opt.scaler.update()
+                opt.scheduler.step()
+                opt.optimizer.zero_grad(set_to_none=True)
+                state.step, state.batches_done = state.step + 1, state.batches_done + 1
+                loss, rows = loss.detach(), batch["input_ids"].shape[0]
+                loss_sum, state.epoch_seen = loss_sum + loss * rows, state.epoch_seen + rows
+                window, window_n = window + loss, window_n + 1
+                if state.step % tcfg.log_every_steps == 0:
+                    running = float(window) / window_n
+                    if not math.isfinite(running):
+                        raise TformerError(f"the MLM loss became {running} near step {state.step}; try a lower "
+                                           f"optimizer.lr (the last checkpoint is kept)")
+                    bar.set_postfix(loss=f"{running:.4f}", lr=f"{opt.lr:.2e}")
+                    metrics_log({"kind": "step", "step": state.step, "epoch": state.epoch + 1,
+                                 "mlm_loss": running, "lr": opt.lr})
+                    window, window_n = torch.zeros((), device=device), 0
+                mid_epoch = state.batches_done < len(loader)
+                every = tcfg.checkpoint_every_steps
+                if mid_epoch and (stop.stop_requested or (every and state.step % every == 0)):
+                    state.epoch_loss_sum = float(loss_sum)
+                    save("last", {"step": state.step, "epoch": state.epoch + 1}, training=True)
+                    if stop.stop_requested:
+                        bar.close()
+                        raise Interrupted(f"interrupted at epoch {state.epoch + 1}, step {state.step}; the last "
+                                          f"checkpoint is saved")
+            bar.close()
+            seconds = time.perf_counter() - t0
+            metrics = {"epoch": state.epoch + 1, "step": state.step,
+                       "train_mlm_loss": float(loss_sum) / max(state.epoch_seen, 1), **validate(), "lr": opt.lr,
+                       "epoch_seconds": seconds, "train_samples_per_s": state.epoch_seen / seconds}
+            state.history.append(metrics)
+            metrics_log({"kind": "epoch", **metrics})
+            is_best = state.stopper.update(metrics, metrics["epoch"])
+            if is_best:
+                state.best_metrics = dict(metrics)
+                save("best", metrics, training=False)
+            state.start_epoch()
+            save("last", metrics, training=True)
+            console.print(f"epoch {metrics['epoch']:>3}/{tcfg.epochs}  train_mlm_loss {metrics['train_mlm_loss']:.4f}  "
+                          f"val_mlm_loss {metrics['val_mlm_loss']:.4f}  val_mlm_acc {metrics['val_mlm_accuracy']:.4f}"
+                          f"  {metrics['train_samples_per_s']:,.0f} samples/s  {seconds:.1f}s"
+                          + ("  [green]* best[/]" if is_best else ""), highlight=False)
+            if stop.stop_requested:
+                raise Interrupted(f"interrupted after epoch {metrics['epoch']}; the last checkpoint is saved")
+    except Interrupted as exc:
+        command = " ".join(["tformer", "pretrain", *[o for o in overrides if not o.startswith("resume=")],
+                            f"resume={run_dir}"])
+        raise Interrupted(f"{exc}; resume with: {command}") from None
+    finally:
+        restore()
+    report.print_history(state.history, console, ("epoch", "train_mlm_loss", "val_mlm_loss", "val_mlm_accuracy", "lr",
+                                                   "train_samples_per_s", "epoch_seconds"), "pretraining summary")
+    write_json(run_dir.history, state.history)
+    best = state.best_metrics
+    console.print(f"best checkpoint: {run_dir.best} (epoch {best.get('epoch')}, val_mlm_loss "
+                  f"{best.get('val_mlm_loss', float('nan')):.4f}); fine-tune it with: tformer train "
+                  f"model.init={run_dir} data={config.data.name}", highlight=False)
+    return float(best.get("val_mlm_loss", float("nan")))

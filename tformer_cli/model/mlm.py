@@ -1,0 +1,75 @@
+"""Masked-language-model pretraining of our encoder (`tformer pretrain`), BERT's recipe at the scale of one file.
+
+    masking     15% of the real tokens of each text (never [CLS], [SEP], [PAD]) become prediction targets; of
+                those, 80% are replaced by [MASK], 10% by a random token, 10% kept as they are
+    model       the classifier's encoder (TransformerClassifier.encode: embeddings + blocks) and an MLM head:
+                dense d->d, GELU, LayerNorm, then an output layer tied to the token table (its transpose; a
+                table narrower than d_model is reached through the embedding projection's transpose)
+    loss        cross-entropy over the masked positions only
+
+The encoder's weights are stored under the same names as in a classifier, so `tformer train model.init=<pretrain
+run>` copies them key for key (the classifier head is the one part that starts fresh).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .encoder import EncoderConfig, TransformerClassifier
+
+IGNORE = -100  # label of a position that is not predicted (F.cross_entropy's ignore_index)
+
+
+def mask_tokens(ids: torch.Tensor, mask: torch.Tensor, *, mask_id: int, vocab_size: int, special_ids: list[int],
+                generator: torch.Generator, prob: float = 0.15) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, labels): BERT's 80/10/10 masking of `prob` of the maskable tokens; labels are IGNORE elsewhere."""
+    maskable = mask.clone()
+    for s in special_ids:
+        maskable &= ids.ne(s)
+    chosen = (torch.rand(ids.shape, generator=generator) < prob) & maskable
+    labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
+    draw = torch.rand(ids.shape, generator=generator)
+    inputs = ids.clone()
+    inputs[chosen & (draw < 0.8)] = mask_id
+    random_pos = chosen & (draw >= 0.8) & (draw < 0.9)
+    inputs[random_pos] = torch.randint(len(special_ids), vocab_size, ids.shape, generator=generator)[random_pos]
+    return inputs, labels
+
+
+class MaskedLM(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.encoder = TransformerClassifier(cfg)
+        self.transform = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.GELU(),
+                                       nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps))
+        self.output_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                labels: torch.Tensor | None = None) -> torch.Tensor:
+        """-> vocabulary logits tied to the token table: (B, T, V), or with `labels` only at the predicted
+        positions, (N, V) in row-major order (the output layer is most of the cost: 15% of it is what counts)."""
+        h = self.encoder.encode(input_ids, attention_mask.bool())
+        if labels is not None:
+            h = h[labels.ne(IGNORE)]
+        h = self.transform(h)
+        projection = self.encoder.embedding_projection
+        if projection is not None:  # back from d_model to the table's width
+            h = h @ projection.weight
+        return h @ self.encoder.token_embedding.weight.t() + self.output_bias
+
+    @staticmethod
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy over the predicted positions: logits (B, T, V) with labels (B, T), or the (N, V) logits
+        of `forward(..., labels)` with the same labels."""
+        if logits.dim() == 2:
+            if logits.shape[0] == 0:  # a batch of texts too short to mask anything: no loss, no NaN
+                return logits.sum() * 0.0
+            return F.cross_entropy(logits.float(), labels[labels.ne(IGNORE)])
+        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+
+
+def encoder_state(mlm_state: dict) -> dict:
+    """The classifier-named encoder weights of a pretraining checkpoint (its MLM head left out)."""
+    return {k.removeprefix("encoder."): v for k, v in mlm_state.items()
+            if k.startswith("encoder.") and not k.startswith("encoder.head.")}
