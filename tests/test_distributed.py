@@ -28,7 +28,7 @@ def test_shards_cover_every_row_once_with_equal_step_counts():
     assert len(parts[0]) == len(parts[1]) == 13
     rows = [int(i) for part in parts for local, _ in part for i in local]
     assert sorted(rows) == list(range(103))  # each sample once; only the 1-row batch is left out
-    assert all(size == len(a) + len(b) for (a, size), (b, _) in zip(*parts))
+    assert all(len(whole) == len(a) + len(b) for (a, whole), (b, _) in zip(*parts))
 
 
 def history(run):
@@ -90,3 +90,24 @@ def test_ctrl_c_stops_every_rank_and_the_run_resumes_to_the_same_end(single, tmp
     assert [h["epoch"] for h in two] == [1, 2]
     assert abs(one[-1]["val_loss"] - two[-1]["val_loss"]) < 1e-5
     assert abs(one[-1]["train_loss"] - two[-1]["train_loss"]) < 1e-5
+
+
+def test_class_weighted_loss_takes_the_single_process_step_too(tmp_path):
+    import csv
+    import random
+
+    rng = random.Random(0)
+    with open(tmp_path / "train.csv", "w", newline="") as f:  # 3 classes, 70/20/10: unequal weights per shard
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        for i in range(600):
+            label = "a" if i % 10 < 7 else "b" if i % 10 < 9 else "c"
+            w.writerow([" ".join(f"w{rng.randrange(40)}" for _ in range(8)) + f" key{label}", label])
+    common = ["data=files", "data.train_file=train.csv", "data.test_fraction=0.1", "loss.class_weights=balanced",
+              "trainer.epochs=1", "trainer.batch_size=30", "trainer.precision=fp32", "model.max_len=16",
+              "trainer.test_after_fit=false"]
+    one = run_tformer("train", *common, "hydra.run.dir=one", cwd=tmp_path)
+    two = run_tformer("train", *common, "trainer.devices=2", "hydra.run.dir=two", cwd=tmp_path)
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
+    a, b = history(tmp_path / "one")[0], history(tmp_path / "two")[0]
+    assert abs(a["val_loss"] - b["val_loss"]) < 1e-5 and abs(a["train_loss"] - b["train_loss"]) < 1e-5

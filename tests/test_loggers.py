@@ -108,7 +108,7 @@ def test_wandb_offline_run_reads_back_and_a_resume_is_a_new_run_in_its_group(tmp
     (run_file,) = (result.run_dir / "wandb").glob("offline-run-*/run-*.wandb")
     records = wandb_records(run_file)
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
-    assert run.display_name == "run" and run.run_group == "run" and run.project == "tests"
+    assert run.display_name == "run" and run.run_group == f"{tmp_path.name}/run" and run.project == "tests"
     config = {i.key: json.loads(i.value_json) for i in run.config.update}
     assert config["trainer"]["epochs"] == 2 and config["logger"]["name"] == "wandb"
     key = lambda item: item.key or "/".join(item.nested_key)  # ("epoch/val_accuracy" is stored as a path)
@@ -126,7 +126,8 @@ def test_wandb_offline_run_reads_back_and_a_resume_is_a_new_run_in_its_group(tmp
     runs = sorted(result.run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(runs) == 2
     names = [[r.run for r in wandb_records(f) if r.WhichOneof("record_type") == "run"][0] for f in runs]
-    assert sorted((n.display_name, n.run_group) for n in names) == [("run", "run"), ("run-from-step-20", "run")]
+    group = f"{tmp_path.name}/run"
+    assert sorted((n.display_name, n.run_group) for n in names) == [("run", group), ("run-from-step-20", group)]
 
 
 def test_a_missing_logger_package_or_name_is_one_line(tmp_path):

@@ -146,6 +146,8 @@ def test_an_export_older_than_its_checkpoint_is_refused_until_re_exported(export
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     with pytest.raises(TformerError, match="not empty"):
         hub_repo.stage(copy, tmp_path / "mine")
+    with pytest.raises(TformerError, match="inside the checkpoint"):  # never clear the source itself
+        hub_repo.stage(copy, copy / "checkpoints" / "best")
 
 
 def test_export_refuses_unwritable_targets_and_handles_tiny_max_len(run, tmp_path):

@@ -65,5 +65,8 @@ def test_killed_optuna_search_resumes_where_it_stopped(tmp_path):
     ended = [t for t in study.trials if t.user_attrs.get("tformer_ended")]
     assert len(ended) == 6 and sorted(t.user_attrs["tformer_job"] for t in ended) == list(range(6))
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in ended)
+    assert len({tuple(sorted(t.params.items())) for t in ended}) == 6  # the resumed sampler proposes new points
     assert (sweep / "optimization_results.yaml").is_file()
     assert len([p for p in (tmp_path / "outputs" / "multirun").glob("*/*") if p.is_dir()]) == 1
+    r = run_tformer(*SEARCH, f"hydra.sweep.dir={sweep}", cwd=tmp_path)  # the same dir without resume=: refused
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "already holds Optuna study" in r.stderr

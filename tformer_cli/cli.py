@@ -248,13 +248,23 @@ def _launch_ranks(n: int, args: list[str]) -> int:
                "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         env.setdefault("OMP_NUM_THREADS", threads)
         procs.append(subprocess.Popen([sys.executable, "-m", "tformer_cli", "train", *args], env=env))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: [p.send_signal(signal.SIGTERM) for p in procs if p.poll() is None])
-    failed = None
+    def forward(signum, frame):  # (from the terminal the ranks got it too; they take a repeat within 1 s as one)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    failed, first_exit = None, None
     while any(p.poll() is None for p in procs):
-        bad = [p.returncode for p in procs if p.returncode not in (None, 0, 130)]
-        if bad and failed is None:
+        done = [p.returncode for p in procs if p.returncode is not None]
+        first_exit = first_exit or (time.time() if procs[0].returncode is not None else None)
+        bad = [c for c in done if c not in (0, 130)]
+        if failed is None and bad:
             failed = bad[0]
+        # a rank that failed, or ranks still running a minute after rank 0 ended (they would wait on it for ever;
+        # the others end first as a rule: rank 0 alone reports): stop them, then kill what is left
+        if failed is not None or (first_exit and time.time() - first_exit > 60):
             for p in procs:
                 if p.poll() is None:
                     p.send_signal(signal.SIGTERM)
@@ -264,6 +274,10 @@ def _launch_ranks(n: int, args: list[str]) -> int:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
+                    p.wait()
+            if failed is None:
+                failed = next((c for c in (p.returncode for p in procs) if c not in (0, 130)), None)
+            break
         time.sleep(0.1)
     code = failed if failed is not None else procs[0].returncode
     return code if code >= 0 else 128 - code  # (killed by signal N: 128 + N, as a shell reports it)

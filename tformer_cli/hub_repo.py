@@ -82,6 +82,10 @@ def stage(checkpoint: str | Path, folder: Path) -> Path:
         raise TformerError(f"{stale} (before pushing)")
     if folder.exists() and not folder.is_dir():
         raise TformerError(f"stage={folder} is a file; pass a new or empty folder")
+    inside = folder.resolve()
+    if inside == source.path.resolve() or source.path.resolve().is_relative_to(inside) or \
+            inside.is_relative_to(source.path.resolve()):
+        raise TformerError(f"stage={folder} is, holds or lies inside the checkpoint being staged; pass another folder")
     if folder.is_dir() and any(folder.iterdir()):
         if not (CheckpointDir(folder).manifest.is_file() and (folder / "README.md").is_file()):
             raise TformerError(f"stage={folder} is not empty; pass a new or empty folder (a previous stage is "

@@ -47,10 +47,23 @@ class _ResumableImpl(OptunaSweeperImpl):
         if not distributions:
             raise TformerError("the Optuna sweep has nothing to search: give hydra.sweeper.params (see "
                                "configs/hparams_search/) or ranges like optimizer.lr=interval(1e-4,1e-3)")
+        import functools
+
+        if isinstance(self.sampler, functools.partial):  # the plugin's GridSampler (built from the search space)
+            raise TformerError("hparams_search with the grid sampler: sweep a grid with -m and comma lists instead "
+                               "(tformer train -m optimizer.lr=1e-4,3e-4 ...; resume=<sweep dir> continues it too)")
+        resuming = any(a.startswith("resume=") for a in arguments)
         Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)  # the SQLite study lives here
-        OmegaConf.save(self.config, Path(self.sweep_dir) / "multirun.yaml")  # as Hydra's basic sweeper: a sweep
         study = optuna.create_study(study_name=self.study_name, storage=self.storage, sampler=self.sampler,
                                     directions=self._get_directions(), load_if_exists=True)
+        if study.trials and not resuming:
+            raise TformerError(f"{self.sweep_dir} already holds Optuna study {study.study_name} with "
+                               f"{len(study.trials)} trials; continue it with resume={self.sweep_dir}, or give "
+                               f"another hydra.sweep.dir")
+        OmegaConf.save(self.config, Path(self.sweep_dir) / "multirun.yaml")  # as Hydra's basic sweeper: a sweep
+        if study.trials and hasattr(self.sampler, "reseed_rng"):
+            # the sampler was rebuilt with the same seed: unchanged, it would propose the first trials again
+            self.sampler.reseed_rng()
         next_job, ended, requeued = self._requeue_interrupted(study)
         remaining = self.n_trials - ended
         if ended or requeued:

@@ -17,4 +17,12 @@ class ResumableOptunaSweeper(Sweeper):
         self.sweeper.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> None:
-        return self.sweeper.sweep(arguments)
+        import sys
+
+        from tformer_cli.errors import TformerError
+
+        try:
+            return self.sweeper.sweep(arguments)
+        except TformerError as exc:  # one line, as everywhere in tformer (Hydra would print a traceback)
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)

@@ -57,8 +57,8 @@ def init(dist: Dist, device: torch.device) -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(dist.local_rank)
         device = torch.device("cuda", dist.local_rank)
-    if not td.is_initialized():
-        td.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if not td.is_initialized():  # (on GPUs, gloo too: the tokenizer broadcast is of CPU tensors)
+        td.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
     return device
 
 
@@ -78,9 +78,9 @@ def wrap(model: torch.nn.Module, dist: Dist, device: torch.device) -> torch.nn.M
     return DistributedDataParallel(model, device_ids=ids)
 
 
-def shard(batches: list[torch.Tensor], dist: Dist) -> list[tuple[torch.Tensor, int]]:
-    """(this rank's rows, the global batch's size) of each global batch that has a row for every rank."""
-    return [(b[dist.rank::dist.world], len(b)) for b in batches if len(b) >= dist.world]
+def shard(batches: list[torch.Tensor], dist: Dist) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(this rank's rows, the whole global batch) of each global batch that has a row for every rank."""
+    return [(b[dist.rank::dist.world], b) for b in batches if len(b) >= dist.world]
 
 
 def all_sum(values: list[float], device: torch.device) -> list[float]:

@@ -210,10 +210,13 @@ class WandbLogger(Logger):
         os.environ.setdefault("WANDB_SILENT", "true")  # its banner and sync hints would interleave with ours
         import wandb
 
-        group = self.run_dir.root.name
+        # the run's place under outputs/ (<date>/<time>, or <date>/<time>/<job> for a sweep's job: job folders
+        # alone repeat from sweep to sweep)
+        parts = self.run_dir.root.resolve().parts
+        group = "/".join(parts[-3:] if self.run_dir.sweep() is not None else parts[-2:])
         # W&B steps only go forward, and offline runs cannot be resumed: a resumed run (which logs again from
         # its checkpoint's step) is a new W&B run in the run's group, named after where it starts
-        name = group if resume_step is None else f"{group}-from-step-{resume_step}"
+        name = self.run_dir.root.name + ("" if resume_step is None else f"-from-step-{resume_step}")
         try:
             self.run = wandb.init(project=str(self.cfg.option("project") or "tformer"),
                                   entity=self.cfg.option("entity"), name=name, group=group,

@@ -136,7 +136,10 @@ def fit(run: Run) -> TrainingState:
     model = run.model.to(run.device)
     loader = BatchLoader(run.train, tcfg.batch_size, run.pad_id, shuffle=True, seed=tcfg.seed,
                          num_workers=tcfg.num_workers, pin_memory=run.device.type == "cuda")
-    opt = Optimization(model, optimizer=run.optimizer, schedule=run.schedule, total_steps=tcfg.epochs * len(loader),
+    steps_per_epoch = len(loader)
+    if run.dist.enabled:  # (a last global batch with fewer rows than ranks is dropped: distributed.shard)
+        steps_per_epoch -= int(0 < len(run.train) % tcfg.batch_size < run.dist.world)
+    opt = Optimization(model, optimizer=run.optimizer, schedule=run.schedule, total_steps=tcfg.epochs * steps_per_epoch,
                        device=run.device, precision=run.precision, grad_clip=tcfg.grad_clip,
                        embedding_lr_multiplier=run.embedding_lr_multiplier, layer_lr_decay=run.layer_lr_decay,
                        loss_weight=run.loss_weight,
@@ -154,6 +157,8 @@ def fit(run: Run) -> TrainingState:
             wrapped_for = state.embeddings_frozen
         seconds = _train_epoch(run, state, opt, loader)
         metrics = _end_epoch(run, state, opt, seconds)
+        if run.dist.enabled:  # a signal that came while rank 0 was saving: every rank must take the same branch
+            run.stop_requested = distributed.any_rank(run.stop_requested, run.device)
         if state.stopper.should_stop:
             run.say(f"early stopping: {state.stopper.monitor} has not improved for {state.stopper.patience} "
                     f"epochs (best {state.stopper.best:.4f} at epoch {state.stopper.best_epoch})")
@@ -166,6 +171,11 @@ def fit(run: Run) -> TrainingState:
 
 def _restore(run: Run, state: TrainingState, opt: Optimization) -> None:
     tensors, saved = run.resume
+    world = int(saved.get("processes", 1))
+    if world != run.dist.world and int(saved.get("batches_done", 0)) > 0:
+        raise TformerError(f"the run stopped mid-epoch with {world} process(es): its place in the epoch is in "
+                           f"their batches; resume with trainer.devices={world} (at an epoch boundary any number "
+                           f"of processes may continue it)")
     opt.load_state_dict(tensors, saved)
     state.load_state_dict(tensors, saved)  # last: it also restores the random number generators
     run.say(f"resuming at epoch {state.epoch + 1}, batch {state.batches_done} (step {state.step})", highlight=False)
@@ -173,10 +183,10 @@ def _restore(run: Run, state: TrainingState, opt: Optimization) -> None:
         run.say("the run had already finished; nothing to do")
 
 
-def _training_files(state: TrainingState, opt: Optimization) -> tuple[dict, dict]:
+def _training_files(state: TrainingState, opt: Optimization, world: int = 1) -> tuple[dict, dict]:
     tensors, saved = state.state_dict()
     opt_tensors, opt_saved = opt.state_dict()
-    return {**tensors, **opt_tensors}, {**saved, **opt_saved}
+    return {**tensors, **opt_tensors}, {**saved, **opt_saved, "processes": world}
 
 
 def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: BatchLoader) -> float:
@@ -195,7 +205,8 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
             state.epoch_loss_sum, state.epoch_seen = 0.0, 0
     n_batches = len(everything)
     todo = everything[state.batches_done:]
-    sizes = [size for _, size in todo] if dist.enabled else None
+    shares = [_share(run, rows, whole) for rows, whole in todo] if dist.enabled else None
+    wholes = [len(whole) for _, whole in todo] if dist.enabled else None
     loss_sum = torch.full((), state.epoch_loss_sum, device=run.device)
     window, window_n = torch.zeros((), device=run.device), 0
     window_t, window_seen = time.perf_counter(), 0
@@ -205,15 +216,27 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
                dynamic_ncols=True, disable=None if dist.is_main else True)
     for i, batch in enumerate(bar):
         rows = batch["labels"].shape[0]
-        loss = train_step(opt, batch, rows * dist.world / sizes[i] if dist.enabled else 1.0)
+        loss = train_step(opt, batch, shares[i] if dist.enabled else 1.0)
         state.step, state.batches_done = state.step + 1, state.batches_done + 1
-        loss_sum += loss * rows
+        if dist.enabled:  # this rank's part of the global batch's loss: summed over ranks, the loss one process sees
+            loss = loss * (shares[i] / dist.world)
+            loss_sum += loss * wholes[i]
+        else:
+            loss_sum += loss * rows
         state.epoch_seen += rows
         window, window_n, window_seen = window + loss, window_n + 1, window_seen + rows
-        if dist.enabled:  # a stop seen by any rank, agreed on by all: every rank ends after this same step
-            run.stop_requested = distributed.any_rank(run.stop_requested, run.device)
-        if state.step % tcfg.log_every_steps == 0:
-            running = float(window) / window_n  # the one host sync, every log_every_steps
+        every = tcfg.checkpoint_every_steps
+        logging_step = state.step % tcfg.log_every_steps == 0
+        stop = run.stop_requested
+        if dist.enabled:  # ranks agree on a stop at log and checkpoint steps (not every step: each is a host sync)
+            stop = (logging_step or bool(every and state.step % every == 0)) and \
+                distributed.any_rank(run.stop_requested, run.device)
+        if logging_step:
+            if dist.enabled:  # every rank's losses: the same finite check and the same figure on every rank
+                total, window_seen = distributed.all_sum([float(window), window_seen], run.device)
+                running = total / window_n
+            else:
+                running = float(window) / window_n  # the one host sync, every log_every_steps
             _check_finite(running, f"near step {state.step} (epoch {epoch + 1})")
             bar.set_postfix(loss=f"{running:.4f}", lr=f"{opt.lr:.2e}")
             if run.log_metrics is not None:
@@ -223,16 +246,15 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
                 window_t, window_seen = now, 0
             window, window_n = torch.zeros((), device=run.device), 0
         mid_epoch = state.batches_done < n_batches
-        every = tcfg.checkpoint_every_steps
-        if mid_epoch and (run.stop_requested or (every and state.step % every == 0)):
+        if mid_epoch and (stop or (every and state.step % every == 0)):
             state.epoch_loss_sum = float(loss_sum)
             saved_local = (state.epoch_loss_sum, state.epoch_seen)
             if dist.enabled:  # `last` holds the whole epoch's sums (every rank's), as a single process's would
                 state.epoch_loss_sum, state.epoch_seen = distributed.all_sum(list(saved_local), run.device)
                 state.epoch_seen = int(state.epoch_seen)
             run.save_checkpoint("last", {"step": state.step, "epoch": epoch + 1, "batches_done": state.batches_done},
-                                _training_files(state, opt))
-            if run.stop_requested:
+                                _training_files(state, opt, run.dist.world))
+            if stop:
                 bar.close()
                 raise Interrupted(f"interrupted at epoch {epoch + 1}, step {state.step}; the last checkpoint is saved")
             state.epoch_loss_sum, state.epoch_seen = saved_local  # each rank goes on with its own part
@@ -242,6 +264,15 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
         total, seen = distributed.all_sum([state.epoch_loss_sum, state.epoch_seen], run.device)
         state.epoch_loss_sum, state.epoch_seen = total, int(seen)
     return time.perf_counter() - t0
+
+
+def _share(run: Run, rows: torch.Tensor, whole: torch.Tensor) -> float:
+    """The weight of a rank's loss so that DDP's gradient average is the gradient of the global batch's loss:
+    its rows' share of the global batch (by class weight when the loss is class-weighted: Σw over Σw)."""
+    if run.loss_weight is not None and run.train.labels.dim() == 1:
+        w = run.loss_weight.cpu()
+        return run.dist.world * float(w[run.train.labels[rows]].sum() / w[run.train.labels[whole]].sum())
+    return run.dist.world * len(rows) / len(whole)
 
 
 def _end_epoch(run: Run, state: TrainingState, opt: Optimization, seconds: float) -> dict:
@@ -264,7 +295,7 @@ def _end_epoch(run: Run, state: TrainingState, opt: Optimization, seconds: float
         state.best_metrics = dict(metrics)
         run.save_checkpoint("best", metrics, None)
     state.start_epoch()
-    run.save_checkpoint("last", metrics, _training_files(state, opt))
+    run.save_checkpoint("last", metrics, _training_files(state, opt, run.dist.world))
     run.say(f"epoch {epoch:>3}/{run.trainer.epochs}  train_loss {train_loss:.4f}  val_loss {metrics['val_loss']:.4f}  "
             f"val_acc {metrics['val_accuracy']:.4f}  val_f1 {metrics['val_f1']:.4f}  "
             f"{seen / seconds:,.0f} samples/s  {seconds:.1f}s" + ("  [green]* best[/]" if is_best else ""),
