@@ -344,6 +344,10 @@ def _main() -> None:
         return
     if task == "train":
         rest = _guarded(_distributed_args)(rest)
+    if task == "pretrain" and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        from .errors import TformerError
+
+        _fail(TformerError("tformer pretrain runs in one process (no DDP yet); start it without torchrun"))
     if task in ("train", "evaluate", "pretrain"):
         try:
             if task == "train" and ("-m" in rest or "--multirun" in rest):
