@@ -305,8 +305,7 @@ def _pretrain_locked(config, options: MlmOptions, tree: dict, run_dir: RunDir, o
         raise Interrupted(f"{exc}; resume with: {command}") from None
     finally:
         restore()
-    report.print_history(state.history, console, ("epoch", "train_mlm_loss", "val_mlm_loss", "val_mlm_accuracy", "lr",
-                                                   "train_samples_per_s", "epoch_seconds"), "pretraining summary")
+    report.print_history(state.history, console)  # (its pretraining columns)
     write_json(run_dir.history, state.history)
     best = state.best_metrics
     console.print(f"best checkpoint: {run_dir.best} (epoch {best.get('epoch')}, val_mlm_loss "

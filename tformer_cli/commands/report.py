@@ -69,12 +69,16 @@ def main(argv: list[str]) -> int:
         print_history(history, console)
     best_ckpt = run_dir.best.existing()
     best = json.loads(best_ckpt.metrics.read_text()) if best_ckpt and best_ckpt.metrics.is_file() else {}
-    if best:
+    if best and "val_mlm_loss" in best:  # a `tformer pretrain` run
+        console.print(f"best epoch {best.get('epoch')}: val_mlm_loss {best['val_mlm_loss']:.4f}, val_mlm_accuracy "
+                      f"{best.get('val_mlm_accuracy', float('nan')):.4f}", highlight=False)
+    elif best:
         console.print(f"best epoch {best.get('epoch')}: val_accuracy {best.get('val_accuracy', float('nan')):.4f}, "
                       f"val_f1 {best.get('val_f1', float('nan')):.4f}, val_loss {best.get('val_loss', float('nan')):.4f}",
                       highlight=False)
     if not run_dir.finished:
-        console.print("[yellow]the run did not finish[/]; resume it with `tformer train <its overrides> "
+        task = "pretrain" if best_ckpt is not None and best_ckpt.is_pretraining() else "train"
+        console.print(f"[yellow]the run did not finish[/]; resume it with `tformer {task} <its overrides> "
                       f"resume={run_dir}`", highlight=False)
     if run_dir.test_metrics.is_file():
         labels = json.loads(ckpts[0].labels.read_text())

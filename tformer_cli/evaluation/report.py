@@ -44,6 +44,10 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
         console.print(cm)
 
 
+MLM_COLUMNS = ("epoch", "train_mlm_loss", "val_mlm_loss", "val_mlm_accuracy", "lr", "train_samples_per_s",
+               "epoch_seconds")
+
+
 def print_history(history: list[dict], console=None, columns: tuple[str, ...] | None = None,
                   title: str = "training summary") -> None:
     from rich.table import Table
@@ -51,6 +55,8 @@ def print_history(history: list[dict], console=None, columns: tuple[str, ...] | 
     from ..console import output
 
     console = console or output()
+    if columns is None and history and "val_mlm_loss" in history[0]:  # a `tformer pretrain` run
+        columns, title = MLM_COLUMNS, "pretraining summary"
     table = Table(title=title, header_style="bold")
     cols = list(columns or ("epoch", "train_loss", "val_loss", "val_accuracy", "val_f1", "lr", "train_samples_per_s",
                             "epoch_seconds"))
