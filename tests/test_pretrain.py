@@ -116,3 +116,21 @@ def test_logits_at_the_masked_positions_only_give_the_same_loss():
     full, masked_only = model(ids, mask), model(ids, mask, labels)
     assert masked_only.shape == (int(labels.ne(IGNORE).sum()), 40)
     assert torch.allclose(model.loss(full, labels), model.loss(masked_only, labels), atol=1e-6)
+
+
+def test_a_resume_with_other_settings_and_a_seed_that_would_leak_are_refused(pretrained, tmp_path):
+    import shutil
+
+    copy = RunDir(tmp_path / "run")
+    shutil.copytree(pretrained.root, copy.root)
+    with pytest.raises(TformerError, match="config differs in data.n_train"):
+        pretrain(plain(compose_config("pretrain", *TINY[:1], "data.n_train=900", *TINY[2:], "trainer.epochs=3",
+                                      f"resume={copy.root}")), RunDir(tmp_path / "unused"))
+    with pytest.raises(TformerError, match="pass seed=42"):
+        train([*TINY, "trainer.epochs=1", "seed=7", f"model.init={pretrained.root}"], run_dir=tmp_path / "ft")
+    with pytest.raises(TformerError, match="from-scratch encoder"):
+        pretrain(plain(compose_config("pretrain", *TINY, f"model.init={pretrained.root}")), RunDir(tmp_path / "p"))
+    from tformer_cli import hub_repo
+
+    with pytest.raises(TformerError, match="not a classifier"):
+        hub_repo.stage(pretrained.root, tmp_path / "stage")

@@ -75,6 +75,9 @@ def stage(checkpoint: str | Path, folder: Path) -> Path:
     from . import checkpoint as ckpt
 
     source = ckpt.resolve(checkpoint)
+    if source.is_pretraining():
+        raise TformerError(f"{source} is a pretraining (masked-LM) checkpoint, not a classifier; push a run trained "
+                           f"with tformer train (model.init=<this run> fine-tunes one from it)")
     ckpt.verify_manifest(source)  # never publish a damaged checkpoint
     export = RunDir.of_checkpoint(source).export_of(source)
     stale = export.stale_for(source) if export.is_export() else None

@@ -176,7 +176,7 @@ class RunDir:
     mlflow_run_id = property(lambda self: self.root / "mlflow_run_id")  # logger=mlflow: the run a resume continues
     wandb = property(lambda self: self.root / "wandb")  # logger=wandb: W&B's own folder (offline runs to sync)
 
-    BOOKKEEPING = (".hydra", ".lock", "train.log", "evaluate.log")  # what a run dir holds before any result
+    BOOKKEEPING = (".hydra", ".lock", "train.log", "evaluate.log", "pretrain.log")  # what a run dir holds before any result
 
     def discard_if_empty(self) -> bool:
         """Remove this run dir if it holds nothing but bookkeeping (a refused or failed command's folder, or the

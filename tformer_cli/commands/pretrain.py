@@ -85,6 +85,8 @@ def pretrain(tree: dict, run_dir: RunDir, overrides=()) -> float:
     from .train import configure, log_header
 
     tree = copy.deepcopy(tree)
+    if isinstance(tree.get("mlm"), dict) and tree["mlm"].get("extra_files"):  # found again from any directory
+        tree["mlm"]["extra_files"] = [str(Path(f).expanduser().resolve()) for f in tree["mlm"]["extra_files"]]
     options = build(MlmOptions, tree.get("mlm") or {}, "mlm")
     config, located = configure({k: v for k, v in tree.items() if k != "mlm"})  # (data paths made absolute)
     tree.update(located)
@@ -121,6 +123,26 @@ def _find_resumable(resume):
     return last
 
 
+def _check_resumable(resumed, tree: dict, run_dir: RunDir) -> None:
+    """As `train`'s resume: the same config (texts, model, batches: the run's place in its epoch depends on them),
+    and a finished run only continued to train longer."""
+    import yaml
+
+    from .train import _get, config_diff
+
+    saved = yaml.safe_load(resumed.files.config.read_text()) if resumed.files.config.is_file() else {}
+    saved_epochs = _get(saved, "trainer.epochs")
+    extending = isinstance(saved_epochs, int) and int(_get(tree, "trainer.epochs")) > saved_epochs
+    if run_dir.finished and not extending:
+        raise TformerError(f"pretraining run {run_dir} has already finished; pass trainer.epochs=<more than "
+                           f"{saved_epochs}> with resume= to train it longer, or start a new run")
+    diff = [k for k in config_diff(saved, tree) if not (extending and k == "trainer.epochs")]
+    if diff:
+        shown = ", ".join(f"{k} ({_get(saved, k)!r} -> {_get(tree, k)!r})" for k in diff[:6])
+        raise TformerError(f"cannot resume {run_dir}: the config differs in {shown}; resume with the run's original "
+                           f"overrides (`tformer pretrain <them> resume={run_dir}`) or start a new run")
+
+
 def _pretrain_locked(config, options: MlmOptions, tree: dict, run_dir: RunDir, overrides, resume_from,
                      console) -> float:
     import torch
@@ -141,6 +163,9 @@ def _pretrain_locked(config, options: MlmOptions, tree: dict, run_dir: RunDir, o
     from ..training.state import TrainingState
     from .train import _install_signal_handlers, build_tokenizer_and_embeddings, seed_everything
 
+    if config.model_options.pretrained or config.model_options.init:
+        raise TformerError("tformer pretrain trains a from-scratch encoder (model=tiny|small|base); a pretrained "
+                           "encoder (model.pretrained / model.init) is fine-tuned with tformer train")
     seed_everything(config.seed)
     device = pick_device(config.trainer.device)
     precision = pick_precision(config.trainer.precision, device)
@@ -148,6 +173,7 @@ def _pretrain_locked(config, options: MlmOptions, tree: dict, run_dir: RunDir, o
     max_len, resumed = int(config.model["max_len"]), None
     if resume_from is not None:
         resumed = checkpoint.load_pretraining(resume_from, with_training_state=True)
+        _check_resumable(resumed, tree, run_dir)
         tok, pre = tokenization.load_tokenizer(resumed.tokenizer_file, max_len), None
     else:
         tok, pre = build_tokenizer_and_embeddings(config, train_texts)
@@ -229,7 +255,9 @@ def _pretrain_locked(config, options: MlmOptions, tree: dict, run_dir: RunDir, o
             correct += int(logits.argmax(-1).eq(targets).sum())
             count += len(targets)
         model.train()
-        return {"val_mlm_loss": total / max(count, 1), "val_mlm_accuracy": correct / max(count, 1)}
+        if count == 0:  # nothing to predict (texts too short): not a perfect score
+            return {"val_mlm_loss": float("nan"), "val_mlm_accuracy": float("nan")}
+        return {"val_mlm_loss": total / count, "val_mlm_accuracy": correct / count}
 
     stop = type("Stop", (), {"stop_requested": False})()
     restore = _install_signal_handlers(stop)
@@ -282,6 +310,9 @@ def _pretrain_locked(config, options: MlmOptions, tree: dict, run_dir: RunDir, o
                                           f"checkpoint is saved")
             bar.close()
             seconds = time.perf_counter() - t0
+            if not math.isfinite(float(loss_sum)):
+                raise TformerError(f"the MLM loss became {float(loss_sum)} in epoch {state.epoch + 1}; try a lower "
+                                   f"optimizer.lr (the last checkpoint is kept)")
             metrics = {"epoch": state.epoch + 1, "step": state.step,
                        "train_mlm_loss": float(loss_sum) / max(state.epoch_seen, 1), **validate(), "lr": opt.lr,
                        "epoch_seconds": seconds, "train_samples_per_s": state.epoch_seen / seconds}
@@ -308,7 +339,12 @@ def _pretrain_locked(config, options: MlmOptions, tree: dict, run_dir: RunDir, o
     report.print_history(state.history, console)  # (its pretraining columns)
     write_json(run_dir.history, state.history)
     best = state.best_metrics
+    same = [o for o in overrides if o.split("=", 1)[0] in ("data", "data.dir", "model", "model.max_len", "seed")]
+    if not any(o.startswith("model=") for o in same):
+        same.append("model=small")  # (pretrain's default model; train's is tiny)
+    if not any(o.startswith("data=") for o in same):
+        same.append(f"data={config.data.name}")
     console.print(f"best checkpoint: {run_dir.best} (epoch {best.get('epoch')}, val_mlm_loss "
                   f"{best.get('val_mlm_loss', float('nan')):.4f}); fine-tune it with: tformer train "
-                  f"model.init={run_dir} data={config.data.name}", highlight=False)
+                  f"model.init={run_dir} {' '.join(same)}", highlight=False)
     return float(best.get("val_mlm_loss", float("nan")))

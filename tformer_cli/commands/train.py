@@ -365,6 +365,13 @@ def _from_pretraining(config: TrainConfig, init, data, tok, tokenized, fingerpri
     from ..model.mlm import encoder_state
     from ..safe_text import markup
 
+    import yaml
+
+    saved = yaml.safe_load(init.files.config.read_text()) if init.files.config.is_file() else {}
+    if (saved.get("data") or {}).get("name") == config.data.name and saved.get("seed") != config.seed:
+        raise TformerError(f"model.init: the pretraining run split {config.data.name} with seed={saved.get('seed')}; "
+                           f"with seed={config.seed} the validation (and a carved test) split would hold texts it "
+                           f"pretrained on: pass seed={saved.get('seed')}")
     mine = config.encoder_config(vocab_size=int(init.model_config["vocab_size"]), num_classes=len(data.label_names),
                                  multi_label=config.data.multi_label, pad_id=int(init.model_config["pad_id"]),
                                  embedding_dim=int(init.model_config.get("embedding_dim") or 0))

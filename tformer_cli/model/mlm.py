@@ -33,7 +33,11 @@ def mask_tokens(ids: torch.Tensor, mask: torch.Tensor, *, mask_id: int, vocab_si
     inputs = ids.clone()
     inputs[chosen & (draw < 0.8)] = mask_id
     random_pos = chosen & (draw >= 0.8) & (draw < 0.9)
-    inputs[random_pos] = torch.randint(len(special_ids), vocab_size, ids.shape, generator=generator)[random_pos]
+    ordinary = torch.ones(vocab_size, dtype=torch.bool)  # random replacements are never special tokens
+    ordinary[[i for i in (*special_ids, mask_id) if 0 <= i < vocab_size]] = False
+    pool = ordinary.nonzero().squeeze(1)
+    drawn = pool[torch.randint(len(pool), ids.shape, generator=generator)]
+    inputs[random_pos] = drawn[random_pos]
     return inputs, labels
 
 
