@@ -22,6 +22,26 @@ def run_tformer(*args, cwd, input=None, env=None, timeout=600):
                           timeout=timeout)
 
 
+def interrupted_when(pattern: str, *args, cwd, group: bool = False, timeout: int = 300):
+    """Run `tformer <args>` until a path matching `pattern` (a glob under cwd) exists, then Ctrl-C it (its whole
+    process group with group=True, as a terminal does); returns (exit code, output)."""
+    import glob
+    import signal
+    import time
+
+    proc = subprocess.Popen([TFORMER, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=group)
+    deadline = time.time() + timeout
+    while time.time() < deadline and not glob.glob(str(Path(cwd) / pattern)) and proc.poll() is None:
+        time.sleep(0.02)
+    if group:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    return proc.returncode, out
+
+
 def compose_config(name="train", *overrides):
     """The config a `tformer <name> <overrides>` would get (real Hydra composition, no run)."""
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):

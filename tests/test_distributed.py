@@ -3,15 +3,11 @@ torchrun): the same global batches give the same losses and weights as one proce
 Ctrl-C stops every rank after the same step with a checkpoint the run resumes from, ending where an uninterrupted
 single-process run ends."""
 import json
-import os
-import signal
-import subprocess
-import time
 
 import pytest
 import torch
 
-from helpers import TFORMER, run_tformer
+from helpers import interrupted_when, run_tformer
 from tformer_cli.training.distributed import Dist, shard
 
 # default vocabulary size: the demo's WordPiece training is then reproducible across processes, so the
@@ -71,15 +67,10 @@ def test_two_processes_take_the_steps_one_process_takes(single, tmp_path):
 
 def test_ctrl_c_stops_every_rank_and_the_run_resumes_to_the_same_end(single, tmp_path):
     args = [*RUN, "trainer.devices=2", "trainer.checkpoint_every_steps=5", "hydra.run.dir=run"]
-    proc = subprocess.Popen([TFORMER, "train", *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     last = tmp_path / "run" / "checkpoints" / "last"
-    deadline = time.time() + 300
-    while time.time() < deadline and not last.is_dir():
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: torchrun and both ranks get it
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out[-3000:]
+    # as a terminal's Ctrl-C: the launcher and both ranks get it
+    code, out = interrupted_when("run/checkpoints/last", "train", *args, cwd=tmp_path, group=True)
+    assert code == 130, out[-3000:]
     assert "resume with: tformer train" in out and "Traceback" not in out, out[-3000:]
     saved = json.loads((last / "metrics.json").read_text())
     assert saved["step"] < 32

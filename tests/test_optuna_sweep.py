@@ -3,14 +3,10 @@ sweep dir) killed during its fourth trial and resumed with resume=<sweep dir>: e
 trials read back (not retrained), the interrupted one resumed from its checkpoint with the same parameters, and
 the study ends with exactly the trials asked for."""
 import csv
-import glob
-import signal
-import subprocess
-import time
 
 import pytest
 
-from helpers import TFORMER, run_tformer, train_config
+from helpers import interrupted_when, run_tformer, train_config
 
 optuna = pytest.importorskip("optuna")
 pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
@@ -37,14 +33,9 @@ def test_hparams_search_configs_compose_with_the_resumable_sweeper():
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # load_study of the plugin's optuna-2 distributions
 def test_killed_optuna_search_resumes_where_it_stopped(tmp_path):
-    proc = subprocess.Popen([TFORMER, *SEARCH], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and not glob.glob(str(tmp_path / "outputs/multirun/*/*/3_*/checkpoints/last")):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)  # trial 3 has saved a mid-epoch checkpoint
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and "resume the sweep" in out, out[-3000:]
+    # Ctrl-C once trial 3 has saved a mid-epoch checkpoint
+    code, out = interrupted_when("outputs/multirun/*/*/3_*/checkpoints/last", *SEARCH, cwd=tmp_path)
+    assert code == 130 and "resume the sweep" in out, out[-3000:]
     (sweep,) = [p for p in (tmp_path / "outputs" / "multirun").glob("*/*") if p.is_dir()]
     assert (sweep / "optuna.db").is_file()
     finished = {j: next(sweep.glob(f"{j}_*")) for j in ("0", "1", "2")}

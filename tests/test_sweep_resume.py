@@ -1,14 +1,10 @@
 """A grid sweep killed half-way and resumed with resume=<sweep dir>: every job listed once, finished jobs read
 back (not retrained), the interrupted job resumed from its checkpoint, the missing ones run."""
 import csv
-import glob
-import signal
-import subprocess
-import time
 
 import pytest
 
-from helpers import TFORMER, run_tformer
+from helpers import interrupted_when, run_tformer
 
 pytestmark = pytest.mark.slow
 
@@ -17,14 +13,9 @@ SWEEP = ["train", "-m", "model.n_heads=2,4", "seed=1,2", "data.n_train=2000", "d
 
 
 def test_killed_grid_sweep_resumes_without_retraining_finished_jobs(tmp_path):
-    proc = subprocess.Popen([TFORMER, *SWEEP], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and not glob.glob(str(tmp_path / "outputs/multirun/*/*/2_*/checkpoints/last")):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)  # job 2 has saved a mid-epoch checkpoint
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out[-2000:]
+    # Ctrl-C once job 2 has saved a mid-epoch checkpoint
+    code, out = interrupted_when("outputs/multirun/*/*/2_*/checkpoints/last", *SWEEP, cwd=tmp_path)
+    assert code == 130, out[-2000:]
     assert "resume the sweep" in out
     (sweep,) = [p for p in (tmp_path / "outputs" / "multirun").glob("*/*") if p.is_dir()]
     jobs = sorted(p.name.split("_")[0] for p in sweep.iterdir() if p.is_dir())

@@ -143,191 +143,246 @@ def _check_resumable(resumed, tree: dict, run_dir: RunDir) -> None:
                            f"overrides (`tformer pretrain <them> resume={run_dir}`) or start a new run")
 
 
-def _pretrain_locked(config, options: MlmOptions, tree: dict, run_dir: RunDir, overrides, resume_from,
-                     console) -> float:
-    import torch
-    from omegaconf import OmegaConf
-    from tqdm.auto import tqdm
+class MlmRun:
+    """One pretraining run's parts (model, optimizer, splits, state) and its steps: `_pretrain_locked` below reads
+    top to bottom as the epoch loop, these methods are what each part of it does."""
 
-    from .. import checkpoint
-    from ..atomic import JsonLines, write_json
-    from ..data import tokenization
-    from ..data.batching import BatchLoader
-    from ..data.tokenization import TokenizedSplit
-    from ..evaluation import report
-    from ..hardware import pick_device, pick_precision
-    from ..model.mlm import IGNORE, MaskedLM, mask_tokens
-    from ..run_dir import PRETRAINING
-    from ..training.early_stopping import EarlyStopping
-    from ..training.loop import Interrupted, Optimization
-    from ..training.state import TrainingState
-    from .train import _install_signal_handlers, build_tokenizer_and_embeddings, seed_everything
+    def __init__(self, config, options: MlmOptions, tree: dict, run_dir: RunDir, resume_from, console):
+        import torch
+        from omegaconf import OmegaConf
 
-    if config.model_options.pretrained or config.model_options.init:
-        raise TformerError("tformer pretrain trains a from-scratch encoder (model=tiny|small|base); a pretrained "
-                           "encoder (model.pretrained / model.init) is fine-tuned with tformer train")
-    seed_everything(config.seed)
-    device = pick_device(config.trainer.device)
-    precision = pick_precision(config.trainer.precision, device)
-    train_texts, val_texts = pretraining_texts(config, options, console)
-    max_len, resumed = int(config.model["max_len"]), None
-    if resume_from is not None:
-        resumed = checkpoint.load_pretraining(resume_from, with_training_state=True)
-        _check_resumable(resumed, tree, run_dir)
-        tok, pre = tokenization.load_tokenizer(resumed.tokenizer_file, max_len), None
-    else:
-        tok, pre = build_tokenizer_and_embeddings(config, train_texts)
-    tokenization.configure(tok, max_len)
-    encode = lambda texts: TokenizedSplit.from_ids([e.ids for e in tok.encode_batch(texts)])
-    train_split, val_split = encode(train_texts), encode(val_texts)
-    pad = tokenization.pad_id(tok)
-    if resumed is not None:
+        from .. import checkpoint
+        from ..atomic import JsonLines
+        from ..data import tokenization
+        from ..data.batching import BatchLoader
+        from ..data.tokenization import TokenizedSplit
+        from ..hardware import pick_device, pick_precision
         from ..model.encoder import EncoderConfig
+        from ..model.mlm import MaskedLM
+        from ..training.early_stopping import EarlyStopping
+        from ..training.loop import Optimization
+        from ..training.state import TrainingState
+        from .train import build_tokenizer_and_embeddings, seed_everything
 
-        model_cfg = EncoderConfig.from_dict(resumed.model_config)
-    else:
-        model_cfg = config.encoder_config(vocab_size=pre.weight.shape[0] if pre is not None else tok.get_vocab_size(),
-                                          num_classes=2, embedding_dim=pre.weight.shape[1] if pre is not None else 0,
-                                          pad_id=pad)
-    model = MaskedLM(model_cfg)
-    if resumed is not None:
-        model.load_state_dict(resumed.state)
-    elif pre is not None:
-        with torch.no_grad():
-            model.encoder.token_embedding.weight.copy_(pre.weight)
-    model.to(device)
-    specials = sorted({tok.token_to_id(t) for t in tokenization.SPECIAL_TOKENS if tok.token_to_id(t) is not None
-                       and t not in ("[MASK]", "[UNK]")})
-    mask_id = tok.token_to_id("[MASK]")
-    console.print(f"[bold]model[/] {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, vocabulary "
-                  f"{model_cfg.vocab_size:,}, {sum(p.numel() for p in model.parameters()):,} parameters with the MLM "
-                  f"head (output layer tied to the token table); device {device}, precision {precision.name}; run "
-                  f"dir {run_dir}", highlight=False)
-    tcfg = config.trainer
-    loader = BatchLoader(train_split, tcfg.batch_size, pad, shuffle=True, seed=tcfg.seed)
-    opt = Optimization(model, optimizer=config.optimizer, schedule=config.schedule,
-                       total_steps=tcfg.epochs * len(loader), device=device, precision=precision,
-                       grad_clip=tcfg.grad_clip, say=console.print)
-    es = tcfg.early_stopping
-    state = TrainingState(EarlyStopping(es.monitor, es.mode, es.patience, es.min_delta))
-    if resumed is not None and resumed.training is not None:
-        tensors, saved = resumed.training
-        opt.load_state_dict(tensors, saved)
-        state.load_state_dict(tensors, saved)
-        console.print(f"resuming at epoch {state.epoch + 1}, batch {state.batches_done} (step {state.step})",
-                      highlight=False)
-    if resume_from is not None and run_dir.finished:
-        run_dir.history.unlink()  # trained longer: unfinished until it ends again
-    config_yaml, tokenizer_json = OmegaConf.to_yaml(OmegaConf.create(tree)), tok.to_str()
-    metrics_log = JsonLines(run_dir.metrics_log)
-    if resumed is not None:
-        metrics_log.truncate_after(state.step)
+        self.config, self.options, self.run_dir, self.console = config, options, run_dir, console
+        seed_everything(config.seed)
+        self.device = pick_device(config.trainer.device)
+        self.precision = pick_precision(config.trainer.precision, self.device)
+        train_texts, val_texts = pretraining_texts(config, options, console)
+        max_len, resumed = int(config.model["max_len"]), None
+        if resume_from is not None:
+            resumed = checkpoint.load_pretraining(resume_from, with_training_state=True)
+            _check_resumable(resumed, tree, run_dir)
+            tok, pre = tokenization.load_tokenizer(resumed.tokenizer_file, max_len), None
+        else:
+            tok, pre = build_tokenizer_and_embeddings(config, train_texts)
+        tokenization.configure(tok, max_len)
+        encode = lambda texts: TokenizedSplit.from_ids([e.ids for e in tok.encode_batch(texts)])
+        self.val_split, self.pad = encode(val_texts), tokenization.pad_id(tok)
+        if resumed is not None:
+            self.model_cfg = EncoderConfig.from_dict(resumed.model_config)
+        else:
+            self.model_cfg = config.encoder_config(
+                vocab_size=pre.weight.shape[0] if pre is not None else tok.get_vocab_size(), num_classes=2,
+                embedding_dim=pre.weight.shape[1] if pre is not None else 0, pad_id=self.pad)
+        self.model = MaskedLM(self.model_cfg)
+        if resumed is not None:
+            self.model.load_state_dict(resumed.state)
+        elif pre is not None:
+            with torch.no_grad():
+                self.model.encoder.token_embedding.weight.copy_(pre.weight)
+        self.model.to(self.device)
+        self.specials = sorted({tok.token_to_id(t) for t in tokenization.SPECIAL_TOKENS
+                                if tok.token_to_id(t) is not None and t not in ("[MASK]", "[UNK]")})
+        self.mask_id = tok.token_to_id("[MASK]")
+        tcfg = config.trainer
+        self.loader = BatchLoader(encode(train_texts), tcfg.batch_size, self.pad, shuffle=True, seed=tcfg.seed)
+        self.opt = Optimization(self.model, optimizer=config.optimizer, schedule=config.schedule,
+                                total_steps=tcfg.epochs * len(self.loader), device=self.device,
+                                precision=self.precision, grad_clip=tcfg.grad_clip, say=console.print)
+        es = tcfg.early_stopping
+        self.state = TrainingState(EarlyStopping(es.monitor, es.mode, es.patience, es.min_delta))
+        if resumed is not None and resumed.training is not None:
+            tensors, saved = resumed.training
+            self.opt.load_state_dict(tensors, saved)
+            self.state.load_state_dict(tensors, saved)
+        self.config_yaml, self.tokenizer_json = OmegaConf.to_yaml(OmegaConf.create(tree)), tok.to_str()
+        self.metrics_log = JsonLines(run_dir.metrics_log)
+        if resumed is not None:
+            self.metrics_log.truncate_after(self.state.step)
 
-    def masked(batch, step):
-        g = torch.Generator().manual_seed(config.seed * 1_000_003 + step)  # no state: resumes draw the same masks
-        return mask_tokens(batch["input_ids"], batch["attention_mask"], mask_id=mask_id, vocab_size=model_cfg.vocab_size,
-                           special_ids=specials, generator=g, prob=options.mask_prob)
+    def describe(self) -> str:
+        c = self.model_cfg
+        return (f"[bold]model[/] {c.n_layers} layers, d_model {c.d_model}, vocabulary {c.vocab_size:,}, "
+                f"{sum(p.numel() for p in self.model.parameters()):,} parameters with the MLM head (output layer "
+                f"tied to the token table); device {self.device}, precision {self.precision.name}; run dir "
+                f"{self.run_dir}")
 
-    def save(which: str, metrics: dict, training: bool) -> None:
+    def masked(self, batch: dict, step: int):
+        """(inputs, labels) of a batch; the masks come from a seed per step: a resumed run draws the same ones."""
+        import torch
+
+        from ..model.mlm import mask_tokens
+
+        g = torch.Generator().manual_seed(self.config.seed * 1_000_003 + step)
+        return mask_tokens(batch["input_ids"], batch["attention_mask"], mask_id=self.mask_id,
+                           vocab_size=self.model_cfg.vocab_size, special_ids=self.specials, generator=g,
+                           prob=self.options.mask_prob)
+
+    def save(self, which: str, metrics: dict, training: bool) -> None:
+        from .. import checkpoint
+        from ..run_dir import PRETRAINING
+
         files = None
         if training:
-            t1, s1 = state.state_dict()
-            t2, s2 = opt.state_dict()
+            t1, s1 = self.state.state_dict()
+            t2, s2 = self.opt.state_dict()
             files = ({**t1, **t2}, {**s1, **s2})
-        checkpoint.save(run_dir.checkpoint(which), model, model_config=model_cfg.to_dict(),
-                        tokenizer_json=tokenizer_json, label_names=[], config_yaml=config_yaml, metrics=metrics,
-                        meta={"kind": PRETRAINING, "epoch": metrics.get("epoch"), "step": metrics.get("step")},
-                        training_state=files)
+        checkpoint.save(self.run_dir.checkpoint(which), self.model, model_config=self.model_cfg.to_dict(),
+                        tokenizer_json=self.tokenizer_json, label_names=[], config_yaml=self.config_yaml,
+                        metrics=metrics, training_state=files,
+                        meta={"kind": PRETRAINING, "epoch": metrics.get("epoch"), "step": metrics.get("step")})
 
-    @torch.no_grad()
-    def validate() -> dict:
-        model.eval()
+    def step(self, batch: dict):
+        """One optimizer step on a masked batch; the loss, detached, still on the device."""
+        import torch
+
+        opt, device = self.opt, self.device
+        inputs, labels = self.masked(batch, self.state.step)
+        labels = labels.to(device, non_blocking=True)
+        with self.precision.autocast():
+            logits = self.model(inputs.to(device, non_blocking=True),
+                                batch["attention_mask"].to(device, non_blocking=True), labels)
+        loss = self.model.loss(logits, labels)
+        opt.scaler.scale(loss).backward()
+        if opt.grad_clip > 0:
+            opt.scaler.unscale_(opt.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), opt.grad_clip)
+        opt.scaler.step(opt.optimizer)
+        opt.scaler.update()
+        opt.scheduler.step()
+        opt.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def train_epoch(self, stop) -> tuple[float, float]:
+        """(seconds, summed loss) of the epoch from state.batches_done on; `last` every checkpoint_every_steps,
+        and on a stop request (then Interrupted)."""
+        import torch
+        from tqdm.auto import tqdm
+
+        from ..training.loop import Interrupted
+
+        state, tcfg, device = self.state, self.config.trainer, self.device
+        self.model.train()
+        self.loader.set_epoch(state.epoch)
+        t0, window_n = time.perf_counter(), 0
+        loss_sum = torch.full((), state.epoch_loss_sum, device=device)  # summed on the device, read when logged
+        window = torch.zeros((), device=device)
+        bar = tqdm(self.loader.iterate(self.loader.batches()[state.batches_done:]), total=len(self.loader),
+                   initial=state.batches_done, unit="batch", leave=False, dynamic_ncols=True, disable=None,
+                   desc=f"pretrain epoch {state.epoch + 1}/{tcfg.epochs}")
+        for batch in bar:
+            loss, rows = self.step(batch), batch["input_ids"].shape[0]
+            state.step, state.batches_done = state.step + 1, state.batches_done + 1
+            loss_sum, state.epoch_seen = loss_sum + loss * rows, state.epoch_seen + rows
+            window, window_n = window + loss, window_n + 1
+            if state.step % tcfg.log_every_steps == 0:
+                running = float(window) / window_n
+                _check_finite(running, f"near step {state.step}")
+                bar.set_postfix(loss=f"{running:.4f}", lr=f"{self.opt.lr:.2e}")
+                self.metrics_log({"kind": "step", "step": state.step, "epoch": state.epoch + 1, "mlm_loss": running,
+                                  "lr": self.opt.lr})
+                window, window_n = torch.zeros((), device=device), 0
+            every = tcfg.checkpoint_every_steps
+            if state.batches_done < len(self.loader) and (stop.stop_requested or (every and state.step % every == 0)):
+                state.epoch_loss_sum = float(loss_sum)
+                self.save("last", {"step": state.step, "epoch": state.epoch + 1}, training=True)
+                if stop.stop_requested:
+                    bar.close()
+                    raise Interrupted(f"interrupted at epoch {state.epoch + 1}, step {state.step}; the last "
+                                      f"checkpoint is saved")
+        bar.close()
+        return time.perf_counter() - t0, float(loss_sum)
+
+    def validate(self) -> dict:
+        """MLM loss and masked-token accuracy on the validation texts, on masks that are the same every epoch."""
+        import torch
+
+        from ..data.batching import BatchLoader
+        from ..model.mlm import IGNORE
+
+        self.model.eval()
         total, correct, count = 0.0, 0, 0
-        for i, batch in enumerate(BatchLoader(val_split, tcfg.eval_batch_size, pad, shuffle=False)):
-            inputs, labels = masked(batch, -1 - i)  # the same masks every epoch
-            labels = labels.to(device)
-            with precision.autocast():
-                logits = model(inputs.to(device), batch["attention_mask"].to(device), labels)
-            targets = labels[labels.ne(IGNORE)]
-            if len(targets) == 0:
-                continue
-            total += float(model.loss(logits, labels)) * len(targets)
-            correct += int(logits.argmax(-1).eq(targets).sum())
-            count += len(targets)
-        model.train()
+        with torch.no_grad():
+            for i, batch in enumerate(BatchLoader(self.val_split, self.config.trainer.eval_batch_size, self.pad,
+                                                  shuffle=False)):
+                inputs, labels = self.masked(batch, -1 - i)
+                labels = labels.to(self.device)
+                with self.precision.autocast():
+                    logits = self.model(inputs.to(self.device), batch["attention_mask"].to(self.device), labels)
+                targets = labels[labels.ne(IGNORE)]
+                if len(targets) == 0:
+                    continue
+                total += float(self.model.loss(logits, labels)) * len(targets)
+                correct += int(logits.argmax(-1).eq(targets).sum())
+                count += len(targets)
+        self.model.train()
         if count == 0:  # nothing to predict (texts too short): not a perfect score
             return {"val_mlm_loss": float("nan"), "val_mlm_accuracy": float("nan")}
         return {"val_mlm_loss": total / count, "val_mlm_accuracy": correct / count}
 
+    def end_epoch(self, seconds: float, loss_sum: float) -> dict:
+        """Validate, record, save `best` (if it is) and `last`, print the epoch line."""
+        state = self.state
+        _check_finite(loss_sum, f"in epoch {state.epoch + 1}")
+        metrics = {"epoch": state.epoch + 1, "step": state.step,
+                   "train_mlm_loss": loss_sum / max(state.epoch_seen, 1), **self.validate(), "lr": self.opt.lr,
+                   "epoch_seconds": seconds, "train_samples_per_s": state.epoch_seen / seconds}
+        state.history.append(metrics)
+        self.metrics_log({"kind": "epoch", **metrics})
+        is_best = state.stopper.update(metrics, metrics["epoch"])
+        if is_best:
+            state.best_metrics = dict(metrics)
+            self.save("best", metrics, training=False)
+        state.start_epoch()
+        self.save("last", metrics, training=True)
+        self.console.print(
+            f"epoch {metrics['epoch']:>3}/{self.config.trainer.epochs}  train_mlm_loss {metrics['train_mlm_loss']:.4f}"
+            f"  val_mlm_loss {metrics['val_mlm_loss']:.4f}  val_mlm_acc {metrics['val_mlm_accuracy']:.4f}  "
+            f"{metrics['train_samples_per_s']:,.0f} samples/s  {seconds:.1f}s"
+            + ("  [green]* best[/]" if is_best else ""), highlight=False)
+        return metrics
+
+
+def _check_finite(loss: float, where: str) -> None:
+    if not math.isfinite(loss):
+        raise TformerError(f"the MLM loss became {loss} {where}; try a lower optimizer.lr (the last checkpoint is "
+                           f"kept)")
+
+
+def _pretrain_locked(config, options: MlmOptions, tree: dict, run_dir: RunDir, overrides, resume_from,
+                     console) -> float:
+    from ..atomic import write_json
+    from ..evaluation import report
+    from ..training.loop import Interrupted
+    from .train import _install_signal_handlers
+
+    if config.model_options.pretrained or config.model_options.init:
+        raise TformerError("tformer pretrain trains a from-scratch encoder (model=tiny|small|base); a pretrained "
+                           "encoder (model.pretrained / model.init) is fine-tuned with tformer train")
+    run = MlmRun(config, options, tree, run_dir, resume_from, console)
+    state = run.state
+    console.print(run.describe(), highlight=False)
+    if resume_from is not None:
+        console.print(f"resuming at epoch {state.epoch + 1}, batch {state.batches_done} (step {state.step})",
+                      highlight=False)
+        if run_dir.finished:
+            run_dir.history.unlink()  # trained longer: unfinished until it ends again
     stop = type("Stop", (), {"stop_requested": False})()
     restore = _install_signal_handlers(stop)
     try:
-        while state.epoch < tcfg.epochs and not state.stopper.should_stop:
-            model.train()
-            loader.set_epoch(state.epoch)
-            t0, window_n = time.perf_counter(), 0
-            loss_sum = torch.full((), state.epoch_loss_sum, device=device)  # summed on the device, read when logged
-            window = torch.zeros((), device=device)
-            bar = tqdm(loader.iterate(loader.batches()[state.batches_done:]), total=len(loader),
-                       initial=state.batches_done, unit="batch", leave=False, dynamic_ncols=True, disable=None,
-                       desc=f"pretrain epoch {state.epoch + 1}/{tcfg.epochs}")
-            for batch in bar:
-                inputs, labels = masked(batch, state.step)
-                labels = labels.to(device, non_blocking=True)
-                with precision.autocast():
-                    logits = model(inputs.to(device, non_blocking=True),
-                                   batch["attention_mask"].to(device, non_blocking=True), labels)
-                loss = model.loss(logits, labels)
-                opt.scaler.scale(loss).backward()
-                if tcfg.grad_clip > 0:
-                    opt.scaler.unscale_(opt.optimizer)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
-                opt.scaler.step(opt.optimizer)
-                opt.scaler.update()
-                opt.scheduler.step()
-                opt.optimizer.zero_grad(set_to_none=True)
-                state.step, state.batches_done = state.step + 1, state.batches_done + 1
-                loss, rows = loss.detach(), batch["input_ids"].shape[0]
-                loss_sum, state.epoch_seen = loss_sum + loss * rows, state.epoch_seen + rows
-                window, window_n = window + loss, window_n + 1
-                if state.step % tcfg.log_every_steps == 0:
-                    running = float(window) / window_n
-                    if not math.isfinite(running):
-                        raise TformerError(f"the MLM loss became {running} near step {state.step}; try a lower "
-                                           f"optimizer.lr (the last checkpoint is kept)")
-                    bar.set_postfix(loss=f"{running:.4f}", lr=f"{opt.lr:.2e}")
-                    metrics_log({"kind": "step", "step": state.step, "epoch": state.epoch + 1,
-                                 "mlm_loss": running, "lr": opt.lr})
-                    window, window_n = torch.zeros((), device=device), 0
-                mid_epoch = state.batches_done < len(loader)
-                every = tcfg.checkpoint_every_steps
-                if mid_epoch and (stop.stop_requested or (every and state.step % every == 0)):
-                    state.epoch_loss_sum = float(loss_sum)
-                    save("last", {"step": state.step, "epoch": state.epoch + 1}, training=True)
-                    if stop.stop_requested:
-                        bar.close()
-                        raise Interrupted(f"interrupted at epoch {state.epoch + 1}, step {state.step}; the last "
-                                          f"checkpoint is saved")
-            bar.close()
-            seconds = time.perf_counter() - t0
-            if not math.isfinite(float(loss_sum)):
-                raise TformerError(f"the MLM loss became {float(loss_sum)} in epoch {state.epoch + 1}; try a lower "
-                                   f"optimizer.lr (the last checkpoint is kept)")
-            metrics = {"epoch": state.epoch + 1, "step": state.step,
-                       "train_mlm_loss": float(loss_sum) / max(state.epoch_seen, 1), **validate(), "lr": opt.lr,
-                       "epoch_seconds": seconds, "train_samples_per_s": state.epoch_seen / seconds}
-            state.history.append(metrics)
-            metrics_log({"kind": "epoch", **metrics})
-            is_best = state.stopper.update(metrics, metrics["epoch"])
-            if is_best:
-                state.best_metrics = dict(metrics)
-                save("best", metrics, training=False)
-            state.start_epoch()
-            save("last", metrics, training=True)
-            console.print(f"epoch {metrics['epoch']:>3}/{tcfg.epochs}  train_mlm_loss {metrics['train_mlm_loss']:.4f}  "
-                          f"val_mlm_loss {metrics['val_mlm_loss']:.4f}  val_mlm_acc {metrics['val_mlm_accuracy']:.4f}"
-                          f"  {metrics['train_samples_per_s']:,.0f} samples/s  {seconds:.1f}s"
-                          + ("  [green]* best[/]" if is_best else ""), highlight=False)
+        while state.epoch < config.trainer.epochs and not state.stopper.should_stop:
+            metrics = run.end_epoch(*run.train_epoch(stop))
             if stop.stop_requested:
                 raise Interrupted(f"interrupted after epoch {metrics['epoch']}; the last checkpoint is saved")
     except Interrupted as exc:
