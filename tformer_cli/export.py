@@ -124,15 +124,20 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
                                                   "sequences": total},
                 "tformer_version": __version__, "exported_at": time.time()}
         tmp.info.write_text(json.dumps(info, indent=2) + "\n")
-        tmp.manifest.write_text(json.dumps({f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size}
-                                            for f in sorted(tmp.path.iterdir()) if f.name != tmp.manifest.name},
-                                           indent=2) + "\n")
+        write_manifest(tmp)
         _replace(tmp.path, target)
     except OSError as exc:
         raise TformerError(f"could not write the export to {target}: {write_problem(exc)}") from exc
     finally:
         shutil.rmtree(tmp.path, ignore_errors=True)
     return Exported(target.path, worst, same / total, time.perf_counter() - start, target.model.stat().st_size)
+
+
+def write_manifest(export: ExportDir) -> None:
+    """manifest.json: SHA-256 and size of every other file (checked when the export is loaded)."""
+    export.manifest.write_text(json.dumps({f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+                                           for f in sorted(export.path.iterdir()) if f.name != export.manifest.name},
+                                          indent=2) + "\n")
 
 
 def _parity(model, session, cfg, pad: int) -> tuple[float, int, int]:

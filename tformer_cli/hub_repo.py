@@ -109,7 +109,7 @@ def stage(checkpoint: str | Path, folder: Path) -> Path:
 
 def _stage_export(export, into: Path) -> None:
     """The export as published: its source is the repository's root checkpoint (not a path on this machine)."""
-    from .atomic import sha256_file
+    from .export import write_manifest
     from .run_dir import ExportDir
 
     shutil.copytree(export.path, into)
@@ -117,9 +117,7 @@ def _stage_export(export, into: Path) -> None:
     info = json.loads(staged.info.read_text())
     info["source_checkpoint"] = ".."
     staged.info.write_text(json.dumps(info, indent=2) + "\n")
-    listed = json.loads(staged.manifest.read_text())
-    listed[staged.info.name] = {"sha256": sha256_file(staged.info), "bytes": staged.info.stat().st_size}
-    staged.manifest.write_text(json.dumps(listed, indent=2) + "\n")
+    write_manifest(staged)
 
 
 def model_card(source: CheckpointDir, has_onnx: bool) -> str:

@@ -245,7 +245,7 @@ class MlmRun:
 
     def step(self, batch: dict):
         """One optimizer step on a masked batch; the loss, detached, still on the device."""
-        import torch
+        from ..training.loop import optimizer_step
 
         opt, device = self.opt, self.device
         inputs, labels = self.masked(batch, self.state.step)
@@ -254,14 +254,7 @@ class MlmRun:
             logits = self.model(inputs.to(device, non_blocking=True),
                                 batch["attention_mask"].to(device, non_blocking=True), labels)
         loss = self.model.loss(logits, labels)
-        opt.scaler.scale(loss).backward()
-        if opt.grad_clip > 0:
-            opt.scaler.unscale_(opt.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), opt.grad_clip)
-        opt.scaler.step(opt.optimizer)
-        opt.scaler.update()
-        opt.scheduler.step()
-        opt.optimizer.zero_grad(set_to_none=True)
+        optimizer_step(opt, loss)
         return loss.detach()
 
     def train_epoch(self, stop) -> tuple[float, float]:

@@ -83,7 +83,13 @@ def train_step(opt: Optimization, batch: dict[str, torch.Tensor], loss_weight: f
     with opt.precision.autocast():
         logits = opt.forward(ids, mask)
     loss = opt.loss(logits, labels)
-    opt.scaler.scale(loss * loss_weight if loss_weight != 1.0 else loss).backward()
+    optimizer_step(opt, loss * loss_weight if loss_weight != 1.0 else loss)
+    return loss.detach()
+
+
+def optimizer_step(opt: Optimization, loss: torch.Tensor) -> None:
+    """Backward, gradient clipping, optimizer and schedule step (shared with pretraining's step)."""
+    opt.scaler.scale(loss).backward()
     if opt.grad_clip > 0:
         opt.scaler.unscale_(opt.optimizer)  # clip the true gradients, not the scaled ones
         torch.nn.utils.clip_grad_norm_(opt.model.parameters(), opt.grad_clip)
@@ -91,7 +97,6 @@ def train_step(opt: Optimization, batch: dict[str, torch.Tensor], loss_weight: f
     opt.scaler.update()
     opt.scheduler.step()
     opt.optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
 
 
 # (which checkpoint: best | last, metrics, the training state (tensors, JSON) for last, or None) -> None
