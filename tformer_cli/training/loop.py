@@ -43,10 +43,12 @@ class Optimization:
                  total_steps: int, device: torch.device, precision: Precision, grad_clip: float = 0.0,
                  embedding_lr_multiplier: float = 1.0, layer_lr_decay: float = 1.0,
                  loss_weight: torch.Tensor | None = None,
-                 label_smoothing: float = 0.0, compile: bool = False, say: Callable[[str], None] = print):
+                 label_smoothing: float = 0.0, compile: bool = False, distributed: bool = False,
+                 say: Callable[[str], None] = print):
         self.model, self.device, self.precision, self.grad_clip = model, device, precision, grad_clip
         self.loss_weight, self.label_smoothing = loss_weight, label_smoothing
         self.forward = MaybeCompiled(model, compile, say)
+        self.row_updates = optim_lib.use_row_updates(model, optimizer, compile, distributed)
         self.optimizer = optim_lib.build(model, optimizer, embedding_lr_multiplier, device, layer_lr_decay)
         self.scheduler = schedules.build(self.optimizer, schedule, total_steps)
         self.scaler = precision.grad_scaler()
@@ -92,7 +94,7 @@ def optimizer_step(opt: Optimization, loss: torch.Tensor) -> None:
     opt.scaler.scale(loss).backward()
     if opt.grad_clip > 0:
         opt.scaler.unscale_(opt.optimizer)  # clip the true gradients, not the scaled ones
-        torch.nn.utils.clip_grad_norm_(opt.model.parameters(), opt.grad_clip)
+        optim_lib.clip_grad_norm(opt.model.parameters(), opt.grad_clip)
     opt.scaler.step(opt.optimizer)
     opt.scaler.update()
     opt.scheduler.step()
@@ -148,7 +150,8 @@ def fit(run: Run) -> TrainingState:
                        device=run.device, precision=run.precision, grad_clip=tcfg.grad_clip,
                        embedding_lr_multiplier=run.embedding_lr_multiplier, layer_lr_decay=run.layer_lr_decay,
                        loss_weight=run.loss_weight,
-                       label_smoothing=run.label_smoothing, compile=tcfg.compile, say=run.say)
+                       label_smoothing=run.label_smoothing, compile=tcfg.compile, distributed=run.dist.enabled,
+                       say=run.say)
     es = tcfg.early_stopping
     state = TrainingState(EarlyStopping(es.monitor, es.mode, es.patience, es.min_delta))
     if run.resume is not None:

@@ -6,6 +6,14 @@ group (learning-rate multiplier, no weight decay). With layer-wise decay d < 1, 
 embeddings, top = the head; `model.layers()`) gets lr * d^(top - l): lower pretrained layers move less.
 Freezing only flips `requires_grad`: a frozen parameter gets no gradient, so the optimizer skips it and the
 other parameters' Adam moments and step counts carry on untouched when it is unfrozen.
+
+Row updates of the token table (`optimizer.embedding_update=rows`, the Adam/AdamW default): a batch of short
+sentences uses a few hundred of the table's 30,522 rows, yet a dense AdamW step reads and writes all of them
+(weights, gradient, two moments: ~200 MB a step for a 30,522 x 384 table), which cost more than the encoder
+itself on short texts. With rows, the lookup's gradient is sparse (`nn.Embedding(sparse=True)`) and only the rows
+it names are updated ("lazy Adam", as `torch.optim.SparseAdam` or TensorFlow's LazyAdam): a row's moments decay
+only on steps that use it. The moments live in the optimizer's usual state (same names and shapes as Adam's),
+so checkpoints and resume are unchanged and a run may switch modes on resume.
 """
 from __future__ import annotations
 
@@ -24,16 +32,73 @@ OPTIMIZERS: dict[str, Callable[[list[dict], OptimizerConfig, dict], torch.optim.
 register = registrar(OPTIMIZERS)
 
 
+class RowUpdates:
+    """Mixed into Adam/AdamW: parameters whose gradient is sparse get the lazy row update below; the others the
+    parent's (fused) step. A gradient scaler that skips a step (inf/NaN) skips both, since it skips `step`."""
+
+    decoupled = False  # AdamW: weight decay applied to the weights, not added to the gradient
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        sparse = [(group, p, p.grad) for group in self.param_groups for p in group["params"]
+                  if p.grad is not None and p.grad.is_sparse]
+        for _, p, _ in sparse:
+            p.grad = None  # the dense kernels refuse sparse gradients; they skip parameters without one
+        try:
+            loss = super().step(closure)
+        finally:
+            for _, p, grad in sparse:
+                p.grad = grad
+        for group, p, grad in sparse:
+            self._update_rows(group, p, grad.coalesce())
+        return loss
+
+    def _update_rows(self, group: dict, p: torch.Tensor, grad: torch.Tensor) -> None:
+        rows, g = grad.indices()[0], grad.values()  # each used row once, its gradient summed over the batch
+        beta1, beta2 = group["betas"]
+        lr, wd = group["lr"], group["weight_decay"]
+        state = self.state[p]
+        if not state:  # the names, shapes and dtypes Adam itself uses, so either step can continue the other
+            fused = group.get("fused") or group.get("capturable")
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if fused else None)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["step"] += 1
+        step = state["step"].to(p.device)
+        weights = p[rows]
+        if wd and not (self.decoupled or group.get("decoupled_weight_decay")):
+            g = g + wd * weights  # Adam's L2 penalty, on the rows in use
+        m = state["exp_avg"][rows].lerp_(g, 1 - beta1)  # m = beta1 m + (1 - beta1) g
+        v = state["exp_avg_sq"][rows].mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        state["exp_avg"].index_copy_(0, rows, m)
+        state["exp_avg_sq"].index_copy_(0, rows, v)
+        denom = (v / (1 - beta2 ** step)).sqrt_().add_(group["eps"])
+        if wd and (self.decoupled or group.get("decoupled_weight_decay")):
+            weights.mul_(1 - lr * wd)
+        weights.sub_(m / denom * (lr / (1 - beta1 ** step)))  # (a tensor step: no host sync on a GPU)
+        p.index_copy_(0, rows, weights)
+
+
+class AdamWRows(RowUpdates, torch.optim.AdamW):
+    decoupled = True
+
+
+class AdamRows(RowUpdates, torch.optim.Adam):
+    pass
+
+
 @register("adamw")
 def adamw(groups, cfg: OptimizerConfig, fused: dict) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.option("betas")), eps=float(cfg.option("eps")),
-                             **fused)
+    return AdamWRows(groups, lr=cfg.lr, betas=tuple(cfg.option("betas")), eps=float(cfg.option("eps")), **fused)
 
 
 @register("adam")
 def adam(groups, cfg: OptimizerConfig, fused: dict) -> torch.optim.Optimizer:
-    return torch.optim.Adam(groups, lr=cfg.lr, betas=tuple(cfg.option("betas")), eps=float(cfg.option("eps")),
-                            **fused)
+    return AdamRows(groups, lr=cfg.lr, betas=tuple(cfg.option("betas")), eps=float(cfg.option("eps")), **fused)
+
+
+# Optimizers whose step takes sparse gradients (row updates of the token table).
+SPARSE_ROWS = {"adamw", "adam"}
 
 
 @register("sgd")
@@ -81,6 +146,42 @@ def build(model: nn.Module, cfg: OptimizerConfig, embedding_lr_multiplier: float
     # One fused kernel for the whole update (CUDA, and CPU since torch 2.4) instead of a loop over tensors.
     fused = {"fused": True} if device.type in ("cuda", "cpu") else {}
     return builder(groups, cfg, fused)
+
+
+def use_row_updates(model: nn.Module, cfg: OptimizerConfig, compiled: bool = False, distributed: bool = False) -> bool:
+    """Switch the token table to sparse gradients when `optimizer.embedding_update=rows` can be honoured: an
+    optimizer with row updates, no torch.compile (its graphs expect dense gradients), one process (NCCL has no
+    sparse all-reduce). Otherwise the table keeps dense updates. Returns whether rows are on."""
+    mode = cfg.options.get("embedding_update", "dense")  # configs saved before the option: dense, as then
+    if mode not in ("rows", "dense"):
+        raise ConfigError(f"optimizer.embedding_update={mode!r} must be rows or dense")
+    table = getattr(model, "token_embedding", None)
+    on = mode == "rows" and cfg.name in SPARSE_ROWS and isinstance(table, nn.Embedding) and not compiled \
+        and not distributed
+    if table is not None:
+        table.sparse = on
+    return on
+
+
+def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` that also takes sparse gradients (row updates): a sparse gradient is
+    coalesced (each row once, so its norm is the norm of its values) and clipped with the same coefficient."""
+    params = [p for p in parameters if p.grad is not None]
+    sparse = [p for p in params if p.grad.is_sparse]
+    if not sparse:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    for p in sparse:
+        p.grad = p.grad.coalesce()
+    dense = [p for p in params if not p.grad.is_sparse]
+    norms = [torch.linalg.vector_norm(p.grad.values()) for p in sparse]
+    if dense:
+        norms.append(torch.nn.utils.get_total_norm([p.grad for p in dense]))
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    torch.nn.utils.clip_grads_with_norm_(dense, max_norm, total)
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)  # as clip_grads_with_norm_ computes it
+    for p in sparse:
+        p.grad.values().mul_(coef)
+    return total
 
 
 def set_embedding_frozen(model: nn.Module, frozen: bool, layers: int = 0) -> None:
