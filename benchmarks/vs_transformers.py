@@ -7,6 +7,8 @@ BertForSequenceClassification, on the same batches, in the same run, at the same
 Both sides: the offline MiniLM (the `minilm` extra), the same tokenized and dynamically padded batches of IMDB
 training reviews (or demo sentences without --data-dir), dropout 0.1 on hidden states and attention (BERT's),
 AdamW at the recipe's learning rate, gradient clipping at 1.0, the precision `trainer.precision=auto` picks.
+tformer runs twice: as `tformer train` does (only the token-table rows a batch uses are updated,
+`optimizer.embedding_update=rows`) and with the peer's dense update of the whole table ("tformer dense").
 Rounds alternate (tformer, transformers, tformer, ...) after a warm-up, and the median of each side is reported.
 """
 from __future__ import annotations
@@ -56,7 +58,7 @@ def batches(folder: Path, texts, labels, batch: int, max_len: int) -> list[dict]
     return out
 
 
-def build_ours(max_len: int, device, precision, lr: float, steps: int):
+def build_ours(max_len: int, device, precision, lr: float, steps: int, embedding_update: str = "rows"):
     from tformer_cli.training.config import OptimizerConfig, ScheduleConfig
 
     enc = load_encoder(*MINILM, max_len)
@@ -64,7 +66,8 @@ def build_ours(max_len: int, device, precision, lr: float, steps: int):
                                                 pooling="mean"))
     load_into(model, enc)
     model.to(device).train()
-    opt = Optimization(model, optimizer=OptimizerConfig("adamw", lr, 0.01, {"betas": [0.9, 0.999], "eps": 1e-8}),
+    opt = Optimization(model, optimizer=OptimizerConfig("adamw", lr, 0.01, {"betas": [0.9, 0.999], "eps": 1e-8,
+                                                                      "embedding_update": embedding_update}),
                        schedule=ScheduleConfig("constant", 0, 0.0, 0.0), total_steps=steps, device=device,
                        precision=precision, grad_clip=1.0, layer_lr_decay=1.0)
     return lambda b: train_step(opt, b)
@@ -126,7 +129,10 @@ def main() -> None:
     print(f"MiniLM-L6 fine-tuning: {len(timed_batches)} batches of {args.batch} ({tokens:.0f} tokens per text on "
           f"average, max_len {args.max_len}), device {device}, precision {precision.name}, "
           f"threads {torch.get_num_threads()}")
-    sides = {"tformer": build_ours(args.max_len, device, precision, args.lr, args.steps * (args.rounds + 1)),
+    # tformer as `tformer train` runs it (row updates of the token table), and with the peer's dense table update
+    steps = args.steps * (args.rounds + 1)
+    sides = {"tformer": build_ours(args.max_len, device, precision, args.lr, steps),
+             "tformer dense": build_ours(args.max_len, device, precision, args.lr, steps, "dense"),
              "transformers": build_peer(folder, device, precision, args.lr)}
     for step in sides.values():
         timed(step, warm, device)
@@ -135,10 +141,11 @@ def main() -> None:
         for name, step in sides.items():
             results[name].append(timed(step, timed_batches, device))
     for name, values in results.items():
-        print(f"  {name:<13} {statistics.median(values):8.1f} samples/s   (rounds: "
+        print(f"  {name:<14} {statistics.median(values):8.1f} samples/s   (rounds: "
               + ", ".join(f"{v:.1f}" for v in values) + ")")
-    ratio = statistics.median(results["tformer"]) / statistics.median(results["transformers"])
-    print(f"  ratio tformer / transformers: {ratio:.2f}x")
+    for name in ("tformer", "tformer dense"):
+        ratio = statistics.median(results[name]) / statistics.median(results["transformers"])
+        print(f"  ratio {name} / transformers: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

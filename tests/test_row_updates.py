@@ -127,3 +127,31 @@ def test_rows_are_off_where_they_cannot_work():
     assert not optim_lib.use_row_updates(model, cfg, compiled=True) and not model.token_embedding.sparse
     assert not optim_lib.use_row_updates(model, cfg, distributed=True)
     assert not optim_lib.use_row_updates(model, train_config("optimizer=sgd").optimizer)
+
+
+@pytest.mark.parametrize("grad_clip", [1.0, 0.0])
+def test_an_fp16_scaler_unscales_the_rows_and_skips_an_overflowing_step(grad_clip):
+    """What fp16 on a GPU does, on the CPU: the scaler's inf step must leave the rows finite and unmoved, and an
+    ordinary step must update them with the unscaled gradient (as the dense path would)."""
+    from tformer_cli.hardware import Precision
+    from tformer_cli.training.loop import Optimization, optimizer_step
+
+    cfg = train_config()
+    steps = {}
+    for mode in ("rows", "dense"):
+        torch.manual_seed(0)
+        model = Bag()
+        optimizer = copy.deepcopy(cfg.optimizer)
+        optimizer.options["embedding_update"] = mode
+        opt = Optimization(model, optimizer=optimizer, schedule=cfg.schedule, total_steps=10,
+                           device=torch.device("cpu"), precision=Precision("fp32", "cpu"), grad_clip=grad_clip)
+        opt.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16, enabled=True)
+        assert opt.row_updates == (mode == "rows")
+        ids = torch.tensor([[3, 4, 5]])
+        before = model.token_embedding.weight.detach().clone()
+        optimizer_step(opt, model(ids).sum() * float("inf"))  # overflow: the scaler skips this step
+        assert torch.equal(model.token_embedding.weight, before)
+        optimizer_step(opt, model(ids).logsumexp(-1).sum())
+        steps[mode] = model.token_embedding.weight.detach().clone()
+        assert torch.isfinite(steps[mode]).all() and not torch.equal(steps[mode], before)
+    assert torch.allclose(steps["rows"], steps["dense"], atol=1e-6)

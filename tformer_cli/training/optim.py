@@ -34,9 +34,15 @@ register = registrar(OPTIMIZERS)
 
 class RowUpdates:
     """Mixed into Adam/AdamW: parameters whose gradient is sparse get the lazy row update below; the others the
-    parent's (fused) step. A gradient scaler that skips a step (inf/NaN) skips both, since it skips `step`."""
+    parent's (fused) step. An fp16 gradient scaler must unscale every gradient and skip the whole `step` on
+    inf/NaN: a fused optimizer normally asks it to leave both to the kernel (`_step_supports_amp_scaling`),
+    which would leave the rows scaled and updated with inf, so this class says no (one host sync per fp16 step)."""
 
     decoupled = False  # AdamW: weight decay applied to the weights, not added to the gradient
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._step_supports_amp_scaling = False
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -54,6 +60,9 @@ class RowUpdates:
         return loss
 
     def _update_rows(self, group: dict, p: torch.Tensor, grad: torch.Tensor) -> None:
+        if group.get("amsgrad") or group.get("maximize"):
+            raise ConfigError("optimizer.embedding_update=rows supports neither amsgrad nor maximize; "
+                              "use optimizer.embedding_update=dense")
         rows, g = grad.indices()[0], grad.values()  # each used row once, its gradient summed over the batch
         beta1, beta2 = group["betas"]
         lr, wd = group["lr"], group["weight_decay"]
@@ -152,7 +161,7 @@ def use_row_updates(model: nn.Module, cfg: OptimizerConfig, compiled: bool = Fal
     """Switch the token table to sparse gradients when `optimizer.embedding_update=rows` can be honoured: an
     optimizer with row updates, no torch.compile (its graphs expect dense gradients), one process (NCCL has no
     sparse all-reduce). Otherwise the table keeps dense updates. Returns whether rows are on."""
-    mode = cfg.options.get("embedding_update", "dense")  # configs saved before the option: dense, as then
+    mode = cfg.options.get("embedding_update", "dense")  # an optimizer YAML without the key: dense
     if mode not in ("rows", "dense"):
         raise ConfigError(f"optimizer.embedding_update={mode!r} must be rows or dense")
     table = getattr(model, "token_embedding", None)
