@@ -2,6 +2,7 @@
 gradient is Adam's own step for the rows a batch uses, leaves the other rows alone, clips like the dense path,
 shares Adam's state format (so a run may switch modes on resume), and `fit` turns it on only where it can."""
 import copy
+import warnings
 
 import pytest
 import torch
@@ -149,8 +150,12 @@ def test_an_fp16_scaler_unscales_the_rows_and_skips_an_overflowing_step(grad_cli
         assert opt.row_updates == (mode == "rows")
         ids = torch.tensor([[3, 4, 5]])
         before = model.token_embedding.weight.detach().clone()
-        optimizer_step(opt, model(ids).sum() * float("inf"))  # overflow: the scaler skips this step
+        lr = opt.lr
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # e.g. torch's "lr_scheduler.step() before optimizer.step()"
+            optimizer_step(opt, model(ids).sum() * float("inf"))  # overflow: the scaler skips this step
         assert torch.equal(model.token_embedding.weight, before)
+        assert opt.lr == lr and opt.scheduler.last_epoch == 0  # nor did the schedule advance
         optimizer_step(opt, model(ids).logsumexp(-1).sum())
         steps[mode] = model.token_embedding.weight.detach().clone()
         assert torch.isfinite(steps[mode]).all() and not torch.equal(steps[mode], before)

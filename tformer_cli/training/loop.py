@@ -95,9 +95,16 @@ def optimizer_step(opt: Optimization, loss: torch.Tensor) -> None:
     if opt.grad_clip > 0:
         opt.scaler.unscale_(opt.optimizer)  # clip the true gradients, not the scaled ones
         optim_lib.clip_grad_norm(opt.model.parameters(), opt.grad_clip)
-    opt.scaler.step(opt.optimizer)
-    opt.scaler.update()
-    opt.scheduler.step()
+    if opt.scaler.is_enabled():  # fp16: a step with inf/NaN gradients is skipped, and so is its schedule step
+        scale = opt.scaler.get_scale()
+        opt.scaler.step(opt.optimizer)
+        opt.scaler.update()
+        stepped = opt.scaler.get_scale() >= scale  # the scaler backs off after (only after) a skipped step
+    else:
+        opt.optimizer.step()
+        stepped = True
+    if stepped:
+        opt.scheduler.step()
     opt.optimizer.zero_grad(set_to_none=True)
 
 
