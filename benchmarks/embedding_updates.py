@@ -2,12 +2,13 @@
 (30,522 x 384), on short sentences, three ways in one run: the table frozen, unfrozen with dense AdamW updates
 (every row every step), unfrozen with row updates (`optimizer.embedding_update=rows`, the default).
 
-    python benchmarks/embedding_updates.py [--steps 60] [--batch 32] [--model small] [--data-dir ../shared/data/imdb]
+    python benchmarks/embedding_updates.py [--steps 30] [--rounds 9] [--batch 32] [--model small]
+                                           [--data-dir ../shared/data/imdb]
 
 Sentences: IMDB review sentences of 4 to 40 words (a real vocabulary spread) when --data-dir has IMDB, else demo
 sentences. Each mode times the product's own `train_step` on the same batches, rounds alternating after a
-warm-up; the median and the best round are reported (this
-machine's speed drifts between rounds, so compare modes within one run). `--model minilm_l6` runs the whole pretrained encoder instead.
+warm-up; the median and the best round are reported (this machine's speed drifts between rounds, so compare modes
+within one run). `--model minilm_l6` runs the whole pretrained encoder instead.
 """
 from __future__ import annotations
 
