@@ -13,7 +13,8 @@ from tformer_cli.training.distributed import Dist, shard
 # default vocabulary size: the demo's WordPiece training is then reproducible across processes, so the
 # single-process reference reads texts exactly as the DDP run's rank 0 does. DDP updates the whole token table
 # each step (no sparse all-reduce), so the reference does too (a single process otherwise updates used rows only).
-RUN = ["optimizer.embedding_update=dense", "data.n_train=512", "data.n_validation=128", "data.n_test=64", "trainer.epochs=2", "trainer.batch_size=32",
+RUN = ["optimizer.embedding_update=dense", "data.n_train=512", "data.n_validation=128", "data.n_test=64",
+       "trainer.epochs=2", "trainer.batch_size=32",
        "trainer.precision=fp32", "model.max_len=32", "trainer.log_every_steps=4", "trainer.test_after_fit=false"]
 
 
@@ -95,7 +96,8 @@ def test_class_weighted_loss_takes_the_single_process_step_too(tmp_path):
         for i in range(600):
             label = "a" if i % 10 < 7 else "b" if i % 10 < 9 else "c"
             w.writerow([" ".join(f"w{rng.randrange(40)}" for _ in range(8)) + f" key{label}", label])
-    common = ["optimizer.embedding_update=dense", "data=files", "data.train_file=train.csv", "data.test_fraction=0.1", "loss.class_weights=balanced",
+    common = ["optimizer.embedding_update=dense", "data=files", "data.train_file=train.csv", "data.test_fraction=0.1",
+              "loss.class_weights=balanced",
               "trainer.epochs=1", "trainer.batch_size=30", "trainer.precision=fp32", "model.max_len=16",
               "trainer.test_after_fit=false"]
     one = run_tformer("train", *common, "hydra.run.dir=one", cwd=tmp_path)

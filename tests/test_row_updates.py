@@ -29,7 +29,8 @@ class Bag(nn.Module):
 def _steps(model, opt, batches, clip=0.0):
     for ids in batches:
         opt.zero_grad(set_to_none=True)
-        loss = model(ids).logsumexp(-1).sum() - model(ids)[:, 0].sum()
+        logits = model(ids)
+        loss = logits.logsumexp(-1).sum() - logits[:, 0].sum()
         loss.backward()
         if clip:
             optim_lib.clip_grad_norm(model.parameters(), clip)
