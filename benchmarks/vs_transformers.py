@@ -3,6 +3,7 @@ model=minilm_l6` builds them) against the peer a user would pick instead, `trans
 BertForSequenceClassification, on the same batches, in the same run, at the same precision.
 
     python benchmarks/vs_transformers.py [--steps 20] [--batch 32] [--max-len 128] [--data-dir ../shared/data/imdb]
+                                         [--host-allocator retain|system]
 
 Both sides: the offline MiniLM (the `minilm` extra), the same tokenized and dynamically padded batches of IMDB
 training reviews (or demo sentences without --data-dir), dropout 0.1 on hidden states and attention (BERT's),
@@ -10,6 +11,9 @@ AdamW at the recipe's learning rate, gradient clipping at 1.0, the precision `tr
 tformer runs twice: as `tformer train` does (only the token-table rows a batch uses are updated,
 `optimizer.embedding_update=rows`) and with the peer's dense update of the whole table ("tformer dense").
 Rounds alternate (tformer, transformers, tformer, ...) after a warm-up, and the median of each side is reported.
+On CPU the whole process (both sides) uses the host allocator `tformer train` sets (`--host-allocator retain`,
+`tformer_cli.hardware.keep_freed_host_memory`) or glibc's default (`system`, what the peer's users get): run both
+to compare the libraries at equal footing and each as it ships.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tformer_cli.hardware import pick_device, pick_precision  # noqa: E402
+from tformer_cli.hardware import keep_freed_host_memory, pick_device, pick_precision  # noqa: E402
 from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier  # noqa: E402
 from tformer_cli.model.pretrained import load_encoder, load_into, locate_model  # noqa: E402
 from tformer_cli.training.loop import Optimization, train_step  # noqa: E402
@@ -117,9 +121,12 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=128)
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--host-allocator", choices=("retain", "system"), default="retain",
+                    help="CPU: keep freed memory as `tformer train` does, or glibc's default (both sides alike)")
     args = ap.parse_args()
     torch.manual_seed(0)
     device = pick_device("auto")
+    allocator = keep_freed_host_memory(device) if args.host_allocator == "retain" else "system"
     precision = pick_precision("auto", device)
     folder = locate_model(*MINILM)
     texts, labels = texts_and_labels(args.data_dir, (args.steps + 3) * args.batch)
@@ -128,7 +135,7 @@ def main() -> None:
     tokens = sum(int(b["attention_mask"].sum()) for b in timed_batches) / sum(len(b["labels"]) for b in timed_batches)
     print(f"MiniLM-L6 fine-tuning: {len(timed_batches)} batches of {args.batch} ({tokens:.0f} tokens per text on "
           f"average, max_len {args.max_len}), device {device}, precision {precision.name}, "
-          f"threads {torch.get_num_threads()}")
+          f"threads {torch.get_num_threads()}, host allocator {allocator}")
     # tformer as `tformer train` runs it (row updates of the token table), and with the peer's dense table update
     steps = args.steps * (args.rounds + 1)
     sides = {"tformer": build_ours(args.max_len, device, precision, args.lr, steps),

@@ -30,11 +30,12 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
     from ..data import sources, tokenization
     from ..evaluation import report
     from ..evaluation.evaluate import evaluate_split, write_reports
-    from ..hardware import pick_device, pick_precision
+    from ..hardware import keep_freed_host_memory, pick_device, pick_precision
 
     console = output()
     console.open_log(run_dir.log("evaluate"), log_header("evaluate", overrides, tree))
     device = pick_device(config.device)
+    keep_freed_host_memory(device)
     precision = pick_precision(config.precision, device)
     loaded = checkpoint.load(checkpoint.resolve(config.checkpoint) if config.checkpoint
                              else checkpoint.newest(config.outputs_dir), device)

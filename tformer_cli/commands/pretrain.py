@@ -156,7 +156,7 @@ class MlmRun:
         from ..data import tokenization
         from ..data.batching import BatchLoader
         from ..data.tokenization import TokenizedSplit
-        from ..hardware import pick_device, pick_precision
+        from ..hardware import keep_freed_host_memory, pick_device, pick_precision
         from ..model.encoder import EncoderConfig
         from ..model.mlm import MaskedLM
         from ..training.early_stopping import EarlyStopping
@@ -167,6 +167,7 @@ class MlmRun:
         self.config, self.options, self.run_dir, self.console = config, options, run_dir, console
         seed_everything(config.seed)
         self.device = pick_device(config.trainer.device)
+        keep_freed_host_memory(self.device)
         self.precision = pick_precision(config.trainer.precision, self.device)
         train_texts, val_texts = pretraining_texts(config, options, console)
         max_len, resumed = int(config.model["max_len"]), None

@@ -103,13 +103,14 @@ def sweep_job_plan(run_dir: RunDir):
 def _train_locked(config: TrainConfig, run_dir: RunDir, tree: dict, overrides, resume, console) -> float:
     import torch
 
-    from ..hardware import pick_device, pick_precision
+    from ..hardware import keep_freed_host_memory, pick_device, pick_precision
     from ..training.loop import Interrupted, fit
 
     from ..training import distributed
 
     dist = distributed.from_env()
     device = pick_device(config.trainer.device)
+    keep_freed_host_memory(device)
     if dist.enabled:  # (before seeding: joining the group draws random numbers)
         device = distributed.init(dist, device)
         console.print(f"[bold]distributed[/] {dist.world} processes (DDP, {'NCCL' if device.type == 'cuda' else 'gloo'}"
@@ -175,7 +176,7 @@ def _train_worker(config: TrainConfig, run_dir: RunDir, tree: dict, dist) -> Tra
 
     from .. import checkpoint
     from ..console import output
-    from ..hardware import pick_device, pick_precision
+    from ..hardware import keep_freed_host_memory, pick_device, pick_precision
     from ..training import distributed
     from ..training.loop import Interrupted, fit
 
@@ -187,6 +188,7 @@ def _train_worker(config: TrainConfig, run_dir: RunDir, tree: dict, dist) -> Tra
     resume_from = checkpoint.find_resumable(config.resume) if config.resume else None
     resume = load_resume(resume_from, tree) if resume_from is not None else None
     device = distributed.init(dist, pick_device(config.trainer.device))
+    keep_freed_host_memory(device)
     seed_everything(config.seed)
     precision = pick_precision(config.trainer.precision, device)
     torch.set_float32_matmul_precision("high")
