@@ -1,5 +1,7 @@
 """The installed `tformer` command end to end, in subprocesses: train -> evaluate -> predict."""
 import json
+import platform
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,8 @@ def test_train_writes_a_self_contained_checkpoint(trained):
     history = json.loads((run_dir / "history.json").read_text())
     assert [h["epoch"] for h in history] == [1, 2, 3]
     assert "training summary" in r.stdout and ("precision bf16" in r.stdout or "precision fp32" in r.stdout)
+    if "device cpu" in r.stdout and sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+        assert "device cpu (freed host memory reused)" in r.stdout
     test = json.loads((run_dir / "test_metrics.json").read_text())
     assert test["n"] == 300 and 0.0 <= test["accuracy"] <= 1.0
 

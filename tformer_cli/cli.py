@@ -124,7 +124,10 @@ def _run_hydra(task: str, args: list[str]) -> None:
     from .commands import pretrain as pretrain_cmd
     from .commands import train as train_cmd
 
+    from .hardware import own_host_allocator
+
     fn = {"train": train_cmd.run, "evaluate": evaluate_cmd.run, "pretrain": pretrain_cmd.run}[task]
+    own_host_allocator()  # this process is ours: on CPU the commands keep freed memory for reuse
     sys.argv = [f"tformer {task}"] + args
     import warnings
 

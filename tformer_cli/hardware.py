@@ -28,50 +28,81 @@ def pick_device(name: str) -> torch.device:
         raise TformerError(f"trainer.device={name} is not a device torch knows; use auto, cpu, cuda or mps") from exc
 
 
-_HOST_ALLOCATOR_SET = False
+class _HostAllocator:
+    owned = False  # the CLI owns its process; the library API leaves the caller's allocator alone
+    mode = "system"
+
+
+def own_host_allocator() -> None:
+    """Called by the `tformer` CLI: its commands may tune the process-wide allocator (keep_freed_host_memory)."""
+    _HostAllocator.owned = True
 
 
 def keep_freed_host_memory(device: torch.device) -> str:
-    """Let glibc's malloc keep the memory that freed tensors give back, for the rest of the process.
+    """Let glibc's malloc keep the memory that freed tensors give back, so the next step reuses it.
 
-    By default glibc serves every allocation over a few MB (attention scores, activations: hundreds of MB a step
-    on long documents) with a fresh mmap and unmaps it on free, so the kernel maps and zeroes those pages again on
-    every step: on CPU half the training time went into page faults (IMDB, MiniLM, 512 tokens). Serving them from
-    the heap and not trimming it reuses the pages; RSS stays near the peak (some 10-20% above the default's).
-    Called by the `train`, `pretrain` and `evaluate` commands on CPU, not by the library API (it changes the whole
-    process). Left alone when the user chose an allocator (LD_PRELOAD, GLIBC_TUNABLES, MALLOC_* variables) or set
-    TFORMER_HOST_ALLOCATOR=system. Returns what it did, for the run log.
+    By default glibc serves every block over its mmap threshold (at most 32 MB: attention scores and activations of
+    long documents are hundreds of MB a step) with a fresh mmap and unmaps it on free, so the kernel maps and zeroes
+    those pages again on every step: on CPU half the training time went into page faults (IMDB, MiniLM, 512
+    tokens). Served from the heap, freed blocks are reused; `release_freed_host_memory` hands the free pages back
+    at epoch ends, so a one-off peak is not held for the rest of the run.
+    Only for the CLI's `train`, `pretrain` and `evaluate` on CPU (own_host_allocator): a library call must not
+    change its caller's process. Left alone when the process uses another allocator (LD_PRELOAD of jemalloc or
+    tcmalloc), when GLIBC_TUNABLES or MALLOC_* variables tune glibc's, or with TFORMER_HOST_ALLOCATOR=system.
+    Returns what it did, for the run log: "retain" or "system (why)".
     """
-    global _HOST_ALLOCATOR_SET
     import os
     import sys
 
-    if device.type != "cpu":  # tensors live on the accelerator; the host allocator is not the bottleneck
-        return "system"
-    if _HOST_ALLOCATOR_SET:
+    choice = os.environ.get("TFORMER_HOST_ALLOCATOR", "retain")
+    if choice not in ("retain", "system"):
+        raise TformerError(f"TFORMER_HOST_ALLOCATOR={choice} must be retain (the default) or system")
+    if _HostAllocator.mode == "retain":
         return "retain"
-    if os.environ.get("TFORMER_HOST_ALLOCATOR", "retain") == "system":
+    if not _HostAllocator.owned:
+        return "system (library use)"
+    if choice == "system":
         return "system (TFORMER_HOST_ALLOCATOR=system)"
+    if device.type != "cpu":  # tensors live on the accelerator
+        return "system"
     if not sys.platform.startswith("linux"):
         return "system"
-    chosen = [k for k in os.environ if k in ("LD_PRELOAD", "GLIBC_TUNABLES") or k.startswith("MALLOC_")]
-    if chosen:
-        return f"system ({chosen[0]} is set)"
-    import ctypes
-    import platform
-
-    if platform.libc_ver()[0] != "glibc":
-        return "system"
+    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+        return "system (GLIBC_TUNABLES tunes malloc)"
+    tuned = sorted(k for k in os.environ if k.startswith("MALLOC_") and k != "MALLOC_CONF")  # (CONF: jemalloc's)
+    if tuned:
+        return f"system ({tuned[0]} is set)"
     try:
+        import ctypes
+        import platform
+
+        if platform.libc_ver()[0] != "glibc":
+            return "system"
         libc = ctypes.CDLL("libc.so.6")
-    except OSError:
+        used = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value
+        if used != ctypes.cast(libc.malloc, ctypes.c_void_p).value:
+            return "system (another malloc is loaded)"
+        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # malloc.h
+        # mmap_max 0: large blocks come from the heap too; its top is trimmed only beyond 2 GB of free memory
+        if libc.mallopt(M_MMAP_MAX, 0) != 1:
+            return "system"
+        if libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1) != 1:
+            libc.mallopt(M_MMAP_MAX, 65536)  # glibc's default
+            return "system"
+    except (ImportError, OSError, AttributeError):
         return "system"
-    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # malloc.h
-    # mmap_max 0: large blocks come from the heap too; trim only beyond 2 GB of free memory at the heap's top
-    if libc.mallopt(M_MMAP_MAX, 0) != 1 or libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1) != 1:
-        return "system"
-    _HOST_ALLOCATOR_SET = True
+    _HostAllocator.mode = "retain"
     return "retain"
+
+
+def release_freed_host_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc malloc_trim) once keep_freed_host_memory kept them: at an
+    epoch's end, so what a peak (the first batches, a validation pass, loading) left free is not held all run."""
+    if _HostAllocator.mode != "retain":
+        return
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def cpu_supports_bf16() -> bool:

@@ -340,6 +340,9 @@ class MlmRun:
             self.save("best", metrics, training=False)
         state.start_epoch()
         self.save("last", metrics, training=True)
+        from ..hardware import release_freed_host_memory
+
+        release_freed_host_memory()
         self.console.print(
             f"epoch {metrics['epoch']:>3}/{self.config.trainer.epochs}  train_mlm_loss {metrics['train_mlm_loss']:.4f}"
             f"  val_mlm_loss {metrics['val_mlm_loss']:.4f}  val_mlm_acc {metrics['val_mlm_accuracy']:.4f}  "

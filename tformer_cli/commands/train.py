@@ -110,7 +110,7 @@ def _train_locked(config: TrainConfig, run_dir: RunDir, tree: dict, overrides, r
 
     dist = distributed.from_env()
     device = pick_device(config.trainer.device)
-    keep_freed_host_memory(device)
+    allocator = keep_freed_host_memory(device)
     if dist.enabled:  # (before seeding: joining the group draws random numbers)
         device = distributed.init(dist, device)
         console.print(f"[bold]distributed[/] {dist.world} processes (DDP, {'NCCL' if device.type == 'cuda' else 'gloo'}"
@@ -122,8 +122,9 @@ def _train_locked(config: TrainConfig, run_dir: RunDir, tree: dict, overrides, r
     console.commit_log()
     if resume is not None and run_dir.finished:  # being trained longer: unfinished again until it ends, so an
         run_dir.history.unlink()                  # interruption of the extension can itself be resumed
-    console.print(f"[bold]model[/] {prepared.describe(config)}; [bold]device[/] {device}, precision "
-                  f"{precision.name}; run dir {run_dir}", highlight=False)
+    console.print(f"[bold]model[/] {prepared.describe(config)}; [bold]device[/] {device}"
+                  f"{' (freed host memory reused)' if allocator == 'retain' else ''}, precision {precision.name}; "
+                  f"run dir {run_dir}", highlight=False)
     from ..training.loggers import build_logger
 
     run_logger = build_logger(config.logger, run_dir)

@@ -293,6 +293,7 @@ def _share(run: Run, rows: torch.Tensor, whole: torch.Tensor) -> float:
 def _end_epoch(run: Run, state: TrainingState, opt: Optimization, seconds: float) -> dict:
     """Validate, record, save `best` (if it is) and `last`, print the epoch line."""
     from ..evaluation.evaluate import validation_metrics
+    from ..hardware import release_freed_host_memory
 
     epoch, seen = state.epoch + 1, state.epoch_seen
     train_loss = state.epoch_loss_sum / max(seen, 1)
@@ -311,6 +312,7 @@ def _end_epoch(run: Run, state: TrainingState, opt: Optimization, seconds: float
         run.save_checkpoint("best", metrics, None)
     state.start_epoch()
     run.save_checkpoint("last", metrics, _training_files(state, opt, run.dist.world))
+    release_freed_host_memory()
     run.say(f"epoch {epoch:>3}/{run.trainer.epochs}  train_loss {train_loss:.4f}  val_loss {metrics['val_loss']:.4f}  "
             f"val_acc {metrics['val_accuracy']:.4f}  val_f1 {metrics['val_f1']:.4f}  "
             f"{seen / seconds:,.0f} samples/s  {seconds:.1f}s" + ("  [green]* best[/]" if is_best else ""),
