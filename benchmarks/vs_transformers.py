@@ -28,7 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tformer_cli.hardware import keep_freed_host_memory, pick_device, pick_precision  # noqa: E402
+from tformer_cli.hardware import keep_freed_host_memory, own_host_allocator, pick_device, pick_precision  # noqa: E402
 from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier  # noqa: E402
 from tformer_cli.model.pretrained import load_encoder, load_into, locate_model  # noqa: E402
 from tformer_cli.training.loop import Optimization, train_step  # noqa: E402
@@ -126,7 +126,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     device = pick_device("auto")
-    allocator = keep_freed_host_memory(device) if args.host_allocator == "retain" else "system"
+    if args.host_allocator == "retain":
+        own_host_allocator()  # as the CLI does
+    allocator = keep_freed_host_memory(device)
     precision = pick_precision("auto", device)
     folder = locate_model(*MINILM)
     texts, labels = texts_and_labels(args.data_dir, (args.steps + 3) * args.batch)
