@@ -8,8 +8,10 @@ BertForSequenceClassification, on the same batches, in the same run, at the same
 Both sides: the offline MiniLM (the `minilm` extra), the same tokenized and dynamically padded batches of IMDB
 training reviews (or demo sentences without --data-dir), dropout 0.1 on hidden states and attention (BERT's),
 AdamW at the recipe's learning rate, gradient clipping at 1.0, the precision `trainer.precision=auto` picks.
-tformer runs twice: as `tformer train` does (only the token-table rows a batch uses are updated,
-`optimizer.embedding_update=rows`) and with the peer's dense update of the whole table ("tformer dense").
+tformer runs three times: as `tformer train` does (only the token-table rows a batch uses are updated,
+`optimizer.embedding_update=rows`, and batches with much padding run on their real tokens between attentions,
+`RealTokens`), with the peer's dense update of the whole table ("tformer dense"), and as `tformer train` but in
+the padded layout throughout ("tformer padded"), to show what each saves.
 Rounds alternate (tformer, transformers, tformer, ...) after a warm-up, and the median of each side is reported.
 On CPU the whole process (both sides) uses the host allocator `tformer train` sets (`--host-allocator retain`,
 `tformer_cli.hardware.keep_freed_host_memory`) or glibc's default (`system`, what the peer's users get): run both
@@ -29,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tformer_cli.hardware import keep_freed_host_memory, own_host_allocator, pick_device, pick_precision  # noqa: E402
-from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier  # noqa: E402
+from tformer_cli.model.encoder import EncoderConfig, RealTokens, TransformerClassifier  # noqa: E402
 from tformer_cli.model.pretrained import load_encoder, load_into, locate_model  # noqa: E402
 from tformer_cli.training.loop import Optimization, train_step  # noqa: E402
 
@@ -75,6 +77,18 @@ def build_ours(max_len: int, device, precision, lr: float, steps: int, embedding
                        schedule=ScheduleConfig("constant", 0, 0.0, 0.0), total_steps=steps, device=device,
                        precision=precision, grad_clip=1.0, layer_lr_decay=1.0)
     return lambda b: train_step(opt, b)
+
+
+def padded(step):
+    """The step with unpadding off (every batch in the padded layout)."""
+    def run(b):
+        saved, RealTokens.MIN_PADDING = RealTokens.MIN_PADDING, 2.0
+        try:
+            return step(b)
+        finally:
+            RealTokens.MIN_PADDING = saved
+
+    return run
 
 
 def build_peer(folder: Path, device, precision, lr: float):
@@ -135,13 +149,17 @@ def main() -> None:
     data = batches(folder, texts, labels, args.batch, args.max_len)
     warm, timed_batches = data[:3], data[3:3 + args.steps]
     tokens = sum(int(b["attention_mask"].sum()) for b in timed_batches) / sum(len(b["labels"]) for b in timed_batches)
+    padding = 1 - sum(int(b["attention_mask"].sum()) for b in timed_batches) / sum(
+        b["attention_mask"].numel() for b in timed_batches)
     print(f"MiniLM-L6 fine-tuning: {len(timed_batches)} batches of {args.batch} ({tokens:.0f} tokens per text on "
-          f"average, max_len {args.max_len}), device {device}, precision {precision.name}, "
+          f"average, {padding:.0%} of batch positions padding, max_len {args.max_len}), device {device}, "
+          f"precision {precision.name}, "
           f"threads {torch.get_num_threads()}, host allocator {allocator}")
-    # tformer as `tformer train` runs it (row updates of the token table), and with the peer's dense table update
+    # tformer as `tformer train` runs it (row updates, unpadding), with the peer's dense table update, padded
     steps = args.steps * (args.rounds + 1)
     sides = {"tformer": build_ours(args.max_len, device, precision, args.lr, steps),
              "tformer dense": build_ours(args.max_len, device, precision, args.lr, steps, "dense"),
+             "tformer padded": padded(build_ours(args.max_len, device, precision, args.lr, steps)),
              "transformers": build_peer(folder, device, precision, args.lr)}
     for step in sides.values():
         timed(step, warm, device)
@@ -152,7 +170,7 @@ def main() -> None:
     for name, values in results.items():
         print(f"  {name:<14} {statistics.median(values):8.1f} samples/s   (rounds: "
               + ", ".join(f"{v:.1f}" for v in values) + ")")
-    for name in ("tformer", "tformer dense"):
+    for name in ("tformer", "tformer dense", "tformer padded"):
         ratio = statistics.median(results[name]) / statistics.median(results["transformers"])
         print(f"  ratio {name} / transformers: {ratio:.2f}x")
 

@@ -52,3 +52,58 @@ def test_padding_rounds_up_but_never_past_the_longest_sequence():
     assert collate(split, torch.tensor([0]), 0, multiple=16, cap=30)["input_ids"].shape[1] == 16
     assert collate(split, torch.tensor([0, 1]), 0, multiple=16, cap=30)["input_ids"].shape[1] == 30  # not 32
     assert collate(split, torch.tensor([2]), 0, multiple=16, cap=30)["input_ids"].shape[1] == 30
+
+
+@pytest.mark.parametrize("pooling,norm,projection", [("mean", "post", True), ("cls", "pre", False)])
+def test_unpadded_batches_train_exactly_as_padded_ones(monkeypatch, pooling, norm, projection):
+    """On CPU a batch with much padding runs on its real tokens only between attentions (RealTokens): logits,
+    loss and every gradient must be those of the padded layout."""
+    from tformer_cli.model.encoder import RealTokens
+
+    torch.manual_seed(0)
+    cfg = EncoderConfig(vocab_size=60, num_classes=3, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=40,
+                        pooling=pooling, norm=norm, dropout=0.0, embedding_dim=24 if projection else 0)
+    model = TransformerClassifier(cfg).double().train()
+    lengths = torch.tensor([23, 3, 11, 1, 17])
+    mask = torch.arange(23)[None, :] < lengths[:, None]
+    ids = torch.where(mask, torch.randint(1, 60, mask.shape), 0)
+    labels = torch.tensor([0, 2, 1, 1, 0])
+    calls = []
+    original_init = RealTokens.__init__
+
+    def spy(self, *args, **kwargs):
+        calls.append(1)
+        original_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(RealTokens, "__init__", spy)
+
+    def run(min_padding):
+        monkeypatch.setattr(RealTokens, "MIN_PADDING", min_padding)
+        model.zero_grad()
+        logits = model(ids, mask)
+        torch.nn.functional.cross_entropy(logits, labels).backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    padded_logits, padded_grads = run(2.0)  # never unpad
+    assert not calls
+    logits, grads = run(0.0)  # always unpad
+    assert calls
+    torch.testing.assert_close(logits, padded_logits, rtol=1e-10, atol=1e-10)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, padded_grads[name], rtol=1e-9, atol=1e-10, msg=name)
+
+
+def test_real_token_rows_cover_every_real_token_rounded_to_16():
+    from tformer_cli.model.encoder import RealTokens
+
+    mask = torch.arange(32)[None, :] < torch.tensor([30, 2, 9, 1])[:, None]  # 42 real of 128 positions
+    rows = RealTokens.of(mask)
+    assert rows is not None and rows.index.numel() == 48
+    picked = torch.zeros(128, dtype=torch.bool)
+    picked[rows.index] = True
+    assert picked[mask.flatten()].all() and picked.sum() == 48  # all 42 real tokens, 6 padding positions
+    x = torch.randn(4, 32, 5)
+    back = rows.scatter(rows.gather(x))
+    torch.testing.assert_close(back[mask], x[mask])
+    assert RealTokens.of(torch.ones(4, 32, dtype=torch.bool)) is None  # nothing to gain
+    assert RealTokens.of(torch.arange(32)[None, :] < torch.tensor([32, 32, 30, 29])[:, None]) is None  # < 15%

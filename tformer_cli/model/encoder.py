@@ -11,7 +11,8 @@ LayerNorm, no scale, exact GELU and LayerNorm eps 1e-12, and so run here with th
 `transformers` (a parity test checks the hidden states).
 
 A padding mask (B, T) with True at real tokens keeps padding out of attention and out of mean pooling,
-so a text's logits do not depend on how much padding its batch needed.
+so a text's logits do not depend on how much padding its batch needed. On CPU, batches with much padding run
+"unpadded" between attentions (`RealTokens`): the linear layers see only the N real tokens, (N, D).
 """
 from __future__ import annotations
 
@@ -144,6 +145,45 @@ class Dropout(nn.Module):
         return torch.where(keep_mask(x.shape, self.threshold), x, 0.0) * self.scale
 
 
+class RealTokens:
+    """The real tokens of a padded (B, T) batch, as rows of its B*T flattened positions.
+
+    The linear layers, LayerNorms, dropout and feed-forward cost as much per padding position as per real token,
+    and a batch of short texts of mixed lengths is often a third to half padding. Between attentions the encoder
+    can carry only these rows, (N, D) instead of (B, T, D); attention, which needs the (B, T) layout, scatters them
+    back (padding as zero vectors, masked out as keys) and gathers its output again. Every real token sees the
+    same keys as in the padded layout, so its outputs are the same. N is rounded up to a multiple of 16 with
+    padding positions (computed as the padded layout would compute them), so the matmuls see few distinct shapes.
+    """
+
+    MIN_PADDING = 0.15  # below this share of padding positions the gathers cost about what they save (measured)
+
+    def __init__(self, mask: torch.Tensor, multiple: int = 16):
+        B, T = mask.shape
+        flat = mask.reshape(-1)
+        real = flat.nonzero().squeeze(1)
+        extra = min(-real.numel() % multiple, B * T - real.numel())
+        self.index = torch.cat([real, (~flat).nonzero().squeeze(1)[:extra]]) if extra else real  # (N,)
+        self.shape = (B, T)
+
+    @classmethod
+    def of(cls, mask: torch.Tensor) -> "RealTokens | None":
+        """Rows for a CPU batch with enough padding; None for the padded layout (no padding to speak of, CUDA where
+        reading the mask would stall the pipeline, ONNX tracing and torch.compile, which need static shapes)."""
+        if mask.is_cuda or torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return None
+        return cls(mask) if 1 - mask.float().mean().item() >= cls.MIN_PADDING else None
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, X) -> (N, X)."""
+        return x.reshape(-1, x.shape[-1]).index_select(0, self.index)
+
+    def scatter(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, X) -> (B, T, X), zeros at the positions not in the rows."""
+        B, T = self.shape
+        return x.new_zeros(B * T, x.shape[-1]).index_copy(0, self.index, x).view(B, T, -1)
+
+
 class MultiHeadSelfAttention(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
@@ -152,15 +192,21 @@ class MultiHeadSelfAttention(nn.Module):
         self.out = nn.Linear(cfg.d_model, cfg.d_model)
         self.attention_dropout = Dropout(cfg.attention_dropout)  # on the attention probabilities (BERT's)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        B, T, D = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, Dh)
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: RealTokens | None = None) -> torch.Tensor:
+        """x (B, T, D), or (N, D) holding only `rows` of the batch -> the same shape."""
+        qkv = self.qkv(x)  # (B, T, 3D) or (N, 3D)
+        if rows is not None:
+            qkv = rows.scatter(qkv)  # (B, T, 3D)
+        B, T, _ = qkv.shape
+        D = self.n_heads * self.d_head
+        q, k, v = qkv.view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, Dh)
         if self.training and self.attention_dropout.p > 0 and x.device.type == "cpu":
             y = self.dropped_attention(q, k, v, attn_mask)
         else:  # softmax(Q K^T / sqrt(Dh) + mask) V; attn_mask (B, 1, 1, T) bool, True = may attend.
             p = self.attention_dropout.p if self.training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)  # (B, H, T, Dh)
-        return self.out(y.transpose(1, 2).reshape(B, T, D))
+        y = y.transpose(1, 2).reshape(B, T, D)
+        return self.out(rows.gather(y) if rows is not None else y)
 
     def dropped_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           attn_mask: torch.Tensor | None) -> torch.Tensor:
@@ -202,7 +248,7 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # No dropout inside: the paper drops only sub-layer outputs and embeddings, and on CPU a dropout mask
         # over the (B, T, F) activation costs about as much as the two matmuls around it.
-        return self.down(self.act(self.up(x)))  # (B, T, D) -> (B, T, F) -> (B, T, D)
+        return self.down(self.act(self.up(x)))  # (..., D) -> (..., F) -> (..., D), per token
 
 
 class EncoderBlock(nn.Module):
@@ -218,11 +264,12 @@ class EncoderBlock(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
         self.dropout = Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: RealTokens | None = None) -> torch.Tensor:
+        """x (B, T, D), or (N, D) holding only `rows` of the batch: everything but attention works per token."""
         if self.pre_norm:
-            x = x + self.dropout(self.attn(self.norm1(x), attn_mask))
+            x = x + self.dropout(self.attn(self.norm1(x), attn_mask, rows))
             return x + self.dropout(self.ff(self.norm2(x)))
-        x = self.norm1(x + self.dropout(self.attn(x, attn_mask)))
+        x = self.norm1(x + self.dropout(self.attn(x, attn_mask, rows)))
         return self.norm2(x + self.dropout(self.ff(x)))
 
 
@@ -281,7 +328,7 @@ class TransformerClassifier(nn.Module):
             x = x + self.position_table[:T].to(x.dtype)
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
-        return self.embedding_dropout(x)
+        return x  # (B, T, D); `encode` applies the embedding dropout
 
     def layers(self) -> list[list[nn.Module]]:
         """The model bottom to top: [embeddings], block 0, ..., block N-1, [final norm, head]. Layer-wise learning
@@ -302,10 +349,14 @@ class TransformerClassifier(nn.Module):
         # and never while tracing for ONNX export, where the graph must keep the mask for every batch it will see.
         no_padding = not mask.is_cuda and not torch.jit.is_tracing() and bool(mask.all())
         attn_mask = None if no_padding else mask[:, None, None, :]  # (B, 1, 1, T)
+        rows = None if no_padding else RealTokens.of(mask)
         x = self.embed(input_ids)
+        x = self.embedding_dropout(rows.gather(x) if rows is not None else x)  # (N, D) or (B, T, D)
         for block in self.blocks:
-            x = block(x, attn_mask)
-        return self.final_norm(x) if self.final_norm is not None else x
+            x = block(x, attn_mask, rows)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return rows.scatter(x) if rows is not None else x
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids (B, T) long, attention_mask (B, T) bool/int with 1 at real tokens -> logits (B, C)."""
