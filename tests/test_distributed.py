@@ -10,6 +10,10 @@ import torch
 from helpers import interrupted_when, run_tformer
 from tformer_cli.training.distributed import Dist, shard
 
+# Losses agree to LOSS_TOL, not exactly: one process runs its 32-row batch unpadded (model.encoder.RealTokens),
+# each rank its own 16 rows, so fp32 sums run in another order and 32 Adam steps amplify it (~2e-5 seen; 2e-7
+# with every batch padded). A wrong gradient share between ranks shows up at ~1e-2.
+LOSS_TOL = 1e-4
 # default vocabulary size: the demo's WordPiece training is then reproducible across processes, so the
 # single-process reference reads texts exactly as the DDP run's rank 0 does. DDP updates the whole token table
 # each step (no sparse all-reduce), so the reference does too (a single process otherwise updates used rows only).
@@ -57,11 +61,11 @@ def test_two_processes_take_the_steps_one_process_takes(single, tmp_path):
     one, two = history(single), history(tmp_path / "run")
     assert [h["step"] for h in one] == [h["step"] for h in two] == [16, 32]
     for a, b in zip(one, two):
-        assert abs(a["train_loss"] - b["train_loss"]) < 1e-5 and abs(a["val_loss"] - b["val_loss"]) < 1e-5
+        assert abs(a["train_loss"] - b["train_loss"]) < LOSS_TOL and abs(a["val_loss"] - b["val_loss"]) < LOSS_TOL
     wa, wb = best_weights(single), best_weights(tmp_path / "run")
     # fp32 sums in another order, through 32 Adam steps (which divide by tiny second moments for rare tokens):
-    # the weights agree to ~2e-4 where training moved them by ~3e-2
-    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-3
+    # the weights agree to ~4e-4 (the token table's rare rows to ~1.5e-3) where training moved them by ~3e-2
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 5e-3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # rank 1 wrote nothing here
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if s["kind"] == "step"] == [4, 8, 12, 16, 20, 24, 28, 32]  # once, by rank 0
@@ -81,8 +85,8 @@ def test_ctrl_c_stops_every_rank_and_the_run_resumes_to_the_same_end(single, tmp
     assert r.returncode == 0, r.stderr[-3000:]
     one, two = history(single), history(tmp_path / "run")
     assert [h["epoch"] for h in two] == [1, 2]
-    assert abs(one[-1]["val_loss"] - two[-1]["val_loss"]) < 1e-5
-    assert abs(one[-1]["train_loss"] - two[-1]["train_loss"]) < 1e-5
+    assert abs(one[-1]["val_loss"] - two[-1]["val_loss"]) < LOSS_TOL
+    assert abs(one[-1]["train_loss"] - two[-1]["train_loss"]) < LOSS_TOL
 
 
 def test_class_weighted_loss_takes_the_single_process_step_too(tmp_path):
@@ -104,4 +108,4 @@ def test_class_weighted_loss_takes_the_single_process_step_too(tmp_path):
     two = run_tformer("train", *common, "trainer.devices=2", "hydra.run.dir=two", cwd=tmp_path)
     assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
     a, b = history(tmp_path / "one")[0], history(tmp_path / "two")[0]
-    assert abs(a["val_loss"] - b["val_loss"]) < 1e-5 and abs(a["train_loss"] - b["train_loss"]) < 1e-5
+    assert abs(a["val_loss"] - b["val_loss"]) < LOSS_TOL and abs(a["train_loss"] - b["train_loss"]) < LOSS_TOL
