@@ -57,25 +57,23 @@ def test_padding_rounds_up_but_never_past_the_longest_sequence():
 @pytest.mark.parametrize("pooling,norm,projection", [("mean", "post", True), ("cls", "pre", False)])
 def test_unpadded_batches_train_exactly_as_padded_ones(monkeypatch, pooling, norm, projection):
     """On CPU a batch with much padding runs on its real tokens only between attentions (RealTokens): logits,
-    loss and every gradient must be those of the padded layout."""
+    loss and every gradient must be those of the padded layout, with every dropout (embeddings, sub-layers,
+    attention probabilities: a fixed keep-all mask, so both runs draw the same) on its training path."""
+    import tformer_cli.model.encoder as encoder
     from tformer_cli.model.encoder import RealTokens
 
+    monkeypatch.setattr(encoder, "keep_mask", lambda shape, threshold: torch.ones(shape, dtype=torch.bool))
     torch.manual_seed(0)
     cfg = EncoderConfig(vocab_size=60, num_classes=3, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=40,
-                        pooling=pooling, norm=norm, dropout=0.0, embedding_dim=24 if projection else 0)
+                        pooling=pooling, norm=norm, dropout=0.1, attention_dropout=0.1,
+                        embedding_dim=24 if projection else 0)
     model = TransformerClassifier(cfg).double().train()
     lengths = torch.tensor([23, 3, 11, 1, 17])
     mask = torch.arange(23)[None, :] < lengths[:, None]
     ids = torch.where(mask, torch.randint(1, 60, mask.shape), 0)
     labels = torch.tensor([0, 2, 1, 1, 0])
-    calls = []
-    original_init = RealTokens.__init__
-
-    def spy(self, *args, **kwargs):
-        calls.append(1)
-        original_init(self, *args, **kwargs)
-
-    monkeypatch.setattr(RealTokens, "__init__", spy)
+    layouts = []  # what the feed-forward of block 0 saw: (N, D) rows or the (B, T, D) batch
+    model.blocks[0].ff.register_forward_pre_hook(lambda module, args: layouts.append(tuple(args[0].shape)))
 
     def run(min_padding):
         monkeypatch.setattr(RealTokens, "MIN_PADDING", min_padding)
@@ -85,9 +83,8 @@ def test_unpadded_batches_train_exactly_as_padded_ones(monkeypatch, pooling, nor
         return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
     padded_logits, padded_grads = run(2.0)  # never unpad
-    assert not calls
     logits, grads = run(0.0)  # always unpad
-    assert calls
+    assert layouts == [(5, 23, 32), (64, 32)]  # 55 real tokens, rounded up to 64 rows
     torch.testing.assert_close(logits, padded_logits, rtol=1e-10, atol=1e-10)
     for name, g in grads.items():
         torch.testing.assert_close(g, padded_grads[name], rtol=1e-9, atol=1e-10, msg=name)
@@ -107,3 +104,20 @@ def test_real_token_rows_cover_every_real_token_rounded_to_16():
     torch.testing.assert_close(back[mask], x[mask])
     assert RealTokens.of(torch.ones(4, 32, dtype=torch.bool)) is None  # nothing to gain
     assert RealTokens.of(torch.arange(32)[None, :] < torch.tensor([32, 32, 30, 29])[:, None]) is None  # < 15%
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_a_row_of_only_padding_gets_the_padded_layouts_logits(monkeypatch, pooling):
+    from tformer_cli.model.encoder import RealTokens
+
+    torch.manual_seed(0)
+    cfg = EncoderConfig(vocab_size=50, num_classes=3, d_model=32, n_heads=4, d_ff=64, max_len=40, pooling=pooling)
+    model = TransformerClassifier(cfg).eval()
+    ids = torch.zeros(3, 20, dtype=torch.long)
+    ids[0, :5] = torch.tensor([2, 17, 9, 33, 3])
+    ids[2, :2] = torch.tensor([2, 3])  # row 1: nothing but padding
+    mask = ids.ne(0)
+    monkeypatch.setattr(RealTokens, "MIN_PADDING", 2.0)
+    padded = model(ids, mask)
+    monkeypatch.setattr(RealTokens, "MIN_PADDING", 0.0)
+    torch.testing.assert_close(model(ids, mask), padded, rtol=1e-5, atol=1e-5)

@@ -17,6 +17,7 @@ so a text's logits do not depend on how much padding its batch needed. On CPU, b
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, dataclass, fields
 from typing import Callable
 
@@ -118,12 +119,13 @@ def keep_mask(shape: torch.Size | tuple[int, ...], threshold: int) -> torch.Tens
     """A CPU dropout keep-mask: True where a random byte is >= threshold, so P(drop) = threshold / 256.
 
     Torch's CPU generators are serial, one call per element: `bernoulli_` costs as much as a matmul over the same
-    tensor and even `random_` on bytes is slow. One 64-bit draw gives 7 uniform bytes (its 8th holds only 7 random
-    bits: torch keeps int64 draws below 2^63), so the mask costs a seventh of the draws, about 7x less than
-    `bernoulli_`, and stays reproducible under torch.manual_seed."""
+    tensor, and even `random_` on bytes is slow. One 64-bit draw gives 7 uniform bytes (its top byte holds only 7
+    random bits: torch keeps int64 draws in [0, 2^63]), so the mask needs one draw per 7 elements: about 2x faster
+    than `random_` on bytes, 7x faster than `bernoulli_` (measured), and reproducible under torch.manual_seed."""
     n = math.prod(shape)
     words = torch.empty(n // 7 + 1, dtype=torch.int64).random_()
-    random_bytes = words.view(torch.uint8).view(-1, 8)[:, :7].reshape(-1)[:n]
+    lanes = slice(0, 7) if sys.byteorder == "little" else slice(1, 8)  # every byte but the draw's top one
+    random_bytes = words.view(torch.uint8).view(-1, 8)[:, lanes].reshape(-1)[:n]
     return (random_bytes >= threshold).view(shape)
 
 
@@ -134,7 +136,7 @@ class Dropout(nn.Module):
     def __init__(self, p: float):
         super().__init__()
         self.p = p
-        self.threshold = round(p * 256)
+        self.threshold = min(round(p * 256), 255)  # on CPU; p > 255/256 is taken as 255/256
         self.scale = 256 / (256 - self.threshold)  # 1 / (1 - p): expectations unchanged
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -142,6 +144,8 @@ class Dropout(nn.Module):
             return x
         if x.device.type != "cpu":
             return F.dropout(x, self.p, training=True)
+        if self.threshold == 0:  # p < 1/512 rounds to no dropout
+            return x
         return torch.where(keep_mask(x.shape, self.threshold), x, 0.0) * self.scale
 
 
@@ -153,24 +157,25 @@ class RealTokens:
     can carry only these rows, (N, D) instead of (B, T, D); attention, which needs the (B, T) layout, scatters them
     back (padding as zero vectors, masked out as keys) and gathers its output again. Every real token sees the
     same keys as in the padded layout, so its outputs are the same. N is rounded up to a multiple of 16 with
-    padding positions (computed as the padded layout would compute them), so the matmuls see few distinct shapes.
+    padding positions (computed as the padded layout would compute them), so the matmuls see few distinct shapes;
+    a row that is all padding (never in training data) is kept whole, so it too gets the padded layout's logits.
     """
 
     MIN_PADDING = 0.15  # below this share of padding positions the gathers cost about what they save (measured)
 
     def __init__(self, mask: torch.Tensor, multiple: int = 16):
         B, T = mask.shape
-        flat = mask.reshape(-1)
-        real = flat.nonzero().squeeze(1)
+        keep = (mask.bool() | ~mask.bool().any(dim=1, keepdim=True)).reshape(-1)
+        real = keep.nonzero().squeeze(1)
         extra = min(-real.numel() % multiple, B * T - real.numel())
-        self.index = torch.cat([real, (~flat).nonzero().squeeze(1)[:extra]]) if extra else real  # (N,)
+        self.index = torch.cat([real, (~keep).nonzero().squeeze(1)[:extra]]) if extra else real  # (N,)
         self.shape = (B, T)
 
     @classmethod
     def of(cls, mask: torch.Tensor) -> "RealTokens | None":
-        """Rows for a CPU batch with enough padding; None for the padded layout (no padding to speak of, CUDA where
-        reading the mask would stall the pipeline, ONNX tracing and torch.compile, which need static shapes)."""
-        if mask.is_cuda or torch.jit.is_tracing() or torch.compiler.is_compiling():
+        """Rows for a CPU batch with enough padding; None for the padded layout (no padding to speak of; GPUs, where
+        reading the mask would stall the pipeline; ONNX tracing and torch.compile, which need static shapes)."""
+        if mask.device.type != "cpu" or torch.jit.is_tracing() or torch.compiler.is_compiling():
             return None
         return cls(mask) if 1 - mask.float().mean().item() >= cls.MIN_PADDING else None
 
@@ -200,13 +205,28 @@ class MultiHeadSelfAttention(nn.Module):
         B, T, _ = qkv.shape
         D = self.n_heads * self.d_head
         q, k, v = qkv.view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, Dh)
-        if self.training and self.attention_dropout.p > 0 and x.device.type == "cpu":
+        on_cpu = x.device.type == "cpu"
+        if self.training and on_cpu and self.attention_dropout.threshold > 0:
             y = self.dropped_attention(q, k, v, attn_mask)
         else:  # softmax(Q K^T / sqrt(Dh) + mask) V; attn_mask (B, 1, 1, T) bool, True = may attend.
-            p = self.attention_dropout.p if self.training else 0.0
+            p = self.attention_dropout.p if self.training and not on_cpu else 0.0  # CPU: p < 1/512 is none
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)  # (B, H, T, Dh)
         y = y.transpose(1, 2).reshape(B, T, D)
         return self.out(rows.gather(y) if rows is not None else y)
+
+    def probabilities(self, q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """softmax(Q K^T / sqrt(Dh) + mask): q, k (B, H, T, Dh), attn_mask (B, 1, 1, T) -> (B * H, T, T). The mask
+        is an additive bias (the dtype's lowest value at padding) added inside the score matmul (beta = 1);
+        masked keys get exactly 0."""
+        B, H, T, Dh = q.shape
+        q, k = q.reshape(B * H, T, Dh), k.reshape(B * H, T, Dh)
+        if attn_mask is None:
+            return (torch.bmm(q, k.transpose(1, 2)) * Dh ** -0.5).softmax(dim=-1)
+        bias = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~attn_mask,
+                                                                                          torch.finfo(q.dtype).min)
+        scores = torch.baddbmm(bias.repeat_interleave(H, dim=0).view(B * H, 1, T), q, k.transpose(1, 2),
+                               alpha=Dh ** -0.5)
+        return scores.softmax(dim=-1)
 
     def dropped_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           attn_mask: torch.Tensor | None) -> torch.Tensor:
@@ -214,28 +234,22 @@ class MultiHeadSelfAttention(nn.Module):
         dropout, so with attention dropout it falls back to its math path, which draws the (B, H, T, T) mask with
         `bernoulli_` and screens fully masked rows: ~30% of a MiniLM step at 256 tokens. Here the mask is random
         bytes (`keep_mask`), 1/(1-p) is applied to the (B, H, T, Dh) output rather than the (B, H, T, T)
-        probabilities, and no row is fully masked (every text keeps a token), so nothing needs screening."""
+        probabilities, and no row is fully masked (the bias keeps them finite), so nothing needs screening. Under
+        bf16 autocast it computes in fp32, as SDPA's math path does: bf16 scores would double the error."""
         B, H, T, Dh = q.shape
-        q, k = q.reshape(B * H, T, Dh), k.reshape(B * H, T, Dh)
-        if attn_mask is None:
-            scores = torch.bmm(q, k.transpose(1, 2)) * Dh ** -0.5
-        else:  # the padding mask as an additive bias, added inside the matmul (beta = 1)
-            bias = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device)
-            bias.masked_fill_(~attn_mask, torch.finfo(q.dtype).min)  # (B, 1, 1, T)
-            scores = torch.baddbmm(bias.expand(B, H, 1, T).reshape(B * H, 1, T), q, k.transpose(1, 2),
-                                   alpha=Dh ** -0.5)
-        probs = scores.softmax(dim=-1)  # (B * H, T, T)
-        dropped = torch.where(keep_mask(probs.shape, self.attention_dropout.threshold), probs, 0.0)
-        return (dropped @ v.reshape(B * H, T, Dh)).mul_(self.attention_dropout.scale).view(B, H, T, Dh)
+        dtype = q.dtype
+        exact = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+        with torch.autocast("cpu", enabled=False):
+            probs = self.probabilities(q.to(exact), k.to(exact), attn_mask)  # (B * H, T, T)
+            dropped = torch.where(keep_mask(probs.shape, self.attention_dropout.threshold), probs, 0.0)
+            y = (dropped @ v.to(exact).reshape(B * H, T, Dh)).mul_(self.attention_dropout.scale)
+        return y.view(B, H, T, Dh).to(dtype)
 
     def attention_weights(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         """The explicit softmax(QK^T/sqrt(Dh)) matrix (B, H, T, T), for explanations and tests."""
         B, T, _ = x.shape
         q, k, _ = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, T)
-        if attn_mask is not None:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        return scores.softmax(dim=-1)
+        return self.probabilities(q, k, attn_mask).view(B, self.n_heads, T, T)
 
 
 class FeedForward(nn.Module):
