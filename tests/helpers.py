@@ -22,6 +22,15 @@ def run_tformer(*args, cwd, input=None, env=None, timeout=600):
                           timeout=timeout)
 
 
+def ctrl_c_reaches_it() -> None:
+    """Popen preexec_fn: SIGINT back to its default in the child. A shell starts a background job (`make test &`,
+    a CI step run with `&`) with SIGINT ignored, every child inherits that, and Python then never raises
+    KeyboardInterrupt: the Ctrl-C tests would pass or fail by how pytest was launched, not by what tformer does."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupted_when(pattern: str, *args, cwd, group: bool = False, timeout: int = 300):
     """Run `tformer <args>` until a path matching `pattern` (a glob under cwd) exists, then Ctrl-C it (its whole
     process group with group=True, as a terminal does); returns (exit code, output)."""
@@ -30,7 +39,7 @@ def interrupted_when(pattern: str, *args, cwd, group: bool = False, timeout: int
     import time
 
     proc = subprocess.Popen([TFORMER, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=group)
+                            start_new_session=group, preexec_fn=ctrl_c_reaches_it)
     deadline = time.time() + timeout
     while time.time() < deadline and not glob.glob(str(Path(cwd) / pattern)) and proc.poll() is None:
         time.sleep(0.02)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TFORMER, run_tformer
+from helpers import TFORMER, ctrl_c_reaches_it, run_tformer
 
 SMALL = ["data.n_train=3000", "data.n_validation=200", "data.n_test=200", "embedding_init.vocab_size=400",
          "trainer.batch_size=32", "trainer.precision=fp32", "trainer.test_after_fit=false"]
@@ -90,7 +90,7 @@ def test_two_runs_with_the_same_seed_give_identical_metrics(tmp_path):
 def test_sigint_saves_and_prints_the_resume_command(tmp_path):
     proc = subprocess.Popen([TFORMER, "train", *SMALL, "trainer.epochs=50", "trainer.early_stopping.patience=0"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "COLUMNS": "300"})
+                            env={**os.environ, "COLUMNS": "300"}, preexec_fn=ctrl_c_reaches_it)
     deadline = time.time() + 300
     while time.time() < deadline and not list(tmp_path.glob("outputs/train/*/*/checkpoints/last/meta.json")):
         time.sleep(0.05)

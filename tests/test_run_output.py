@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import TFORMER, run_tformer
+from helpers import TFORMER, ctrl_c_reaches_it, run_tformer
 
 pytestmark = pytest.mark.slow  # subprocess runs of the installed command
 
@@ -64,7 +64,8 @@ def interrupt_when(args, cwd, ready, delay=0.0):
     import threading
 
     proc = subprocess.Popen([TFORMER, *args], cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"},
+                            preexec_fn=ctrl_c_reaches_it)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
@@ -102,7 +103,7 @@ def test_ctrl_c_during_evaluate_and_predict_is_one_line(tmp_path):
     assert_clean_stop(rc, err)
     assert run_dirs(tmp_path, "evaluate") == []
     proc = subprocess.Popen([TFORMER, "predict"], cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # waiting for texts on stdin
+                            stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)  # waits for stdin
     time.sleep(4)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)

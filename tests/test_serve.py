@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from helpers import TFORMER
+from helpers import TFORMER, ctrl_c_reaches_it
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -34,7 +34,7 @@ class Server:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("TFORMER_DEBUG", None)
         self.proc = subprocess.Popen([TFORMER, "serve", "port=0", *args], cwd=cwd, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env)
+                                     stderr=subprocess.PIPE, text=True, env=env, preexec_fn=ctrl_c_reaches_it)
         ready, _, _ = select.select([self.proc.stdout], [], [], 180)  # a hung start fails the test, not CI
         if not ready:
             self.proc.kill()
