@@ -160,3 +160,13 @@ def test_a_bad_value_is_refused_before_any_data_is_read(tmp_path):
     r = run_tformer("train", "trainer.epochs=abc", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip() == "error: trainer.epochs='abc' must be a whole number"
     assert "data" not in r.stdout and not list(tmp_path.glob("outputs/**/checkpoints"))
+
+
+@pytest.mark.parametrize("overrides,mode", [(["model=minilm_l6"], "head_tail"), (["model=pretrained",
+                         "model.pretrained=/models/bert"], "head_tail"), (["model=small"], "truncate"),
+                         (["model=minilm_l6", "data.long_text=chunks"], "chunks"),
+                         (["model=small", "data.long_text=head_tail"], "head_tail")])
+def test_long_text_defaults_to_the_model_s_choice(overrides, mode):
+    from tformer_cli.commands.config import TrainConfig
+
+    assert TrainConfig.compose(overrides).long_text.mode == mode

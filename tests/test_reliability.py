@@ -105,6 +105,7 @@ def test_sigint_saves_and_prints_the_resume_command(tmp_path):
     r = run_tformer("train", *SMALL, "trainer.epochs=50", "trainer.early_stopping.patience=0", "optimizer.lr=0.1",
                     f"resume={run}", cwd=tmp_path)
     assert r.returncode == 2 and "config differs in optimizer.lr" in r.stderr
+    assert "(add: optimizer.lr=0.001)" in r.stderr  # the override that puts the run's value back
 
 
 def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -232,3 +232,18 @@ def test_a_sweep_ends_with_a_summary_and_a_failed_job_does_not_stop_it(tmp_path)
     assert "sweep " in r.stdout and "failed" in r.stdout and "over 2 seeds" in r.stdout  # the table at the end
     again = run_tformer("report", str(sweep), cwd=tmp_path)
     assert again.returncode == 0 and "model.n_heads=3 seed=2" in again.stdout and "failed" in again.stdout
+
+
+def test_progress_in_a_log_file_is_plain_lines_on_stderr(tmp_path):
+    """No terminal (nohup, a batch job): tqdm's bar would be off, so each long phase says how far it is in plain
+    lines on stderr (here every 0 s), none in stdout or train.log, no carriage returns."""
+    r = run_tformer("train", "data.n_train=300", "data.n_validation=100", "data.n_test=100", *FAST, cwd=tmp_path,
+                    env={"TFORMER_PROGRESS_SECONDS": "0"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stderr.splitlines()
+    assert "\r" not in r.stderr
+    for phase in ("tokenizing train", "epoch 1/1", "validating", "evaluating"):
+        assert any(line.startswith(f"{phase}: ") and "elapsed" in line for line in lines), (phase, r.stderr[-2000:])
+    ten = [line for line in lines if line.startswith("epoch 1/1: ")]
+    assert ten[-1].startswith("epoch 1/1: 10/10 batches (100%)"), ten  # 300 texts in batches of 32
+    assert "elapsed" not in r.stdout and "elapsed" not in (run_dirs(tmp_path)[-1] / "train.log").read_text()

@@ -154,3 +154,99 @@ def _route_warnings(out: Output) -> None:
                 root.removeHandler(h)
         root.addHandler(_ToOutput(out))
     logging.captureWarnings(True)
+
+
+def progress(iterable=None, *, total: int | None = None, desc: str = "", unit: str = "it", initial: int = 0,
+             enabled: bool = True):
+    """A progress bar for anything that may take more than a few seconds. A terminal gets tqdm's bar (redrawn
+    in place, gone when done); a log file or a pipe (`nohup tformer train > run.out`, a batch job) gets a plain
+    line on stderr now and then instead (`progress_seconds`), since a bar there is either nothing (tqdm turns
+    itself off) or thousands of carriage returns, and an hour-long epoch or a 20-minute test pass must still say how far it
+    is. Both take the same calls: iteration, update(n), set_postfix(...),
+    close(), `with`. Only one process of a torchrun launch shows progress (the others would repeat it)."""
+    import os
+
+    enabled = enabled and os.environ.get("RANK", "0") == "0"
+    if not enabled or sys.stderr.isatty():
+        from tqdm.auto import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, leave=False, dynamic_ncols=True,
+                    disable=not enabled)
+    return PlainProgress(iterable, total=total, desc=desc, unit=unit, initial=initial)
+
+
+def progress_seconds() -> float:
+    """Seconds between plain progress lines: TFORMER_PROGRESS_SECONDS, else 60."""
+    import math
+    import os
+
+    try:
+        seconds = float(os.environ.get("TFORMER_PROGRESS_SECONDS", 60))
+    except ValueError:
+        return 60.0
+    return max(seconds, 0.0) if math.isfinite(seconds) else 60.0
+
+
+class PlainProgress:
+    """`progress` for files: '<desc>: 310/625 batches (50%), 28 min left, 31 min elapsed, loss 0.1234' lines."""
+
+    def __init__(self, iterable=None, *, total: int | None, desc: str, unit: str, initial: int = 0):
+        import time
+
+        self.iterable, self.total, self.desc = iterable, total, desc
+        self.units = unit + ("es" if unit.endswith(("ch", "sh", "s", "x")) else "s")  # batches, texts
+        self.n = self.start = initial
+        self.every, self.postfix, self.shown = progress_seconds(), "", None  # shown: n at the last line
+        self.t0 = self.last = time.monotonic()
+
+    def __iter__(self):
+        for item in self.iterable:
+            yield item
+            self.update(1)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def update(self, n: int = 1) -> None:
+        import time
+
+        self.n += n
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self._print(now)
+
+    def set_postfix(self, **values) -> None:
+        self.postfix = ", ".join(f"{k} {v}" for k, v in values.items())
+
+    def close(self) -> None:
+        """A last line saying where it ended, when an earlier line said it was still going."""
+        import time
+
+        if self.shown is not None and self.shown != self.n:
+            self._print(time.monotonic())
+
+    def _print(self, now: float) -> None:
+        self.shown, self.last = self.n, now
+        print(self.line(now - self.t0), file=sys.stderr, flush=True)
+
+    def line(self, elapsed: float) -> str:
+        done = self.n - self.start
+        if self.total:
+            parts = [f"{self.n:,}/{self.total:,} {self.units} ({100 * self.n // self.total}%)"]
+            if done > 0 and self.total > self.n:
+                parts.append(f"{duration(elapsed / done * (self.total - self.n))} left")
+        else:
+            parts = [f"{self.n:,} {self.units}"]
+        parts.append(f"{duration(elapsed)} elapsed")
+        return f"{self.desc}: " + ", ".join(parts + ([self.postfix] if self.postfix else []))
+
+
+def duration(seconds: float) -> str:
+    """'42 s', '12 min', '2 h 05 min'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 120 else f"{minutes // 60} h {minutes % 60:02d} min"

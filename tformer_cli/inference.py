@@ -19,9 +19,9 @@ def predict_proba(model, split: TokenizedSplit, *, batch_size: int, pad_id: int,
     loader = BatchLoader(split, batch_size, pad_id, shuffle=False, pin_memory=device.type == "cuda")
     iterator = loader
     if progress:
-        from tqdm.auto import tqdm
+        from .console import progress as progress_bar
 
-        iterator = tqdm(loader, desc=progress, leave=False, unit="batch", dynamic_ncols=True, disable=None)
+        iterator = progress_bar(loader, total=len(loader), desc=progress, unit="batch")
     for batch in iterator:
         ids = batch["input_ids"].to(device, non_blocking=True)
         mask = batch["attention_mask"].to(device, non_blocking=True)

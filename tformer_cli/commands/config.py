@@ -27,6 +27,7 @@ class ModelOptions:
     freeze_layers: int  # frozen for freeze_epochs: the token table, and with N > 0 all embeddings + N blocks
     freeze_epochs: int
     init: str | None = None  # a `tformer pretrain` run dir: the encoder (and tokenizer) to start from
+    long_text: str | None = None  # data.long_text's default for this model (configs/data/_base.yaml reads it)
 
 
 OPTION_KEYS = tuple(f.name for f in fields(ModelOptions))

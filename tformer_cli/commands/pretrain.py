@@ -246,24 +246,35 @@ class MlmRun:
 
     def step(self, batch: dict):
         """One optimizer step on a masked batch; the loss, detached, still on the device."""
-        from ..training.loop import optimizer_step
+        import torch
+
+        from ..model.mlm import IGNORE
+        from ..training.loop import backward, micro_slices, update
 
         opt, device = self.opt, self.device
         inputs, labels = self.masked(batch, self.state.step)
-        labels = labels.to(device, non_blocking=True)
-        with self.precision.autocast():
-            logits = self.model(inputs.to(device, non_blocking=True),
-                                batch["attention_mask"].to(device, non_blocking=True), labels)
-        loss = self.model.loss(logits, labels)
-        optimizer_step(opt, loss)
-        return loss.detach()
+        inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        mask = batch["attention_mask"].to(device, non_blocking=True)
+        parts = micro_slices(labels.shape[0], self.config.trainer.micro_batches)
+        predicted = labels.ne(IGNORE)
+        total = torch.zeros((), device=device)
+        for part in parts:  # slices weighted by their share of the masked tokens: the whole batch's mean loss
+            with self.precision.autocast():
+                logits = self.model(inputs[part], mask[part], labels[part])
+            loss = self.model.loss(logits, labels[part])
+            if len(parts) > 1:
+                loss = loss * (predicted[part].sum() / predicted.sum().clamp(min=1))
+            backward(opt, loss)
+            total += loss.detach()
+        update(opt)
+        return total
 
     def train_epoch(self, stop) -> tuple[float, float]:
         """(seconds, summed loss) of the epoch from state.batches_done on; `last` every checkpoint_every_steps,
         and on a stop request (then Interrupted)."""
         import torch
-        from tqdm.auto import tqdm
 
+        from ..console import progress
         from ..training.loop import Interrupted
 
         state, tcfg, device = self.state, self.config.trainer, self.device
@@ -272,9 +283,8 @@ class MlmRun:
         t0, window_n = time.perf_counter(), 0
         loss_sum = torch.full((), state.epoch_loss_sum, device=device)  # summed on the device, read when logged
         window = torch.zeros((), device=device)
-        bar = tqdm(self.loader.iterate(self.loader.batches()[state.batches_done:]), total=len(self.loader),
-                   initial=state.batches_done, unit="batch", leave=False, dynamic_ncols=True, disable=None,
-                   desc=f"pretrain epoch {state.epoch + 1}/{tcfg.epochs}")
+        bar = progress(self.loader.iterate(self.loader.batches()[state.batches_done:]), total=len(self.loader),
+                       initial=state.batches_done, unit="batch", desc=f"pretrain epoch {state.epoch + 1}/{tcfg.epochs}")
         for batch in bar:
             loss, rows = self.step(batch), batch["input_ids"].shape[0]
             state.step, state.batches_done = state.step + 1, state.batches_done + 1

@@ -137,9 +137,13 @@ def _train_locked(config: TrainConfig, run_dir: RunDir, tree: dict, overrides, r
         try:
             state = fit(fit_run)
         except torch.cuda.OutOfMemoryError as exc:
+            micro, rows = config.trainer.micro_batches, config.trainer.batch_size // dist.world
+            slices = f"trainer.micro_batches={micro * 2} (the same updates in slices; it may be added to resume=), " \
+                if micro * 2 <= rows else ""
             raise TformerError(f"out of GPU memory with trainer.batch_size={config.trainer.batch_size} and "
-                               f"model.max_len={prepared.model_cfg.max_len}; try trainer.batch_size="
-                               f"{max(1, config.trainer.batch_size // 2)} (the last checkpoint is kept)") from exc
+                               f"model.max_len={prepared.model_cfg.max_len}; try {slices}a lower model.max_len, or "
+                               f"trainer.eval_batch_size={max(1, config.trainer.eval_batch_size // 2)} if it was "
+                               f"validating (the last checkpoint is kept)") from exc
         except Interrupted as exc:
             status = "KILLED"
             sweep = run_dir.sweep()
@@ -499,7 +503,7 @@ def class_weights(labels, num_classes: int, mode: str | None):
 # Keys that may differ between a run and its resumption (where data comes from, how fast, how loud).
 RESUME_IGNORED = ("resume", "resume_ignore_data_change", "trainer.keep_optimizer_state", "trainer.device", "trainer.num_workers", "trainer.log_every_steps",
                   "trainer.checkpoint_every_steps", "trainer.eval_batch_size", "trainer.test_after_fit", "data.dir",
-                  "trainer.compile", "trainer.devices", "logger")
+                  "trainer.compile", "trainer.devices", "trainer.micro_batches", "logger")
 
 
 def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -539,8 +543,19 @@ def load_resume(ckpt, tree: dict):
     if diff:
         shown = ", ".join(f"{k} ({_get(resume.config, k)!r} -> {_get(tree, k)!r})" for k in diff[:6])
         raise TformerError(f"cannot resume {resume.run_dir}: the config differs in {shown}; resume with the run's "
-                           f"original overrides or start a new run")
+                           f"original overrides{_as_it_was(resume.config, diff)} or start a new run")
     return resume
+
+
+def _as_it_was(saved: dict, keys: list[str]) -> str:
+    """' (add: data.long_text=truncate ...)': the overrides that put back the run's values, which is also what a
+    run from an older tformer needs when a default has changed since (where the values are plain scalars)."""
+    import json
+
+    values = [_get(saved, k) for k in keys]
+    if not all(v is None or isinstance(v, (str, int, float, bool)) for v in values):
+        return ""
+    return " (add: " + " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in zip(keys, values)) + ")"
 
 
 def _get(d, dotted):

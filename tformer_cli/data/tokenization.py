@@ -152,7 +152,7 @@ def tokenize_split(ds, tok, max_len: int, desc: str, long_text: LongText = LongT
     features = datasets.Features({"label": ds.features["label"], "doc": datasets.Value("int64"),
                                   "input_ids": datasets.Sequence(datasets.Value("int32"))})
 
-    from tqdm.auto import tqdm
+    from ..console import progress
 
     def encode(batch, indices):  # one row per window; `doc` is the row's document
         rows = [(w, label, i) for windows, label, i in
@@ -161,8 +161,8 @@ def tokenize_split(ds, tok, max_len: int, desc: str, long_text: LongText = LongT
         return {"input_ids": [r[0] for r in rows], "label": [r[1] for r in rows], "doc": [r[2] for r in rows]}
 
     datasets.disable_progress_bars()  # ours below; datasets would print one per internal step into logs
-    with tqdm(total=len(ds), desc=f"tokenizing {desc}", unit="text", leave=False, disable=None,
-              dynamic_ncols=True) as bar:  # stays at 0 and vanishes when the cache answers
+    # (stays at 0 and vanishes when the cache answers)
+    with progress(total=len(ds), desc=f"tokenizing {desc}", unit="text") as bar:
         return ds.map(encode, batched=True, batch_size=2000, with_indices=True, remove_columns=ds.column_names,
                       features=features, new_fingerprint=fingerprint)
 

@@ -39,10 +39,12 @@ class TrainerConfig:
     keep_optimizer_state: bool
     early_stopping: EarlyStoppingConfig
     devices: int = 1  # >1: `tformer train` starts torchrun with this many processes (cli.py)
+    micro_batches: int = 1  # each batch as N slices of rows with summed gradients (loop.train_step)
 
     RANGES = {"epochs": (1, None, "[)"), "batch_size": (1, None, "[)"), "eval_batch_size": (1, None, "[)"),
               "grad_clip": (0, None, "[)"), "log_every_steps": (1, None, "[)"), "num_workers": (0, None, "[)"),
-              "checkpoint_every_steps": (0, None, "[)"), "devices": (1, None, "[)")}
+              "checkpoint_every_steps": (0, None, "[)"), "devices": (1, None, "[)"),
+              "micro_batches": (1, None, "[)")}
 
 
 @dataclass

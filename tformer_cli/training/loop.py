@@ -7,6 +7,7 @@ saved with every `last` checkpoint). `commands/train.py` builds a `Run` and call
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -75,23 +76,68 @@ class Optimization:
             self.scaler.load_state_dict(state["scaler"])
 
 
-def train_step(opt: Optimization, batch: dict[str, torch.Tensor], loss_weight: float = 1.0) -> torch.Tensor:
+def train_step(opt: Optimization, batch: dict[str, torch.Tensor], loss_weight: float = 1.0,
+               micro_batches: int = 1) -> torch.Tensor:
     """Forward, loss, backward, gradient clipping, optimizer and schedule step. Returns the loss (detached,
     still on the device: reading it would wait for the step to finish). loss_weight scales what is
-    backpropagated (a rank's share of a global batch under DDP), not what is returned."""
+    backpropagated (a rank's share of a global batch under DDP), not what is returned.
+
+    micro_batches = N > 1 runs the batch as N slices of rows whose gradients add up to the whole batch's (each
+    slice's loss weighted by its share of the batch's loss): the same update with about 1/N of the activation
+    memory, for machines where a batch of long texts does not fit."""
     ids = batch["input_ids"].to(opt.device, non_blocking=True)
     mask = batch["attention_mask"].to(opt.device, non_blocking=True)
     labels = batch["labels"].to(opt.device, non_blocking=True)
-    with opt.precision.autocast():
-        logits = opt.forward(ids, mask)
-    loss = opt.loss(logits, labels)
-    optimizer_step(opt, loss * loss_weight if loss_weight != 1.0 else loss)
-    return loss.detach()
+    if micro_batches <= 1:
+        with opt.precision.autocast():
+            logits = opt.forward(ids, mask)
+        loss = opt.loss(logits, labels)
+        optimizer_step(opt, loss * loss_weight if loss_weight != 1.0 else loss)
+        return loss.detach()
+    total = torch.zeros((), device=opt.device)
+    parts = micro_slices(labels.shape[0], micro_batches)
+    for k, part in enumerate(parts):
+        # under DDP only the last slice's backward all-reduces (no_sync: the earlier ones just accumulate)
+        syncing = k == len(parts) - 1 or not hasattr(opt.forward.model, "no_sync")
+        with contextlib.nullcontext() if syncing else opt.forward.model.no_sync():
+            with opt.precision.autocast():
+                logits = opt.forward(ids[part], mask[part])
+            loss = opt.loss(logits, labels[part]) * _loss_share(opt, labels, part)
+            backward(opt, loss * loss_weight)
+        total += loss.detach()
+    update(opt)
+    return total
+
+
+def micro_slices(rows: int, n: int) -> list[slice]:
+    """min(n, rows) contiguous slices covering rows 0..rows-1, their sizes differing by at most one."""
+    k = max(min(n, rows), 1)
+    bounds = [i * rows // k for i in range(k + 1)]
+    return [slice(bounds[i], bounds[i + 1]) for i in range(k)]
+
+
+def _loss_share(opt: Optimization, labels: torch.Tensor, part: slice) -> torch.Tensor | float:
+    """The part of the whole batch's (mean) loss that a slice of rows carries: its rows' share, or with class
+    weights its rows' weight over the batch's (cross-entropy divides by the summed weight of the targets)."""
+    if opt.loss_weight is not None and labels.dim() == 1:
+        w = opt.loss_weight.to(labels.device)
+        return w[labels[part]].sum() / w[labels].sum()
+    return len(range(labels.shape[0])[part]) / labels.shape[0]
 
 
 def optimizer_step(opt: Optimization, loss: torch.Tensor) -> None:
     """Backward, gradient clipping, optimizer and schedule step (shared with pretraining's step)."""
+    backward(opt, loss)
+    update(opt)
+
+
+def backward(opt: Optimization, loss: torch.Tensor) -> None:
+    """Adds the loss's gradients (scaled under fp16) to what earlier micro-batches left in .grad."""
     opt.scaler.scale(loss).backward()
+
+
+def update(opt: Optimization) -> None:
+    """Gradient clipping, optimizer and schedule step on the gradients accumulated since the last update."""
     if opt.grad_clip > 0:
         opt.scaler.unscale_(opt.optimizer)  # clip the true gradients, not the scaled ones
         optim_lib.clip_grad_norm(opt.model.parameters(), opt.grad_clip)
@@ -207,7 +253,7 @@ def _training_files(state: TrainingState, opt: Optimization, world: int = 1) -> 
 def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: BatchLoader) -> float:
     """One epoch from `state.batches_done` on; saves `last` every checkpoint_every_steps and on interruption.
     Losses accumulate on the device and are read on the host once every log_every_steps."""
-    from tqdm.auto import tqdm
+    from ..console import progress
 
     tcfg, epoch, dist = run.trainer, state.epoch, run.dist
     run.model.train()
@@ -225,13 +271,12 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
     loss_sum = torch.full((), state.epoch_loss_sum, device=run.device)
     window, window_n = torch.zeros((), device=run.device), 0
     window_t, window_seen = time.perf_counter(), 0
-    bar = tqdm(loader.iterate([rows for rows, _ in todo] if dist.enabled else todo), total=n_batches,
-               initial=state.batches_done, unit="batch", leave=False,
-               desc=f"epoch {epoch + 1}/{tcfg.epochs}" + (" (embeddings frozen)" if state.embeddings_frozen else ""),
-               dynamic_ncols=True, disable=None if dist.is_main else True)
+    bar = progress(loader.iterate([rows for rows, _ in todo] if dist.enabled else todo), total=n_batches,
+                   initial=state.batches_done, unit="batch", enabled=dist.is_main,
+                   desc=f"epoch {epoch + 1}/{tcfg.epochs}" + (" (embeddings frozen)" * state.embeddings_frozen))
     for i, batch in enumerate(bar):
         rows = batch["labels"].shape[0]
-        loss = train_step(opt, batch, shares[i] if dist.enabled else 1.0)
+        loss = train_step(opt, batch, shares[i] if dist.enabled else 1.0, micro_batches=tcfg.micro_batches)
         state.step, state.batches_done = state.step + 1, state.batches_done + 1
         if dist.enabled:  # this rank's part of the global batch's loss: summed over ranks, the loss one process sees
             loss = loss * (shares[i] / dist.world)
