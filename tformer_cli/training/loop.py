@@ -122,11 +122,11 @@ def _loss_share(opt: Optimization, labels: torch.Tensor, part: slice) -> torch.T
     if opt.loss_weight is not None and labels.dim() == 1:
         w = opt.loss_weight.to(labels.device)
         return w[labels[part]].sum() / w[labels].sum()
-    return len(range(labels.shape[0])[part]) / labels.shape[0]
+    return (part.stop - part.start) / labels.shape[0]  # (micro_slices gives explicit bounds)
 
 
 def optimizer_step(opt: Optimization, loss: torch.Tensor) -> None:
-    """Backward, gradient clipping, optimizer and schedule step (shared with pretraining's step)."""
+    """Backward, then `update`: one optimizer step on one loss (pretraining slices use the two halves)."""
     backward(opt, loss)
     update(opt)
 
