@@ -65,6 +65,10 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
     h_res = json.loads((run / "history.json").read_text())
     keys = ["epoch", "step", "train_loss", "val_loss", "val_accuracy", "val_f1"]
     assert [{k: h[k] for k in keys} for h in h_ref] == [{k: h[k] for k in keys} for h in h_res]
+    # the resumed epoch's time includes the part trained before the kill, and its rate covers all its samples
+    assert 0 < state["epoch_seconds"] < h_res[1]["epoch_seconds"]
+    samples = lambda h: h["train_samples_per_s"] * h["epoch_seconds"]
+    assert samples(h_res[1]) == pytest.approx(samples(h_ref[1]), rel=1e-9)
     # metrics.jsonl: what was logged after the checkpoint and before the kill is dropped and logged again
     timeless = lambda run: [{k: v for k, v in json.loads(line).items() if k not in ("samples_per_s", "epoch_seconds",
                                                                                   "train_samples_per_s")}
@@ -106,6 +110,26 @@ def test_sigint_saves_and_prints_the_resume_command(tmp_path):
                     f"resume={run}", cwd=tmp_path)
     assert r.returncode == 2 and "config differs in optimizer.lr" in r.stderr
     assert "(add: optimizer.lr=0.001)" in r.stderr  # the override that puts the run's value back
+
+
+def test_a_resumed_epoch_s_rate_counts_its_time_before_the_resume_and_only_timed_samples():
+    from tformer_cli.training.early_stopping import EarlyStopping
+    from tformer_cli.training.state import TrainingState
+
+    state = TrainingState(EarlyStopping())
+    state.epoch_seen, state.epoch_seconds = 640, 8.0  # saved mid-epoch: 640 samples in 8 s
+    tensors, saved = state.state_dict()
+    resumed = TrainingState(EarlyStopping())
+    resumed.load_state_dict(tensors, saved)
+    resumed.epoch_seen, resumed.epoch_seconds = resumed.epoch_seen + 320, resumed.epoch_seconds + 2.0
+    assert resumed.samples_per_s() == 96.0  # 960 samples in 10 s, not 960 in the 2 s after the resume
+    # a checkpoint from before the time was saved: the rate is the resumed part's own
+    older = TrainingState(EarlyStopping())
+    older.load_state_dict(tensors, {k: v for k, v in saved.items() if k not in ("epoch_seconds", "epoch_untimed")})
+    older.epoch_seen, older.epoch_seconds = older.epoch_seen + 320, older.epoch_seconds + 2.0
+    assert older.samples_per_s() == 160.0
+    older.start_epoch()
+    assert (older.epoch_seconds, older.epoch_untimed) == (0.0, 0)
 
 
 def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -249,29 +249,27 @@ class MlmRun:
         import torch
 
         from ..model.mlm import IGNORE
-        from ..training.loop import backward, micro_slices, update
+        from ..training.loop import sliced_update
 
-        opt, device = self.opt, self.device
+        device = self.device
         inputs, labels = self.masked(batch, self.state.step)
         inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         mask = batch["attention_mask"].to(device, non_blocking=True)
-        parts = micro_slices(labels.shape[0], self.config.trainer.micro_batches)
         predicted = labels.ne(IGNORE)
-        total = torch.zeros((), device=device)
-        for part in parts:  # slices weighted by their share of the masked tokens: the whole batch's mean loss
+
+        def slice_loss(part: slice) -> torch.Tensor:  # weighted by its share of the batch's masked tokens
             with self.precision.autocast():
                 logits = self.model(inputs[part], mask[part], labels[part])
             loss = self.model.loss(logits, labels[part])
-            if len(parts) > 1:
+            if part.stop - part.start < labels.shape[0]:
                 loss = loss * (predicted[part].sum() / predicted.sum().clamp(min=1))
-            backward(opt, loss)
-            total += loss.detach()
-        update(opt)
-        return total
+            return loss
 
-    def train_epoch(self, stop) -> tuple[float, float]:
-        """(seconds, summed loss) of the epoch from state.batches_done on; `last` every checkpoint_every_steps,
-        and on a stop request (then Interrupted)."""
+        return sliced_update(self.opt, labels.shape[0], self.config.trainer.micro_batches, slice_loss)
+
+    def train_epoch(self, stop) -> float:
+        """The epoch from state.batches_done on (its time added to state.epoch_seconds); `last` every
+        checkpoint_every_steps, and on a stop request (then Interrupted). Returns the epoch's summed loss."""
         import torch
 
         from ..console import progress
@@ -280,7 +278,7 @@ class MlmRun:
         state, tcfg, device = self.state, self.config.trainer, self.device
         self.model.train()
         self.loader.set_epoch(state.epoch)
-        t0, window_n = time.perf_counter(), 0
+        t0, seconds_before, window_n = time.perf_counter(), state.epoch_seconds, 0
         loss_sum = torch.full((), state.epoch_loss_sum, device=device)  # summed on the device, read when logged
         window = torch.zeros((), device=device)
         bar = progress(self.loader.iterate(self.loader.batches()[state.batches_done:]), total=len(self.loader),
@@ -300,13 +298,15 @@ class MlmRun:
             every = tcfg.checkpoint_every_steps
             if state.batches_done < len(self.loader) and (stop.stop_requested or (every and state.step % every == 0)):
                 state.epoch_loss_sum = float(loss_sum)
+                state.epoch_seconds = seconds_before + time.perf_counter() - t0
                 self.save("last", {"step": state.step, "epoch": state.epoch + 1}, training=True)
                 if stop.stop_requested:
                     bar.close()
                     raise Interrupted(f"interrupted at epoch {state.epoch + 1}, step {state.step}; the last "
                                       f"checkpoint is saved")
         bar.close()
-        return time.perf_counter() - t0, float(loss_sum)
+        state.epoch_seconds = seconds_before + time.perf_counter() - t0
+        return float(loss_sum)
 
     def validate(self) -> dict:
         """MLM loss and masked-token accuracy on the validation texts, on masks that are the same every epoch."""
@@ -335,13 +335,13 @@ class MlmRun:
             return {"val_mlm_loss": float("nan"), "val_mlm_accuracy": float("nan")}
         return {"val_mlm_loss": total / count, "val_mlm_accuracy": correct / count}
 
-    def end_epoch(self, seconds: float, loss_sum: float) -> dict:
+    def end_epoch(self, loss_sum: float) -> dict:
         """Validate, record, save `best` (if it is) and `last`, print the epoch line."""
         state = self.state
         _check_finite(loss_sum, f"in epoch {state.epoch + 1}")
         metrics = {"epoch": state.epoch + 1, "step": state.step,
                    "train_mlm_loss": loss_sum / max(state.epoch_seen, 1), **self.validate(), "lr": self.opt.lr,
-                   "epoch_seconds": seconds, "train_samples_per_s": state.epoch_seen / seconds}
+                   "epoch_seconds": state.epoch_seconds, "train_samples_per_s": state.samples_per_s()}
         state.history.append(metrics)
         self.metrics_log({"kind": "epoch", **metrics})
         is_best = state.stopper.update(metrics, metrics["epoch"])
@@ -356,7 +356,7 @@ class MlmRun:
         self.console.print(
             f"epoch {metrics['epoch']:>3}/{self.config.trainer.epochs}  train_mlm_loss {metrics['train_mlm_loss']:.4f}"
             f"  val_mlm_loss {metrics['val_mlm_loss']:.4f}  val_mlm_acc {metrics['val_mlm_accuracy']:.4f}  "
-            f"{metrics['train_samples_per_s']:,.0f} samples/s  {seconds:.1f}s"
+            f"{metrics['train_samples_per_s']:,.0f} samples/s  {metrics['epoch_seconds']:.1f}s"
             + ("  [green]* best[/]" if is_best else ""), highlight=False)
         return metrics
 
@@ -389,7 +389,7 @@ def _pretrain_locked(config, options: MlmOptions, tree: dict, run_dir: RunDir, o
     restore = _install_signal_handlers(stop)
     try:
         while state.epoch < config.trainer.epochs and not state.stopper.should_stop:
-            metrics = run.end_epoch(*run.train_epoch(stop))
+            metrics = run.end_epoch(run.train_epoch(stop))
             if stop.stop_requested:
                 raise Interrupted(f"interrupted after epoch {metrics['epoch']}; the last checkpoint is saved")
     except Interrupted as exc:

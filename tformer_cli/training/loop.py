@@ -88,22 +88,30 @@ def train_step(opt: Optimization, batch: dict[str, torch.Tensor], loss_weight: f
     ids = batch["input_ids"].to(opt.device, non_blocking=True)
     mask = batch["attention_mask"].to(opt.device, non_blocking=True)
     labels = batch["labels"].to(opt.device, non_blocking=True)
-    if micro_batches <= 1:
+
+    def slice_loss(part: slice) -> torch.Tensor:
         with opt.precision.autocast():
-            logits = opt.forward(ids, mask)
-        loss = opt.loss(logits, labels)
-        optimizer_step(opt, loss * loss_weight if loss_weight != 1.0 else loss)
-        return loss.detach()
+            logits = opt.forward(ids[part], mask[part])
+        loss = opt.loss(logits, labels[part])
+        return loss if part.stop - part.start == len(labels) else loss * _loss_share(opt, labels, part)
+
+    return sliced_update(opt, labels.shape[0], micro_batches, slice_loss, loss_weight)
+
+
+def sliced_update(opt: Optimization, rows: int, micro_batches: int, slice_loss: Callable[[slice], torch.Tensor],
+                  loss_weight: float = 1.0) -> torch.Tensor:
+    """One update from a batch taken as row slices (one slice unless micro_batches > 1): slice_loss(part) runs
+    that slice's forward and returns its share of the whole batch's loss, so the gradients summed in .grad are
+    the whole batch's. Returns the summed loss (detached, on the device). Shared by classification and
+    pretraining, which differ only in how a slice's share is counted (rows, class weights, masked tokens)."""
     total = torch.zeros((), device=opt.device)
-    parts = micro_slices(labels.shape[0], micro_batches)
+    parts = micro_slices(rows, micro_batches)
     for k, part in enumerate(parts):
         # under DDP only the last slice's backward all-reduces (no_sync: the earlier ones just accumulate)
         syncing = k == len(parts) - 1 or not hasattr(opt.forward.model, "no_sync")
         with contextlib.nullcontext() if syncing else opt.forward.model.no_sync():
-            with opt.precision.autocast():
-                logits = opt.forward(ids[part], mask[part])
-            loss = opt.loss(logits, labels[part]) * _loss_share(opt, labels, part)
-            backward(opt, loss * loss_weight)
+            loss = slice_loss(part)
+            backward(opt, loss * loss_weight if loss_weight != 1.0 else loss)
         total += loss.detach()
     update(opt)
     return total
@@ -126,7 +134,7 @@ def _loss_share(opt: Optimization, labels: torch.Tensor, part: slice) -> torch.T
 
 
 def optimizer_step(opt: Optimization, loss: torch.Tensor) -> None:
-    """Backward, then `update`: one optimizer step on one loss (pretraining slices use the two halves)."""
+    """Backward, then `update`: one optimizer step on one loss already computed (the tests' reference step)."""
     backward(opt, loss)
     update(opt)
 
@@ -216,8 +224,8 @@ def fit(run: Run) -> TrainingState:
         if run.dist.enabled and wrapped_for != state.embeddings_frozen:
             opt.forward = MaybeCompiled(distributed.wrap(model, run.dist, run.device), tcfg.compile, run.say)
             wrapped_for = state.embeddings_frozen
-        seconds = _train_epoch(run, state, opt, loader)
-        metrics = _end_epoch(run, state, opt, seconds)
+        _train_epoch(run, state, opt, loader)
+        metrics = _end_epoch(run, state, opt)
         if run.dist.enabled:  # a signal that came while rank 0 was saving: every rank must take the same branch
             run.stop_requested = distributed.any_rank(run.stop_requested, run.device)
         if state.stopper.should_stop:
@@ -250,15 +258,16 @@ def _training_files(state: TrainingState, opt: Optimization, world: int = 1) -> 
     return {**tensors, **opt_tensors}, {**saved, **opt_saved, "processes": world}
 
 
-def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: BatchLoader) -> float:
+def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: BatchLoader) -> None:
     """One epoch from `state.batches_done` on; saves `last` every checkpoint_every_steps and on interruption.
-    Losses accumulate on the device and are read on the host once every log_every_steps."""
+    Losses accumulate on the device and are read on the host once every log_every_steps; the time spent adds to
+    state.epoch_seconds."""
     from ..console import progress
 
     tcfg, epoch, dist = run.trainer, state.epoch, run.dist
     run.model.train()
     loader.set_epoch(epoch)
-    t0 = time.perf_counter()
+    t0, seconds_before = time.perf_counter(), state.epoch_seconds
     everything = loader.batches()
     if dist.enabled:  # this rank's rows of each global batch; the epoch's sums so far are counted once, by rank 0
         everything = distributed.shard(everything, dist)
@@ -308,6 +317,7 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
         mid_epoch = state.batches_done < n_batches
         if mid_epoch and (stop or (every and state.step % every == 0)):
             state.epoch_loss_sum = float(loss_sum)
+            state.epoch_seconds = seconds_before + time.perf_counter() - t0
             saved_local = (state.epoch_loss_sum, state.epoch_seen)
             if dist.enabled:  # `last` holds the whole epoch's sums (every rank's), as a single process's would
                 state.epoch_loss_sum, state.epoch_seen = distributed.all_sum(list(saved_local), run.device)
@@ -323,7 +333,7 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
     if dist.enabled:  # the epoch's train loss and throughput over every rank's rows
         total, seen = distributed.all_sum([state.epoch_loss_sum, state.epoch_seen], run.device)
         state.epoch_loss_sum, state.epoch_seen = total, int(seen)
-    return time.perf_counter() - t0
+    state.epoch_seconds = seconds_before + time.perf_counter() - t0
 
 
 def _share(run: Run, rows: torch.Tensor, whole: torch.Tensor) -> float:
@@ -335,7 +345,7 @@ def _share(run: Run, rows: torch.Tensor, whole: torch.Tensor) -> float:
     return run.dist.world * len(rows) / len(whole)
 
 
-def _end_epoch(run: Run, state: TrainingState, opt: Optimization, seconds: float) -> dict:
+def _end_epoch(run: Run, state: TrainingState, opt: Optimization) -> dict:
     """Validate, record, save `best` (if it is) and `last`, print the epoch line."""
     from ..evaluation.evaluate import validation_metrics
     from ..hardware import release_freed_host_memory
@@ -347,7 +357,7 @@ def _end_epoch(run: Run, state: TrainingState, opt: Optimization, seconds: float
                **validation_metrics(run.model, run.validation, run.label_names, pad_id=run.pad_id, device=run.device,
                                     precision=run.precision, batch_size=run.trainer.eval_batch_size,
                                     loss_weight=run.loss_weight),
-               "lr": opt.lr, "epoch_seconds": seconds, "train_samples_per_s": seen / seconds}
+               "lr": opt.lr, "epoch_seconds": state.epoch_seconds, "train_samples_per_s": state.samples_per_s()}
     state.history.append(metrics)
     if run.log_metrics is not None:
         run.log_metrics({"kind": "epoch", **metrics})
@@ -360,7 +370,8 @@ def _end_epoch(run: Run, state: TrainingState, opt: Optimization, seconds: float
     release_freed_host_memory()
     run.say(f"epoch {epoch:>3}/{run.trainer.epochs}  train_loss {train_loss:.4f}  val_loss {metrics['val_loss']:.4f}  "
             f"val_acc {metrics['val_accuracy']:.4f}  val_f1 {metrics['val_f1']:.4f}  "
-            f"{seen / seconds:,.0f} samples/s  {seconds:.1f}s" + ("  [green]* best[/]" if is_best else ""),
+            f"{metrics['train_samples_per_s']:,.0f} samples/s  {metrics['epoch_seconds']:.1f}s"
+            + ("  [green]* best[/]" if is_best else ""),
             highlight=False)
     return metrics
 

@@ -25,6 +25,8 @@ class TrainingState:
     step: int = 0  # optimizer steps taken in the whole run
     epoch_loss_sum: float = 0.0  # sum of per-sample losses so far in the epoch
     epoch_seen: int = 0  # samples so far in the epoch
+    epoch_seconds: float = 0.0  # training time of the epoch so far, summed over resumes (not the time between)
+    epoch_untimed: int = 0  # samples of the epoch trained before resuming from a checkpoint that saved no time
     best_metrics: dict = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
     embeddings_frozen: bool = False
@@ -32,18 +34,26 @@ class TrainingState:
     def start_epoch(self) -> None:
         """Called at an epoch boundary: the next epoch starts from its first batch."""
         self.epoch, self.batches_done, self.epoch_loss_sum, self.epoch_seen = self.epoch + 1, 0, 0.0, 0
+        self.epoch_seconds, self.epoch_untimed = 0.0, 0
+
+    def samples_per_s(self) -> float:
+        """The epoch's training rate: its samples over its training time, however many resumes it took."""
+        return (self.epoch_seen - self.epoch_untimed) / max(self.epoch_seconds, 1e-9)
 
     def state_dict(self) -> tuple[dict, dict]:
         """(tensors, JSON) of this state, RNGs included; the JSON keys are those of the saved training state."""
         tensors, rng = rng_state()
         return tensors, {"epoch_index": self.epoch, "batches_done": self.batches_done, "step": self.step,
-                         "epoch_loss_sum": self.epoch_loss_sum, "epoch_seen": self.epoch_seen, "rng": rng,
+                         "epoch_loss_sum": self.epoch_loss_sum, "epoch_seen": self.epoch_seen,
+                         "epoch_seconds": self.epoch_seconds, "epoch_untimed": self.epoch_untimed, "rng": rng,
                          "early_stopping": self.stopper.state_dict(), "best_metrics": self.best_metrics,
                          "history": self.history, "embeddings_frozen": self.embeddings_frozen}
 
     def load_state_dict(self, tensors: dict, state: dict) -> None:
         self.epoch, self.batches_done, self.step = int(state["epoch_index"]), int(state["batches_done"]), int(state["step"])
         self.epoch_loss_sum, self.epoch_seen = float(state["epoch_loss_sum"]), int(state["epoch_seen"])
+        self.epoch_seconds = float(state.get("epoch_seconds", 0.0))
+        self.epoch_untimed = int(state.get("epoch_untimed", 0 if "epoch_seconds" in state else self.epoch_seen))
         self.stopper.load_state_dict(state["early_stopping"])
         self.best_metrics, self.history = dict(state["best_metrics"]), list(state["history"])
         self.embeddings_frozen = bool(state.get("embeddings_frozen", False))
