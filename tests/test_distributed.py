@@ -1,7 +1,7 @@
 """DistributedDataParallel on the CPU (gloo, 2 processes started by `tformer train trainer.devices=2` through
-torchrun): the same global batches give the same losses and weights as one process, rank 0 alone writes, and
-Ctrl-C stops every rank after the same step with a checkpoint the run resumes from, ending where an uninterrupted
-single-process run ends."""
+torchrun): the same global batches give the same losses and weights as one process (with micro-batches on each
+rank too), rank 0 alone writes, and Ctrl-C stops every rank after the same step with a checkpoint the run resumes
+from, ending where an uninterrupted single-process run ends."""
 import json
 
 import pytest
@@ -69,6 +69,19 @@ def test_two_processes_take_the_steps_one_process_takes(single, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # rank 1 wrote nothing here
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if s["kind"] == "step"] == [4, 8, 12, 16, 20, 24, 28, 32]  # once, by rank 0
+
+
+def test_micro_batches_on_each_rank_take_the_single_process_steps(single, tmp_path):
+    # each rank's 16 rows as two slices of 8: the first backward accumulates locally (no_sync), the second
+    # all-reduces the sum; a slice that skipped the all-reduce would leave the ranks' weights apart
+    r = run_tformer("train", *RUN, "trainer.devices=2", "trainer.micro_batches=2", "hydra.run.dir=run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    one, two = history(single), history(tmp_path / "run")
+    assert [h["step"] for h in one] == [h["step"] for h in two] == [16, 32]
+    for a, b in zip(one, two):
+        assert abs(a["train_loss"] - b["train_loss"]) < LOSS_TOL and abs(a["val_loss"] - b["val_loss"]) < LOSS_TOL
+    wa, wb = best_weights(single), best_weights(tmp_path / "run")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 5e-3
 
 
 def test_ctrl_c_stops_every_rank_and_the_run_resumes_to_the_same_end(single, tmp_path):
