@@ -43,6 +43,18 @@ def best_weights(run):
     return load_file(run / "checkpoints" / "best" / "model.safetensors")
 
 
+def assert_same_steps(single, run):
+    """The DDP run took the single-process run's steps: the same step counts, losses and best weights."""
+    one, two = history(single), history(run)
+    assert [h["step"] for h in one] == [h["step"] for h in two] == [16, 32]
+    for a, b in zip(one, two):
+        assert abs(a["train_loss"] - b["train_loss"]) < LOSS_TOL and abs(a["val_loss"] - b["val_loss"]) < LOSS_TOL
+    wa, wb = best_weights(single), best_weights(run)
+    # fp32 sums in another order, through 32 Adam steps (which divide by tiny second moments for rare tokens):
+    # the weights agree to ~4e-4 (the token table's rare rows to ~1.5e-3) where training moved them by ~3e-2
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 5e-3
+
+
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     work = tmp_path_factory.mktemp("single")
@@ -58,14 +70,7 @@ def test_two_processes_take_the_steps_one_process_takes(single, tmp_path):
     r = run_tformer("train", *RUN, "trainer.devices=2", "hydra.run.dir=run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "distributed 2 processes (DDP, gloo), global batch 32" in r.stdout
-    one, two = history(single), history(tmp_path / "run")
-    assert [h["step"] for h in one] == [h["step"] for h in two] == [16, 32]
-    for a, b in zip(one, two):
-        assert abs(a["train_loss"] - b["train_loss"]) < LOSS_TOL and abs(a["val_loss"] - b["val_loss"]) < LOSS_TOL
-    wa, wb = best_weights(single), best_weights(tmp_path / "run")
-    # fp32 sums in another order, through 32 Adam steps (which divide by tiny second moments for rare tokens):
-    # the weights agree to ~4e-4 (the token table's rare rows to ~1.5e-3) where training moved them by ~3e-2
-    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 5e-3
+    assert_same_steps(single, tmp_path / "run")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # rank 1 wrote nothing here
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if s["kind"] == "step"] == [4, 8, 12, 16, 20, 24, 28, 32]  # once, by rank 0
@@ -76,12 +81,7 @@ def test_micro_batches_on_each_rank_take_the_single_process_steps(single, tmp_pa
     # all-reduces the sum; a slice that skipped the all-reduce would leave the ranks' weights apart
     r = run_tformer("train", *RUN, "trainer.devices=2", "trainer.micro_batches=2", "hydra.run.dir=run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    one, two = history(single), history(tmp_path / "run")
-    assert [h["step"] for h in one] == [h["step"] for h in two] == [16, 32]
-    for a, b in zip(one, two):
-        assert abs(a["train_loss"] - b["train_loss"]) < LOSS_TOL and abs(a["val_loss"] - b["val_loss"]) < LOSS_TOL
-    wa, wb = best_weights(single), best_weights(tmp_path / "run")
-    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 5e-3
+    assert_same_steps(single, tmp_path / "run")
 
 
 def test_ctrl_c_stops_every_rank_and_the_run_resumes_to_the_same_end(single, tmp_path):
