@@ -38,3 +38,24 @@ def test_a_phase_that_printed_ends_with_a_line_where_it_stopped(capsys, monkeypa
     bar.close()
     err = capsys.readouterr().err.splitlines()
     assert [e.split(",")[0] for e in err] == ["evaluating: 3/10 batches (30%)", "evaluating: 9/10 batches (90%)"]
+
+
+def test_evaluation_progress_counts_tokens_so_longest_first_batches_do_not_skew_it(capsys, monkeypatch):
+    import torch
+
+    from tformer_cli.data.tokenization import TokenizedSplit
+    from tformer_cli.hardware import Precision
+    from tformer_cli.inference import predict_proba
+    from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier
+
+    monkeypatch.setenv("TFORMER_PROGRESS_SECONDS", "0")  # a line after every batch
+    lengths = [30, 29, 5, 4, 3, 3]  # batches of 2 go longest first: 59, 9 and 6 tokens
+    split = TokenizedSplit.from_ids([[7] * n for n in lengths], [0] * len(lengths))
+    model = TransformerClassifier(EncoderConfig(vocab_size=10, num_classes=2, d_model=8, n_heads=2, d_ff=16,
+                                                max_len=32))
+    predict_proba(model, split, batch_size=2, pad_id=0, device=torch.device("cpu"), precision=Precision("fp32", "cpu"),
+                  progress="evaluating")
+    err = capsys.readouterr().err.splitlines()
+    assert [e.split(" (")[0] for e in err] == ["evaluating: 59/74 tokens", "evaluating: 68/74 tokens",
+                                               "evaluating: 74/74 tokens"]
+    assert "(79%)" in err[0]  # by batches it would say 33%, and promise twice the time left

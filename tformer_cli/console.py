@@ -157,13 +157,14 @@ def _route_warnings(out: Output) -> None:
 
 
 def progress(iterable=None, *, total: int | None = None, desc: str = "", unit: str = "it", initial: int = 0,
-             enabled: bool = True):
+             enabled: bool = True, unit_scale: bool = False):
     """A progress bar for anything that may take more than a few seconds. A terminal gets tqdm's bar (redrawn
     in place, gone when done); a log file or a pipe (`nohup tformer train > run.out`, a batch job) gets a plain
     line on stderr now and then instead (`progress_seconds`), since a bar there is either nothing (tqdm turns
     itself off) or thousands of carriage returns, and an hour-long epoch or a 20-minute test pass must still say how far it
     is. Both take the same calls: iteration, update(n), set_postfix(...),
-    close(), `with`. Only one process of a torchrun launch shows progress (the others would repeat it)."""
+    close(), `with`. Only one process of a torchrun launch shows progress (the others would repeat it).
+    unit_scale: the bar writes large counts as 1.23M (plain lines always write them in full, 1,234,567)."""
     import os
 
     enabled = enabled and os.environ.get("RANK", "0") == "0"
@@ -171,7 +172,7 @@ def progress(iterable=None, *, total: int | None = None, desc: str = "", unit: s
         from tqdm.auto import tqdm
 
         return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, leave=False, dynamic_ncols=True,
-                    disable=not enabled)
+                    disable=not enabled, unit_scale=unit_scale)
     return PlainProgress(iterable, total=total, desc=desc, unit=unit, initial=initial)
 
 
