@@ -51,8 +51,22 @@ def test_config_errors(tmp_path):
     check(run_tformer("train", "trainer.device=cuda", *FAST, cwd=tmp_path), "CUDA is not available")
     check(run_tformer("train", "trainer.early_stopping.monitor=val_auc", *FAST, cwd=tmp_path),
           "monitor='val_auc' is not a logged metric")
-    r = run_tformer("train", "schedule=warmup_magic", cwd=tmp_path)
-    assert r.returncode == 1 and "schedule/warmup_magic" in r.stderr and "Traceback" not in r.stderr
+
+def test_overrides_hydra_cannot_apply_get_one_line_with_the_nearest_real_names(tmp_path):
+    """Hydra's own report is six lines that suggest `+key=value` (a new key nothing reads) for a typo."""
+    cases = {("train", "optimizer.lrr=1e-3"): "optimizer.lrr is not a setting of `tformer train`; did you mean "
+                                              "optimizer.lr?",
+             ("train", "schedule=warmup_magic"): "schedule=warmup_magic: there is no such schedule config",
+             ("train", "model=smal"): "did you mean model=small? (the choices: base, minilm_l6, pretrained, small, "
+                                      "tiny)",
+             ("train", "optimizer.lr=[1"): "could not read an override",
+             ("train", "trainer.early_stoping.patience=2"): "did you mean trainer.early_stopping.patience?",
+             ("evaluate", "data.dir=x"): "data.dir is not a setting of `tformer evaluate`; did you mean data_dir?"}
+    for (task, override), message in cases.items():
+        r = run_tformer(task, override, cwd=tmp_path)
+        check(r, message)
+        assert len(r.stderr.strip().splitlines()) == 1 and "HYDRA_FULL_ERROR" not in r.stderr, r.stderr
+    assert not (tmp_path / "outputs").exists()  # refused before any run directory
 
 
 def test_nan_loss_stops_and_says_where(tmp_path):

@@ -133,7 +133,25 @@ def _run_hydra(task: str, args: list[str]) -> None:
 
     for module in ("optuna", "hydra_plugins"):  # Hydra's Optuna sweeper still speaks optuna 2 (its deprecations)
         warnings.filterwarnings("ignore", category=FutureWarning, module=module)
-    hydra.main(version_base="1.3", config_path=config_dir(), config_name=task)(_guarded(fn))()
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+
+    from .errors import hydra_error_line
+
+    # Hydra raises a bad override to us instead of printing its own many-line report (a debugger's choice)
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        hydra.main(version_base="1.3", config_path=config_dir(), config_name=task)(_guarded(fn))()
+    except (ConfigCompositionException, MissingConfigException, OverrideParseException) as exc:
+        if full_error or os.environ.get("TFORMER_DEBUG"):
+            raise
+        print(f"error: {hydra_error_line(task, exc)}", file=sys.stderr)  # before any run dir exists
+        sys.exit(2)
+    finally:
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full_error
 
 
 COMMANDS = ("train", "evaluate", "predict", "pretrain", "report", "export", "serve", "push")

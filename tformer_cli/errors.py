@@ -10,3 +10,40 @@ class TformerError(Exception):
 
 class ConfigError(TformerError, ValueError):
     """A configuration value that cannot work (also a ValueError for library callers)."""
+
+
+def hydra_error_line(task: str, exc: Exception) -> str:
+    """One line for an override Hydra could not apply. Hydra's own message is six lines ending in advice to write
+    `+key=value`, which for a typo would add a new key that nothing reads and train on without the intended
+    setting; this one names the key, its nearest real neighbours and where the settings are listed."""
+    import difflib
+    import re
+
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    listed = f"`tformer {task} --help` lists the settings"
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and "/" in exc.missing_cfg_file:
+        group, name = exc.missing_cfg_file.rsplit("/", 1)
+        options = sorted(exc.options or [])
+        near = difflib.get_close_matches(name, options, n=1)
+        return (f"{group}={name}: there is no such {group} config" + (f"; did you mean {group}={near[0]}?" if near else "")
+                + (f" (the choices: {', '.join(options)})" if options else ""))
+    if isinstance(exc, OverrideParseException):
+        return (f"could not read an override ({str(exc).splitlines()[0]}); write key=value, quoting values with "
+                f"brackets or spaces, e.g. 'model.d_model=128' \"data.text_column='review text'\"")
+    found = re.search(r"Could not override '([^']+)'", str(exc))
+    cause = exc.__cause__
+    if found and cause is not None and "not in struct" in str(cause):
+        key = found.group(1)
+        parent = getattr(cause, "parent_node", None)
+        missing = str(getattr(cause, "full_key", None) or key)  # the first part of the key that does not exist
+        prefix = missing.rsplit(".", 1)[0] + "." if "." in missing else ""
+        known = [prefix + str(k) for k in parent.keys()] if parent is not None and hasattr(parent, "keys") else []
+        rest = key[len(missing):] if key.startswith(missing) else ""  # trainer.early_stoping[.patience]
+        # the whole key (evaluate's data.dir -> data_dir) or its missing part with the rest kept, whichever is closer
+        scored = [(difflib.SequenceMatcher(None, typed, k).ratio(), k + tail)
+                  for typed, tail in ((key, ""), (missing, rest)) for k in known]
+        best = max(scored, default=(0.0, ""))
+        guess = f"; did you mean {best[1]}?" if best[0] >= 0.6 else ""
+        return f"{key} is not a setting of `tformer {task}`{guess} ({listed})"
+    return f"{str(exc).splitlines()[0]} ({listed})"
