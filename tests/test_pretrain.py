@@ -9,7 +9,7 @@ import torch
 
 from helpers import compose_config, run_tformer, train_config
 from tformer_cli import TformerError, train
-from tformer_cli.commands.pretrain import pretrain
+from tformer_cli.commands.pretrain import pretrain, text_windows
 from tformer_cli.model.encoder import EncoderConfig
 from tformer_cli.model.mlm import IGNORE, MaskedLM, encoder_state, mask_tokens
 from tformer_cli.run_dir import RunDir, newest_best
@@ -134,3 +134,43 @@ def test_a_resume_with_other_settings_and_a_seed_that_would_leak_are_refused(pre
 
     with pytest.raises(TformerError, match="not a classifier"):
         hub_repo.stage(pretrained.root, tmp_path / "stage")
+
+
+def test_long_texts_are_pretrained_on_as_windows_that_cover_every_token_once():
+    from tformer_cli.data.tokenization import train_wordpiece
+
+    texts = ["the film was long and the plot went on " * 9, "short one", "a b c d e f g h"]
+    tok = train_wordpiece(texts, vocab_size=200, max_len=10)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    cut = [len(tok.encode(t).ids) for t in texts]  # (at most 10: the classifier's configuration)
+    assert cut[0] == cut[2] == 10 and cut[1] < 10
+    seqs = text_windows(tok, texts, 10, windows=True)
+    assert all(len(s) <= 10 and s[0] == cls and s[-1] == sep for s in seqs)
+    from tokenizers import Tokenizer
+
+    full = Tokenizer.from_str(tok.to_str())
+    full.no_truncation()
+    bodies = [full.encode(t).ids[1:-1] for t in texts]
+    assert [t for s in seqs for t in s[1:-1]] == [t for b in bodies for t in b]  # each token once, in order
+    assert len(seqs) == sum(-(-len(b) // 8) for b in bodies) > len(texts)
+    assert text_windows(tok, texts, 10, windows=False) == [tok.encode(t).ids for t in texts]  # cut, one per text
+    assert tok.truncation["max_length"] == 10  # the tokenizer saved with the run still cuts as a classifier's
+
+
+def test_a_run_from_before_windows_resumes_reading_its_texts_cut(pretrained, tmp_path):
+    import shutil
+
+    import yaml
+
+    from tformer_cli import checkpoint
+
+    copy = RunDir(tmp_path / "run")
+    shutil.copytree(pretrained.root, copy.root)
+    saved = yaml.safe_load(copy.last.config.read_text())
+    del saved["mlm"]["windows"]
+    copy.last.config.write_text(yaml.safe_dump(saved))
+    copy.last.manifest.write_text(json.dumps(checkpoint._digests(copy.last)))
+    pretrain(plain(compose_config("pretrain", *TINY, "trainer.epochs=3", f"resume={copy.root}")),
+             RunDir(tmp_path / "unused"))
+    began, resumed = copy.log("pretrain").read_text().split("resuming", 1)
+    assert "windows of at most 64 tokens" in began and "texts cut at 64 tokens" in resumed

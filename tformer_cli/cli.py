@@ -145,6 +145,9 @@ def _run_hydra(task: str, args: list[str]) -> None:
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as exc:
         if full_error or os.environ.get("TFORMER_DEBUG"):
             raise
+        from .sweep import discard_unstarted_sweep
+
+        discard_unstarted_sweep()  # a -m sweep refused at its first job: no empty sweep dir left behind
         print(f"error: {hydra_error_line(task, exc)}", file=sys.stderr)  # before any run dir exists
         sys.exit(2)
     finally:

@@ -24,15 +24,17 @@ def predict_proba(model, split: TokenizedSplit, *, batch_size: int, pad_id: int,
         # counted in tokens, not batches: batches go longest first, so by batches the first minutes of a
         # long-document test set promised twice the time it took (IMDB at 512 tokens: 57 min said, 29 taken)
         bar = progress_bar(total=int(split.lengths.sum()), desc=progress, unit="token", unit_scale=True)
-    for batch in loader:
-        ids = batch["input_ids"].to(device, non_blocking=True)
-        mask = batch["attention_mask"].to(device, non_blocking=True)
-        with precision.autocast():
-            logits_all[batch["index"]] = model(ids, mask).float().cpu()
+    try:
+        for batch in loader:
+            ids = batch["input_ids"].to(device, non_blocking=True)
+            mask = batch["attention_mask"].to(device, non_blocking=True)
+            with precision.autocast():
+                logits_all[batch["index"]] = model(ids, mask).float().cpu()
+            if bar is not None:
+                bar.update(int(batch["attention_mask"].sum()))  # the host copy: no wait on the device
+    finally:  # an error or Ctrl-C mid-pass must not leave a half-drawn bar above its message
         if bar is not None:
-            bar.update(int(batch["attention_mask"].sum()))  # the host copy: no wait on the device
-    if bar is not None:
-        bar.close()
+            bar.close()
     logits = document_logits(logits_all, split.docs)
     if model.cfg.multi_label:  # per label: sigmoid, binary cross-entropy averaged over documents and labels
         targets = split.doc_labels  # (unlabelled texts, as predict passes them, have no targets: no loss)

@@ -182,8 +182,30 @@ def summarize(sweep_dir: str | Path, console=None) -> list[Job]:
     return found
 
 
+_fresh_sweep_dirs: list[Path] = []  # what this process's sweep is about to create (see discard_unstarted_sweep)
+
+
+def discard_unstarted_sweep() -> None:
+    """Remove the sweep dir a refused sweep left: Hydra writes multirun.yaml before it composes the first job, so
+    `tformer train -m optimizer.lrr=1,2` left an empty-looking outputs/multirun/<date>/<time> for each mistake.
+    Only folders this sweep created and that hold nothing else go (a resumed sweep's dir existed before)."""
+    for folder in _fresh_sweep_dirs:
+        try:
+            if folder.is_dir() and {p.name for p in folder.iterdir()} <= {"multirun.yaml"}:
+                (folder / "multirun.yaml").unlink(missing_ok=True)
+                folder.rmdir()
+        except OSError:
+            return  # something else appeared in it: keep it
+    _fresh_sweep_dirs.clear()
+
+
 class SummaryCallback(Callback):
-    """Hydra calls this when a `-m` sweep ends (finished, or after its last job failed)."""
+    """Hydra calls this when a `-m` sweep starts (to know which sweep dir is new) and when it ends (finished, or
+    after its last job failed)."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        root = Path(config.hydra.sweep.dir)  # (`now` is cached: the sweeper gets the same path)
+        _fresh_sweep_dirs[:] = [p for p in (root, root.parent) if not p.exists()]
 
     def on_multirun_end(self, config, **kwargs) -> None:
         from .console import output
