@@ -137,40 +137,48 @@ def test_a_resume_with_other_settings_and_a_seed_that_would_leak_are_refused(pre
 
 
 def test_long_texts_are_pretrained_on_as_windows_that_cover_every_token_once():
-    from tformer_cli.data.tokenization import train_wordpiece
-
-    texts = ["the film was long and the plot went on " * 9, "short one", "a b c d e f g h"]
-    tok = train_wordpiece(texts, vocab_size=200, max_len=10)
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    cut = [len(tok.encode(t).ids) for t in texts]  # (at most 10: the classifier's configuration)
-    assert cut[0] == cut[2] == 10 and cut[1] < 10
-    seqs = text_windows(tok, texts, 10, windows=True)
-    assert all(len(s) <= 10 and s[0] == cls and s[-1] == sep for s in seqs)
     from tokenizers import Tokenizer
 
+    from tformer_cli.data.tokenization import train_wordpiece
+
+    texts = ["the film was long and the plot went on " * 9, "short one", "a b c d e f g h", "", "a b c d e f g",
+             "a b c d e f g h i"]
+    tok = train_wordpiece(texts, vocab_size=200, max_len=10)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     full = Tokenizer.from_str(tok.to_str())
     full.no_truncation()
     bodies = [full.encode(t).ids[1:-1] for t in texts]
+    assert [len(b) for b in bodies[2:]] == [8, 0, 7, 9]  # exactly max_len with [CLS]/[SEP], empty, under, one over
+    seqs = text_windows(tok, texts, 10, windows=True)
+    assert all(len(s) <= 10 and s[0] == cls and s[-1] == sep for s in seqs)
     assert [t for s in seqs for t in s[1:-1]] == [t for b in bodies for t in b]  # each token once, in order
-    assert len(seqs) == sum(-(-len(b) // 8) for b in bodies) > len(texts)
-    assert text_windows(tok, texts, 10, windows=False) == [tok.encode(t).ids for t in texts]  # cut, one per text
+    assert len(seqs) == sum(max(-(-len(b) // 8), 1) for b in bodies) > len(texts)  # (the empty text: [CLS] [SEP])
+    assert [len(s) for s in seqs[-4:]] == [2, 9, 10, 3]  # empty; under; one over: a full window and a 1-token one
+    cut = text_windows(tok, texts, 10, windows=False)
+    assert cut == [tok.encode(t).ids for t in texts] and cut[0] == [cls] + bodies[0][:8] + [sep]  # each text's start
     assert tok.truncation["max_length"] == 10  # the tokenizer saved with the run still cuts as a classifier's
+    with pytest.raises(TformerError, match="model.max_len >= 3"):
+        text_windows(tok, texts, 2, windows=True)
 
 
-def test_a_run_from_before_windows_resumes_reading_its_texts_cut(pretrained, tmp_path):
-    import shutil
-
+def test_a_run_from_before_windows_goes_on_reading_its_texts_cut(tmp_path):
+    """(Its place in an epoch and its schedule's length are counted in cut texts: windows would change both.)"""
     import yaml
 
     from tformer_cli import checkpoint
 
-    copy = RunDir(tmp_path / "run")
-    shutil.copytree(pretrained.root, copy.root)
-    saved = yaml.safe_load(copy.last.config.read_text())
-    del saved["mlm"]["windows"]
-    copy.last.config.write_text(yaml.safe_dump(saved))
-    copy.last.manifest.write_text(json.dumps(checkpoint._digests(copy.last)))
-    pretrain(plain(compose_config("pretrain", *TINY, "trainer.epochs=3", f"resume={copy.root}")),
-             RunDir(tmp_path / "unused"))
-    began, resumed = copy.log("pretrain").read_text().split("resuming", 1)
-    assert "windows of at most 64 tokens" in began and "texts cut at 64 tokens" in resumed
+    run, short = RunDir(tmp_path / "run"), [*TINY, "model.max_len=8"]  # (the demo's texts are longer than 8 tokens)
+    pretrain(plain(compose_config("pretrain", *short, "trainer.epochs=1")), run)
+    saved = yaml.safe_load(run.last.config.read_text())
+    del saved["mlm"]["windows"]  # as a run from before mlm.windows saved it
+    run.last.config.write_text(yaml.safe_dump(saved))
+    run.last.manifest.write_text(json.dumps(checkpoint._digests(run.last)))
+    for epochs in (2, 3):  # resumed twice: the second resume reads the config the first one saved
+        pretrain(plain(compose_config("pretrain", *short, f"trainer.epochs={epochs}", f"resume={run.root}")),
+                 RunDir(tmp_path / "unused"))
+        assert "windows" not in yaml.safe_load(run.last.config.read_text())["mlm"]
+    began, *resumes = run.log("pretrain").read_text().split(f"resuming {run.root}")
+    n_texts = 1000
+    assert "windows of at most 8 tokens" in began and f"{n_texts:,} windows" not in began
+    assert len(resumes) == 2 and all(f"{n_texts:,} texts cut at 8 tokens" in r and "before mlm.windows" in r
+                                     for r in resumes)

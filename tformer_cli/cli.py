@@ -143,11 +143,11 @@ def _run_hydra(task: str, args: list[str]) -> None:
     try:
         hydra.main(version_base="1.3", config_path=config_dir(), config_name=task)(_guarded(fn))()
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as exc:
-        if full_error or os.environ.get("TFORMER_DEBUG"):
-            raise
         from .sweep import discard_unstarted_sweep
 
         discard_unstarted_sweep()  # a -m sweep refused at its first job: no empty sweep dir left behind
+        if full_error or os.environ.get("TFORMER_DEBUG"):
+            raise
         print(f"error: {hydra_error_line(task, exc)}", file=sys.stderr)  # before any run dir exists
         sys.exit(2)
     finally:

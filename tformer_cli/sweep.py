@@ -182,30 +182,40 @@ def summarize(sweep_dir: str | Path, console=None) -> list[Job]:
     return found
 
 
-_fresh_sweep_dirs: list[Path] = []  # what this process's sweep is about to create (see discard_unstarted_sweep)
+_fresh_sweep_dirs: list[Path] = []  # folders this process's sweep is about to create, deepest first
 
 
 def discard_unstarted_sweep() -> None:
-    """Remove the sweep dir a refused sweep left: Hydra writes multirun.yaml before it composes the first job, so
-    `tformer train -m optimizer.lrr=1,2` left an empty-looking outputs/multirun/<date>/<time> for each mistake.
-    Only folders this sweep created and that hold nothing else go (a resumed sweep's dir existed before)."""
+    """Remove the folders a refused sweep left: Hydra writes the sweep dir (multirun.yaml; Optuna's sweeper its
+    optuna.db) before it composes the first job, so `tformer train -m optimizer.lrr=1,2` left an empty-looking
+    outputs/multirun/<date>/<time> for each mistake. Only folders this sweep created and that hold no job folder
+    go (a resumed sweep's dir existed before; a sweep that ran a job keeps everything)."""
+    import shutil
+
     for folder in _fresh_sweep_dirs:
         try:
-            if folder.is_dir() and {p.name for p in folder.iterdir()} <= {"multirun.yaml"}:
-                (folder / "multirun.yaml").unlink(missing_ok=True)
-                folder.rmdir()
+            if not folder.is_dir() or any(p.is_dir() for p in folder.iterdir()):
+                break  # a job ran (or something else appeared): keep it and every folder above it
+            shutil.rmtree(folder)
         except OSError:
-            return  # something else appeared in it: keep it
+            break
     _fresh_sweep_dirs.clear()
 
 
-class SummaryCallback(Callback):
-    """Hydra calls this when a `-m` sweep starts (to know which sweep dir is new) and when it ends (finished, or
-    after its last job failed)."""
+class FreshSweepDir(Callback):
+    """Notes which folders a `-m` sweep is about to create, for `discard_unstarted_sweep` (in every command's
+    config: train, evaluate and pretrain all take -m)."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        root = Path(config.hydra.sweep.dir)  # (`now` is cached: the sweeper gets the same path)
-        _fresh_sweep_dirs[:] = [p for p in (root, root.parent) if not p.exists()]
+        root = Path(config.hydra.sweep.dir).absolute()  # (`now` is cached: the sweeper gets the same path)
+        _fresh_sweep_dirs[:] = [p for p in (root, *root.parents) if not p.exists()]
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        _fresh_sweep_dirs.clear()  # the sweep ran: nothing of it is discarded
+
+
+class SummaryCallback(Callback):
+    """Hydra calls this when a `-m` sweep ends (finished, or after its last job failed)."""
 
     def on_multirun_end(self, config, **kwargs) -> None:
         from .console import output

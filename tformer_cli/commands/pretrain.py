@@ -5,7 +5,7 @@ history.json, pretrain.log), with the same progress, Ctrl-C and `resume=` behavi
 
 Texts: the data config's train split, plus data.dir/unsupervised.parquet when present (mlm.use_unsupervised) and
 mlm.extra_files; never the test split. A text longer than model.max_len is read as consecutive windows of it
-(mlm.windows), so every token is learned from: cut at max_len as classifiers read it, pretraining at 128 tokens
+(mlm.windows), so every token is learned from: keeping each text's first max_len tokens, pretraining at 128 tokens
 left out 62% of IMDB's tokens. The validation split's texts measure the MLM loss and masked-token accuracy each
 epoch (on masks drawn from a fixed seed, so epochs are comparable).
 """
@@ -131,6 +131,11 @@ def text_windows(tok, texts: list[str], max_len: int, windows: bool) -> list[lis
     tokens, each [CLS] part [SEP], sharing none (a mask draws from every token once per epoch)."""
     if not windows:
         return [e.ids for e in tok.encode_batch(texts)]
+    if max_len < 3:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"model.max_len={max_len} leaves no room for a token between [CLS] and [SEP]; pretrain "
+                          f"with model.max_len >= 3")
     from tokenizers import Tokenizer
 
     whole = Tokenizer.from_str(tok.to_str())
@@ -201,8 +206,13 @@ class MlmRun:
             tok, pre = tokenization.load_tokenizer(resumed.tokenizer_file, max_len), None
         else:
             tok, pre = build_tokenizer_and_embeddings(config, train_texts)
-        tokenization.configure(tok, max_len)  # (the saved tokenizer truncates as a classifier's does)
-        self.windows = options.windows and (resumed is None or "windows" in (_saved_config(resumed).get("mlm") or {}))
+        tokenization.configure(tok, max_len)  # (cut: the first max_len tokens; the saved tokenizer stays so)
+        before_windows = resumed is not None and "windows" not in (_saved_config(resumed).get("mlm") or {})
+        self.windows = options.windows and not before_windows
+        if before_windows:  # its batches are cut texts, on this resume and every later one: the key stays out of
+            tree.get("mlm", {}).pop("windows", None)  # the config it saves
+            console.print(f"this run began before mlm.windows: it goes on reading each text's first {max_len} tokens",
+                          highlight=False)
         encode = lambda texts: TokenizedSplit.from_ids(text_windows(tok, texts, max_len, self.windows))
         self.val_split, self.pad = encode(val_texts), tokenization.pad_id(tok)
         if resumed is not None:
