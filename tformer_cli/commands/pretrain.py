@@ -127,8 +127,8 @@ def _find_resumable(resume):
 
 
 def text_windows(tok, texts: list[str], max_len: int, windows: bool) -> list[list[int]]:
-    """Token ids to pretrain on: each text cut at max_len, or (windows) split into consecutive windows of max_len
-    tokens, each [CLS] part [SEP], sharing none (a mask draws from every token once per epoch)."""
+    """Token ids to pretrain on: each text's first max_len tokens, or (windows) all of them, in consecutive windows
+    of max_len tokens, each [CLS] part [SEP], sharing none (a mask draws from every token once per epoch)."""
     if not windows:
         return [e.ids for e in tok.encode_batch(texts)]
     if max_len < 3:
@@ -147,19 +147,14 @@ def text_windows(tok, texts: list[str], max_len: int, windows: bool) -> list[lis
     return out
 
 
-def _saved_config(resumed) -> dict:
+def _check_resumable(resumed, tree: dict, run_dir: RunDir) -> dict:
+    """As `train`'s resume: the same config (texts, model, batches: the run's place in its epoch depends on them),
+    and a finished run only continued to train longer. Returns the run's saved config."""
     import yaml
 
-    return (yaml.safe_load(resumed.files.config.read_text()) if resumed.files.config.is_file() else None) or {}
-
-
-def _check_resumable(resumed, tree: dict, run_dir: RunDir) -> None:
-    """As `train`'s resume: the same config (texts, model, batches: the run's place in its epoch depends on them),
-    and a finished run only continued to train longer. (A run from before mlm.windows resumes reading its texts
-    cut at max_len, as it began.)"""
     from .train import _get, config_diff
 
-    saved = _saved_config(resumed)
+    saved = (yaml.safe_load(resumed.files.config.read_text()) if resumed.files.config.is_file() else None) or {}
     saved_epochs = _get(saved, "trainer.epochs")
     extending = isinstance(saved_epochs, int) and int(_get(tree, "trainer.epochs")) > saved_epochs
     if run_dir.finished and not extending:
@@ -170,6 +165,7 @@ def _check_resumable(resumed, tree: dict, run_dir: RunDir) -> None:
         shown = ", ".join(f"{k} ({_get(saved, k)!r} -> {_get(tree, k)!r})" for k in diff[:6])
         raise TformerError(f"cannot resume {run_dir}: the config differs in {shown}; resume with the run's original "
                            f"overrides (`tformer pretrain <them> resume={run_dir}`) or start a new run")
+    return saved
 
 
 class MlmRun:
@@ -199,15 +195,15 @@ class MlmRun:
         keep_freed_host_memory(self.device)
         self.precision = pick_precision(config.trainer.precision, self.device)
         train_texts, val_texts = pretraining_texts(config, options, console)
-        max_len, resumed = int(config.model["max_len"]), None
+        max_len, resumed, saved_config = int(config.model["max_len"]), None, {}
         if resume_from is not None:
             resumed = checkpoint.load_pretraining(resume_from, with_training_state=True)
-            _check_resumable(resumed, tree, run_dir)
+            saved_config = _check_resumable(resumed, tree, run_dir)
             tok, pre = tokenization.load_tokenizer(resumed.tokenizer_file, max_len), None
         else:
             tok, pre = build_tokenizer_and_embeddings(config, train_texts)
         tokenization.configure(tok, max_len)  # (cut: the first max_len tokens; the saved tokenizer stays so)
-        before_windows = resumed is not None and "windows" not in (_saved_config(resumed).get("mlm") or {})
+        before_windows = resumed is not None and "windows" not in (saved_config.get("mlm") or {})
         self.windows = options.windows and not before_windows
         if before_windows:  # its batches are cut texts, on this resume and every later one: the key stays out of
             tree.get("mlm", {}).pop("windows", None)  # the config it saves
