@@ -91,6 +91,9 @@ def test_bad_input_gets_one_line_and_no_traceback(tmp_path):
         (["predict", "hello"], "no trained checkpoint under"),
         (["evaluate", f"checkpoint={tmp_path}"], "is incomplete"),
         (["fly"], "unknown command 'fly'"),
+        (["export", "formt=onnx"], "unknown argument 'formt=onnx'; export takes checkpoint=, format="),
+        (["serve", "prot=80"], "unknown argument 'prot=80'; serve takes checkpoint=, runtime="),
+        (["push", "my/repo"], "unknown argument 'my/repo'; push takes checkpoint=, repo="),
     ]
     for args, message in cases:
         r = run_tformer(*args, cwd=tmp_path)

@@ -1,9 +1,8 @@
 """`tformer export checkpoint=PATH [format=onnx] [quantize=int8] [out=DIR] [opset=N]`."""
 from __future__ import annotations
 
-import re
-
 from ..errors import TformerError
+from .options import parse_key_values
 
 USAGE = """usage: tformer export [checkpoint=PATH] [format=onnx] [quantize=none|int8] [out=DIR] [opset=17]
 
@@ -13,19 +12,10 @@ against PyTorch (max logit difference printed; fp32 exports over 1e-4 are refuse
 
 DEFAULTS = {"checkpoint": None, "format": "onnx", "quantize": None, "out": None, "opset": "17",
             "outputs_dir": "outputs"}
-_OVERRIDE = re.compile(r"^([a-z_]+)=(.*)$", re.S)
 
 
 def parse_args(argv: list[str]) -> dict:
-    opts = dict(DEFAULTS)
-    for arg in argv:
-        if arg in ("-h", "--help"):
-            print(USAGE)
-            raise SystemExit(0)
-        m = _OVERRIDE.match(arg)
-        if not m or m.group(1) not in DEFAULTS:
-            raise TformerError(f"unknown argument {arg!r}; export takes {', '.join(f'{k}=' for k in DEFAULTS)}")
-        opts[m.group(1)] = m.group(2)
+    opts = parse_key_values(argv, DEFAULTS, USAGE, "export")
     if opts["format"] != "onnx":
         raise TformerError(f"format={opts['format']!r} is not supported; the one export format is onnx")
     if opts["quantize"] in ("none", "null", ""):

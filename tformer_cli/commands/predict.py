@@ -11,6 +11,7 @@ import re
 import sys
 
 from ..errors import TformerError
+from .options import KEY_VALUE
 
 USAGE = """usage: tformer predict [TEXT ...] [checkpoint=PATH] [top_k=N] [file=PATH|-] [json=true]
                        [explain=true] [batch_size=N] [device=auto|cpu|cuda] [max_chars=N] [max_lines=N]
@@ -25,7 +26,6 @@ Flags --top-k N, --file PATH, --json, --explain, --checkpoint PATH and --runtime
 DEFAULTS = {"checkpoint": None, "top_k": 1, "file": None, "json": False, "explain": False, "batch_size": 64,
             "device": "auto", "runtime": "torch",
             "max_chars": 100_000, "max_lines": 1_000_000, "outputs_dir": "outputs"}
-_OVERRIDE = re.compile(r"^([a-z_]+)=(.*)$", re.S)
 _FLAGS = {"--top-k": "top_k", "-k": "top_k", "--file": "file", "-f": "file", "--checkpoint": "checkpoint",
           "--batch-size": "batch_size", "--device": "device", "--runtime": "runtime"}
 _SWITCHES = ("--json", "--explain")
@@ -38,7 +38,7 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
     only_texts = False
     while i < len(argv):
         arg = argv[i]
-        m = _OVERRIDE.match(arg)
+        m = KEY_VALUE.match(arg)
         if only_texts:
             texts.append(arg)
         elif arg == "--":

@@ -1,9 +1,8 @@
 """`tformer push checkpoint=PATH repo=<owner>/<name> [private=true] [message=...] [stage=DIR]`."""
 from __future__ import annotations
 
-import re
-
 from ..errors import TformerError
+from .options import parse_key_values
 
 USAGE = """usage: tformer push [checkpoint=PATH] repo=<owner>/<name> [private=true] [message=TEXT] [stage=DIR]
 
@@ -14,19 +13,10 @@ into DIR and uploads nothing."""
 
 DEFAULTS = {"checkpoint": None, "repo": None, "private": "false", "message": None, "stage": None,
             "outputs_dir": "outputs"}
-_OVERRIDE = re.compile(r"^([a-z_]+)=(.*)$", re.S)
 
 
 def main(argv: list[str]) -> int:
-    opts = dict(DEFAULTS)
-    for arg in argv:
-        if arg in ("-h", "--help"):
-            print(USAGE)
-            raise SystemExit(0)
-        m = _OVERRIDE.match(arg)
-        if not m or m.group(1) not in DEFAULTS:
-            raise TformerError(f"unknown argument {arg!r}; push takes {', '.join(f'{k}=' for k in DEFAULTS)}")
-        opts[m.group(1)] = m.group(2)
+    opts = parse_key_values(argv, DEFAULTS, USAGE, "push")
     from pathlib import Path
 
     from .. import hub_repo

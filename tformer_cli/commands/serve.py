@@ -1,10 +1,10 @@
 """`tformer serve [checkpoint=PATH] [runtime=torch|onnx] [host=127.0.0.1] [port=8000] ...`"""
 from __future__ import annotations
 
-import re
 import sys
 
 from ..errors import TformerError
+from .options import parse_key_values
 
 USAGE = """usage: tformer serve [checkpoint=PATH] [runtime=torch|onnx] [host=127.0.0.1] [port=8000]
                      [max_batch=64] [max_wait_ms=5] [max_texts=256] [max_chars=20000]
@@ -20,19 +20,10 @@ DEFAULTS = {"checkpoint": None, "runtime": "torch", "host": "127.0.0.1", "port":
             "max_wait_ms": "5", "max_texts": "256", "max_chars": "20000", "max_body_bytes": "2000000",
             "device": "auto", "access_log": "false", "outputs_dir": "outputs"}
 INTEGERS = ("port", "max_batch", "max_texts", "max_chars", "max_body_bytes")
-_OVERRIDE = re.compile(r"^([a-z_]+)=(.*)$", re.S)
 
 
 def parse_args(argv: list[str]) -> dict:
-    opts = dict(DEFAULTS)
-    for arg in argv:
-        if arg in ("-h", "--help"):
-            print(USAGE)
-            raise SystemExit(0)
-        m = _OVERRIDE.match(arg)
-        if not m or m.group(1) not in DEFAULTS:
-            raise TformerError(f"unknown argument {arg!r}; serve takes {', '.join(f'{k}=' for k in DEFAULTS)}")
-        opts[m.group(1)] = m.group(2)
+    opts = parse_key_values(argv, DEFAULTS, USAGE, "serve")
     for key in INTEGERS:
         try:
             opts[key] = int(opts[key])
