@@ -22,3 +22,8 @@ def parse_key_values(argv: list[str], defaults: dict, usage: str, command: str) 
             raise TformerError(f"unknown argument {arg!r}; {command} takes {', '.join(f'{k}=' for k in defaults)}")
         opts[m.group(1)] = m.group(2)
     return opts
+
+
+def is_true(value) -> bool:
+    """A yes/no option's value: 1, true or yes (any case) mean yes, anything else no."""
+    return str(value).lower() in ("1", "true", "yes")

@@ -11,7 +11,7 @@ import re
 import sys
 
 from ..errors import TformerError
-from .options import KEY_VALUE
+from .options import KEY_VALUE, is_true
 
 USAGE = """usage: tformer predict [TEXT ...] [checkpoint=PATH] [top_k=N] [file=PATH|-] [json=true]
                        [explain=true] [batch_size=N] [device=auto|cpu|cuda] [max_chars=N] [max_lines=N]
@@ -73,7 +73,7 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
         raise TformerError(f"top_k, batch_size, max_chars and max_lines must be integers ({exc})") from exc
     for key in ("json", "explain"):
         if isinstance(opts[key], str):
-            opts[key] = opts[key].lower() in ("1", "true", "yes")
+            opts[key] = is_true(opts[key])
     for key in ("top_k", "batch_size", "max_chars", "max_lines"):
         if opts[key] < 1:
             raise TformerError(f"{key}={opts[key]} must be at least 1")

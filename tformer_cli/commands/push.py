@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..errors import TformerError
-from .options import parse_key_values
+from .options import is_true, parse_key_values
 
 USAGE = """usage: tformer push [checkpoint=PATH] repo=<owner>/<name> [private=true] [message=TEXT] [stage=DIR]
 
@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
         return 0
     if not opts["repo"]:
         raise TformerError("push needs repo=<owner>/<name> (the Hub model repository to upload to)")
-    url = hub_repo.push(source, opts["repo"], private=str(opts["private"]).lower() in ("1", "true", "yes"),
+    url = hub_repo.push(source, opts["repo"], private=is_true(opts["private"]),
                         message=opts["message"])
     print(f"[tformer] pushed {source} to {url}; load it with checkpoint=hf://{opts['repo']}")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import TformerError
-from .options import parse_key_values
+from .options import is_true, parse_key_values
 
 USAGE = """usage: tformer serve [checkpoint=PATH] [runtime=torch|onnx] [host=127.0.0.1] [port=8000]
                      [max_batch=64] [max_wait_ms=5] [max_texts=256] [max_chars=20000]
@@ -38,7 +38,7 @@ def parse_args(argv: list[str]) -> dict:
         raise TformerError(f"max_wait_ms={opts['max_wait_ms']!r} must be a number") from None
     if not 0 <= opts["max_wait_ms"] <= 1000:
         raise TformerError(f"max_wait_ms={opts['max_wait_ms']} must be between 0 and 1000")
-    opts["access_log"] = str(opts["access_log"]).lower() in ("1", "true", "yes")
+    opts["access_log"] = is_true(opts["access_log"])
     if opts["runtime"] not in ("torch", "onnx"):
         raise TformerError(f"runtime={opts['runtime']!r} must be torch (the checkpoint) or onnx (its export)")
     return opts
