@@ -159,10 +159,31 @@ def test_head_tail_trains_evaluates_and_predicts_alike(tmp_path):
     test = json.loads((run / "test_metrics.json").read_text())
     out = json.loads(next(tmp_path.glob("outputs/evaluate/*/*/metrics.json")).read_text())
     assert r.returncode == 0 and out["accuracy"] == test["accuracy"]
+    r = run_tformer("evaluate", f"checkpoint={run}", "long_text=chunks", "chunk_overlap=2", cwd=tmp_path)
+    assert r.returncode == 0 and "long texts read as chunks (trained as head_tail)" in r.stdout, r.stderr[-2000:]
+    chunked = max(tmp_path.glob("outputs/evaluate/*/*/metrics.json"))
+    assert json.loads(chunked.read_text())["long_text"] == "chunks"
+    assert json.loads(chunked.read_text())["n"] == 100  # documents, whatever their number of windows
     long = "this film was great " * 30 + "but the ending was boring"
     r = run_tformer("predict", "--explain", "--json", long, cwd=tmp_path)
     tokens = json.loads(r.stdout)["explanation"]["tokens"]
     assert len(tokens) == 12 and tokens[:5] == ["[CLS]", "this", "film", "was", "great"] and tokens[-2] == "boring"
+
+
+def test_evaluate_reads_long_texts_as_trained_unless_asked_otherwise():
+    from types import SimpleNamespace
+
+    from tformer_cli.commands.evaluate import reading
+    from tformer_cli.data.tokenization import LongText
+
+    trained = LongText("head_tail", head_tokens=4)
+    asked = dict(long_text=None, head_tokens=None, chunk_overlap=None)
+    assert reading(trained, SimpleNamespace(**asked)) == trained
+    chunks = reading(trained, SimpleNamespace(**{**asked, "long_text": "chunks", "chunk_overlap": 2}))
+    assert (chunks.mode, chunks.chunk_overlap) == ("chunks", 2)
+    assert reading(trained, SimpleNamespace(**{**asked, "head_tokens": 6})) == LongText("head_tail", 6)
+    with pytest.raises(TformerError, match="long_text='windows' is not one of truncate, head_tail, chunks"):
+        reading(trained, SimpleNamespace(**{**asked, "long_text": "windows"}))
 
 
 def test_chunks_cover_the_whole_text_in_overlapping_windows():

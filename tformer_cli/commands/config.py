@@ -102,6 +102,9 @@ class EvaluateConfig:
     device: str
     precision: str
     data: dict | None = None  # data=<name> composes one; else the data config saved in the checkpoint
+    long_text: str | None = None  # None: read long texts the way training did (the checkpoint says)
+    head_tokens: int | None = None
+    chunk_overlap: int | None = None
 
     @classmethod
     def from_hydra(cls, cfg) -> "EvaluateConfig":

@@ -14,6 +14,21 @@ def _absolute(path: str | None) -> str | None:
     return None if path is None else str(Path(path).expanduser().resolve())
 
 
+def reading(saved, config: EvaluateConfig):
+    """How evaluate reads long texts: the way training did (saved in the checkpoint), unless long_text /
+    head_tokens / chunk_overlap ask for another way, e.g. `long_text=chunks` to score whole reviews with a model
+    trained on their last max_len tokens (every window's logits averaged per document)."""
+    from dataclasses import replace
+
+    from ..data.tokenization import LONG_TEXT_MODES
+
+    if config.long_text is not None and config.long_text not in LONG_TEXT_MODES:
+        raise TformerError(f"long_text={config.long_text!r} is not one of {', '.join(LONG_TEXT_MODES)}; "
+                           f"leave it unset to read texts the way training did")
+    asked = {"mode": config.long_text, "head_tokens": config.head_tokens, "chunk_overlap": config.chunk_overlap}
+    return replace(saved, **{k: v for k, v in asked.items() if v is not None})
+
+
 def run(cfg) -> float:
     from hydra.core.hydra_config import HydraConfig
 
@@ -58,7 +73,10 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
         raise TformerError(f"the data's labels {data.label_names[:5]} differ from the checkpoint's "
                            f"{loaded.label_names[:5]}; evaluate on the dataset the model was trained on")
     max_len = int(loaded.model_config["max_len"])
-    long_text = tokenization.LongText.from_meta(loaded.meta)  # read texts the way training did
+    trained = tokenization.LongText.from_meta(loaded.meta)
+    long_text = reading(trained, config)
+    if long_text != trained:
+        console.print(f"[bold]long texts[/] read as {long_text.mode} (trained as {trained.mode})", highlight=False)
     tok = tokenization.load_tokenizer(loaded.tokenizer_file, max_len, long_text)
     texts = data.splits[config.split]
     split = tokenization.TokenizedSplit.from_dataset(
@@ -66,8 +84,11 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
     metrics, probs = evaluate_split(loaded.model, split, loaded.label_names, pad_id=tokenization.pad_id(tok),
                                     device=device, precision=precision, batch_size=config.batch_size,
                                     thresholds=loaded.thresholds)
-    metrics.update({"checkpoint": str(loaded.path), "split": config.split, "data": data_cfg.name})
-    title = f"{data_cfg.name} {config.split} ({len(split):,} examples)"
+    metrics.update({"checkpoint": str(loaded.path), "split": config.split, "data": data_cfg.name,
+                    **long_text.to_meta()})
+    docs = len(split.doc_labels)
+    title = f"{data_cfg.name} {config.split} ({docs:,} examples" + (
+        f", {len(split):,} windows)" if len(split) != docs else ")")
     report.print_metrics(metrics, loaded.label_names, title, console)
     write_json(run_dir.eval_metrics, metrics)
     console.print(f"metrics written to {run_dir.eval_metrics}", highlight=False)
