@@ -44,7 +44,7 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
     from ..console import output
     from ..data import sources, tokenization
     from ..evaluation import report
-    from ..evaluation.evaluate import evaluate_split, write_reports
+    from ..evaluation.evaluate import count, evaluate_split, write_reports
     from ..hardware import keep_freed_host_memory, pick_device, pick_precision
 
     console = output()
@@ -86,9 +86,7 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
                                     thresholds=loaded.thresholds)
     metrics.update({"checkpoint": str(loaded.path), "split": config.split, "data": data_cfg.name,
                     **long_text.to_meta()})
-    docs = len(split.doc_labels)
-    title = f"{data_cfg.name} {config.split} ({docs:,} examples" + (
-        f", {len(split):,} windows)" if len(split) != docs else ")")
+    title = f"{data_cfg.name} {config.split} ({count(split)})"
     report.print_metrics(metrics, loaded.label_names, title, console)
     write_json(run_dir.eval_metrics, metrics)
     console.print(f"metrics written to {run_dir.eval_metrics}", highlight=False)

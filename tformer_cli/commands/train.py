@@ -460,7 +460,7 @@ def report_run(config: TrainConfig, run_dir: RunDir, state, prepared: Prepared, 
     from .. import checkpoint
     from ..atomic import write_json
     from ..evaluation import report
-    from ..evaluation.evaluate import evaluate_split, write_reports
+    from ..evaluation.evaluate import count, evaluate_split, write_reports
 
     report.print_history(state.history, console)
     write_json(run_dir.history, state.history)
@@ -478,7 +478,7 @@ def report_run(config: TrainConfig, run_dir: RunDir, state, prepared: Prepared, 
     metrics, probs = evaluate_split(loaded.model, test, loaded.label_names, pad_id=prepared.pad_id, device=device,
                                     precision=precision, batch_size=config.trainer.eval_batch_size,
                                     thresholds=loaded.thresholds)
-    title = f"test ({len(test):,} examples, best checkpoint)"
+    title = f"test ({count(test)}; best checkpoint)"
     report.print_metrics(metrics, loaded.label_names, title, console)
     write_json(run_dir.test_metrics, metrics)
     write_reports(run_dir.test_report, metrics, loaded.label_names, prepared.data.splits["test"]["text"], test,

@@ -22,6 +22,12 @@ def evaluate_split(model, split, label_names, *, pad_id, device, precision, batc
     return compute(split.doc_labels.numpy(), probs.argmax(-1).numpy(), label_names, loss), probs.numpy()
 
 
+def count(split) -> str:
+    """'25,000 examples', or with chunks '25,000 examples, 39,712 windows': metrics count documents."""
+    docs = len(split.doc_labels)
+    return f"{docs:,} examples" + (f", {len(split):,} windows" if len(split) != docs else "")
+
+
 def validation_metrics(model, split, label_names, *, pad_id, device, precision, batch_size, loss_weight=None) -> dict:
     """The per-epoch validation pass: val_loss, val_accuracy, val_f1, val_precision, val_recall. A multi-label
     model also gets its per-label thresholds tuned here (`thresholds`, saved with the epoch's checkpoints) and
