@@ -160,7 +160,7 @@ def test_head_tail_trains_evaluates_and_predicts_alike(tmp_path):
     out = json.loads(next(tmp_path.glob("outputs/evaluate/*/*/metrics.json")).read_text())
     assert r.returncode == 0 and out["accuracy"] == test["accuracy"]
     r = run_tformer("evaluate", f"checkpoint={run}", "long_text=chunks", "chunk_overlap=2", cwd=tmp_path)
-    assert r.returncode == 0 and "long texts read as chunks (trained as head_tail)" in r.stdout, r.stderr[-2000:]
+    assert r.returncode == 0 and "long texts read as chunks of 12 tokens overlapping by 2 (trained as head_tail" in r.stdout, r.stderr[-2000:]
     chunked = max(tmp_path.glob("outputs/evaluate/*/*/metrics.json"))
     assert json.loads(chunked.read_text())["long_text"] == "chunks"
     assert json.loads(chunked.read_text())["n"] == 100  # documents, whatever their number of windows
@@ -176,14 +176,39 @@ def test_evaluate_reads_long_texts_as_trained_unless_asked_otherwise():
     from tformer_cli.commands.evaluate import reading
     from tformer_cli.data.tokenization import LongText
 
+    def read(trained, max_len=12, **asked):
+        return reading(trained, SimpleNamespace(**{"long_text": None, "head_tokens": None, "chunk_overlap": None,
+                                                   **asked}), max_len, data_side="left")
+
     trained = LongText("head_tail", head_tokens=4)
-    asked = dict(long_text=None, head_tokens=None, chunk_overlap=None)
-    assert reading(trained, SimpleNamespace(**asked)) == trained
-    chunks = reading(trained, SimpleNamespace(**{**asked, "long_text": "chunks", "chunk_overlap": 2}))
-    assert (chunks.mode, chunks.chunk_overlap) == ("chunks", 2)
-    assert reading(trained, SimpleNamespace(**{**asked, "head_tokens": 6})) == LongText("head_tail", 6)
+    assert read(trained) == (trained, None)
+    assert read(trained, head_tokens=6) == (LongText("head_tail", 6), None)
+    assert read(trained, long_text="chunks", chunk_overlap=2) == (LongText("chunks", None, 2), None)
+    # training read head_tail and saved no truncation side: a truncate reading keeps the data's side
+    assert read(trained, long_text="truncate") == (LongText("truncate"), "left")
+    assert read(LongText("truncate"), long_text="truncate") == (LongText("truncate"), None)  # the file's side
     with pytest.raises(TformerError, match="long_text='windows' is not one of truncate, head_tail, chunks"):
-        reading(trained, SimpleNamespace(**{**asked, "long_text": "windows"}))
+        read(trained, long_text="windows")
+    with pytest.raises(TformerError, match="head_tokens= is a setting of long_text=head_tail, and this evaluation "
+                                           "reads texts as chunks"):
+        read(trained, long_text="chunks", head_tokens=3)
+    with pytest.raises(TformerError, match="head_tokens=11 must be between 0 and 10"):
+        read(trained, head_tokens=11)
+    with pytest.raises(TformerError, match="chunk_overlap=10 must be between 0 and 9"):
+        read(LongText("chunks"), chunk_overlap=10)
+
+
+def test_a_tokenizer_saved_without_truncation_truncates_on_the_side_asked(tmp_path):
+    from tformer_cli.data import tokenization
+
+    text = " ".join(f"w{i}" for i in range(100))
+    tok = tokenization.train_wordpiece([text] * 2, 300, max_len=512)
+    tokenization.configure(tok, 10, "left", tokenization.LongText("chunks"))  # as a chunks run saves it
+    tok.save(str(tmp_path / "tokenizer.json"))
+    left = tokenization.load_tokenizer(tmp_path / "tokenizer.json", 10, side="left")
+    assert left.encode(text).tokens[1:3] == ["w92", "w93"]  # keeps the end, as data.truncation=left says
+    plain = tokenization.load_tokenizer(tmp_path / "tokenizer.json", 10)
+    assert plain.encode(text).tokens[1:3] == ["w0", "w1"]
 
 
 def test_chunks_cover_the_whole_text_in_overlapping_windows():

@@ -14,19 +14,35 @@ def _absolute(path: str | None) -> str | None:
     return None if path is None else str(Path(path).expanduser().resolve())
 
 
-def reading(saved, config: EvaluateConfig):
+def reading(trained, config: EvaluateConfig, max_len: int, data_side: str):
     """How evaluate reads long texts: the way training did (saved in the checkpoint), unless long_text /
     head_tokens / chunk_overlap ask for another way, e.g. `long_text=chunks` to score whole reviews with a model
-    trained on their last max_len tokens (every window's logits averaged per document)."""
-    from dataclasses import replace
+    trained on their last max_len tokens (every window's logits averaged per document). Checked here, against
+    the checkpoint's max_len and under the keys the user typed, before any data is read. Returns the reading and
+    the side a truncate reading keeps: None, the tokenizer file's (training's), unless training read head_tail or
+    chunks and saved no side: then the data config's (data.truncation; `imdb` keeps the end)."""
+    from ..data.tokenization import LONG_TEXT_MODES, LongText
 
-    from ..data.tokenization import LONG_TEXT_MODES
-
-    if config.long_text is not None and config.long_text not in LONG_TEXT_MODES:
-        raise TformerError(f"long_text={config.long_text!r} is not one of {', '.join(LONG_TEXT_MODES)}; "
+    mode = trained.mode if config.long_text is None else config.long_text
+    if mode not in LONG_TEXT_MODES:
+        raise TformerError(f"long_text={mode!r} is not one of {', '.join(LONG_TEXT_MODES)}; "
                            f"leave it unset to read texts the way training did")
-    asked = {"mode": config.long_text, "head_tokens": config.head_tokens, "chunk_overlap": config.chunk_overlap}
-    return replace(saved, **{k: v for k, v in asked.items() if v is not None})
+    for key, owner in (("head_tokens", "head_tail"), ("chunk_overlap", "chunks")):
+        if getattr(config, key) is not None and mode != owner:
+            raise TformerError(f"{key}= is a setting of long_text={owner}, and this evaluation reads texts as {mode}; "
+                               f"add long_text={owner} or drop {key}=")
+    same = mode == trained.mode  # keep training's sizes unless asked otherwise
+    head = config.head_tokens if config.head_tokens is not None else trained.head_tokens if same else None
+    overlap = config.chunk_overlap if config.chunk_overlap is not None else trained.chunk_overlap if same else None
+    width = max_len - 2
+    if head is not None and not 0 <= head <= width:
+        raise TformerError(f"head_tokens={head} must be between 0 and {width} (the checkpoint's max_len {max_len} "
+                           f"less [CLS] and [SEP])")
+    if overlap is not None and not 0 <= overlap < width:
+        raise TformerError(f"chunk_overlap={overlap} must be between 0 and {width - 1} (a window holds "
+                           f"{width} tokens of text at the checkpoint's max_len {max_len})")
+    side = data_side if mode == "truncate" and trained.mode != "truncate" else None
+    return LongText(mode, head if mode == "head_tail" else None, overlap if mode == "chunks" else None), side
 
 
 def run(cfg) -> float:
@@ -65,6 +81,12 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
 
     console.print(f"[bold]checkpoint[/] {markup(loaded.path)}  [bold]data[/] {markup(data_cfg.name)}  [bold]split[/] "
                   f"{markup(config.split)}  [bold]device[/] {device} ({precision.name})", highlight=False)
+    max_len = int(loaded.model_config["max_len"])
+    trained = tokenization.LongText.from_meta(loaded.meta)
+    long_text, side = reading(trained, config, max_len, data_cfg.truncation)
+    if long_text != trained:
+        console.print(f"[bold]long texts[/] read as {long_text.describe(max_len)} (trained as "
+                      f"{trained.describe(max_len)})", highlight=False)
     seed = int((saved or {}).get("seed", 0))
     data = sources.load(data_cfg, seed=seed)
     if config.split not in data.splits:
@@ -72,12 +94,7 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
     if list(data.label_names) != list(loaded.label_names):
         raise TformerError(f"the data's labels {data.label_names[:5]} differ from the checkpoint's "
                            f"{loaded.label_names[:5]}; evaluate on the dataset the model was trained on")
-    max_len = int(loaded.model_config["max_len"])
-    trained = tokenization.LongText.from_meta(loaded.meta)
-    long_text = reading(trained, config)
-    if long_text != trained:
-        console.print(f"[bold]long texts[/] read as {long_text.mode} (trained as {trained.mode})", highlight=False)
-    tok = tokenization.load_tokenizer(loaded.tokenizer_file, max_len, long_text)
+    tok = tokenization.load_tokenizer(loaded.tokenizer_file, max_len, long_text, side)
     texts = data.splits[config.split]
     split = tokenization.TokenizedSplit.from_dataset(
         tokenization.tokenize_split(texts, tok, max_len, config.split, long_text))

@@ -95,6 +95,15 @@ class LongText:
         tail = max_len - 2 - head
         return seq[: 1 + head] + seq[len(seq) - tail - 1:]
 
+    def describe(self, max_len: int) -> str:
+        """'chunks of 256 tokens overlapping by 63': what a reading does at this max_len, for headers."""
+        if self.mode == "head_tail":
+            return f"head_tail: the first {self.head(max_len)} and the last {max_len - 2 - self.head(max_len)} tokens"
+        if self.mode == "chunks":
+            overlap = self.chunk_overlap if self.chunk_overlap is not None else (max_len - 2) // 4
+            return f"chunks of {max_len} tokens overlapping by {overlap}"
+        return f"truncate to {max_len} tokens"
+
     def to_meta(self) -> dict:
         return {"long_text": self.mode, "head_tokens": self.head_tokens, "chunk_overlap": self.chunk_overlap}
 
@@ -128,10 +137,11 @@ def encode_batch(tok, texts: list[str], max_len: int, long_text: LongText = Long
             for e in tok.encode_batch(texts)]
 
 
-def load_tokenizer(path: str | Path, max_len: int, long_text: LongText = LongText()):
+def load_tokenizer(path: str | Path, max_len: int, long_text: LongText = LongText(), side: str | None = None):
+    """side: None truncates as the file says (as training did); a head_tail or chunks run saved no side."""
     from tokenizers import Tokenizer
 
-    return configure(Tokenizer.from_file(str(path)), max_len, long_text=long_text)
+    return configure(Tokenizer.from_file(str(path)), max_len, side, long_text)
 
 
 def pad_id(tok) -> int:
