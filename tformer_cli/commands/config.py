@@ -53,7 +53,8 @@ class TrainConfig:
         out = build(cls, tree)
         if out.long_text.mode != "truncate":  # head_tokens / chunk_overlap fit max_len
             out.long_text.head(int(out.model["max_len"]))
-            out.long_text.windows(list(range(2 * int(out.model["max_len"]))), int(out.model["max_len"]))
+            if out.long_text.mode == "chunks":
+                out.long_text.overlap(int(out.model["max_len"]))
         options = out.model_options  # checks the model's options and shape now, not after the data
         if options.pretrained is None:
             out.encoder_config(vocab_size=1, num_classes=2)

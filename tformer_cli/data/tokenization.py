@@ -74,16 +74,21 @@ class LongText:
             raise ConfigError(f"data.head_tokens={head} must be between 0 and model.max_len - 2 = {max_len - 2}")
         return head
 
-    def windows(self, seq: list, max_len: int) -> list[list]:
-        """[CLS] body [SEP] -> one sequence of at most max_len, or (chunks) several, each [CLS] part [SEP]."""
-        if self.mode != "chunks" or len(seq) <= max_len:
-            return [self.cut(seq, max_len)]
-        body, width = seq[1:-1], max_len - 2
+    def overlap(self, max_len: int) -> int:
+        """chunk_overlap or its default, checked against max_len: the one rule for windows, headers and config."""
+        width = max_len - 2
         overlap = self.chunk_overlap if self.chunk_overlap is not None else width // 4
         if not 0 <= overlap < width:
             from ..errors import ConfigError
 
             raise ConfigError(f"data.chunk_overlap={overlap} must be between 0 and model.max_len - 3 = {width - 1}")
+        return overlap
+
+    def windows(self, seq: list, max_len: int) -> list[list]:
+        """[CLS] body [SEP] -> one sequence of at most max_len, or (chunks) several, each [CLS] part [SEP]."""
+        if self.mode != "chunks" or len(seq) <= max_len:
+            return [self.cut(seq, max_len)]
+        body, width, overlap = seq[1:-1], max_len - 2, self.overlap(max_len)
         starts = list(range(0, len(body) - width, width - overlap)) + [len(body) - width]  # the last ends the text
         return [seq[:1] + body[a:a + width] + seq[-1:] for a in starts]
 
@@ -100,8 +105,7 @@ class LongText:
         if self.mode == "head_tail":
             return f"head_tail: the first {self.head(max_len)} and the last {max_len - 2 - self.head(max_len)} tokens"
         if self.mode == "chunks":
-            overlap = self.chunk_overlap if self.chunk_overlap is not None else (max_len - 2) // 4
-            return f"chunks of {max_len} tokens overlapping by {overlap}"
+            return f"chunks of {max_len} tokens overlapping by {self.overlap(max_len)}"
         return f"truncate to {max_len} tokens"
 
     def to_meta(self) -> dict:
