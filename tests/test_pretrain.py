@@ -136,7 +136,7 @@ def test_a_resume_with_other_settings_and_a_seed_that_would_leak_are_refused(pre
         hub_repo.stage(pretrained.root, tmp_path / "stage")
 
 
-def test_long_texts_are_pretrained_on_as_windows_that_cover_every_token_once():
+def test_long_texts_are_pretrained_on_as_windows_that_cover_every_token_once(monkeypatch):
     from tokenizers import Tokenizer
 
     from tformer_cli.data.tokenization import train_wordpiece
@@ -159,6 +159,9 @@ def test_long_texts_are_pretrained_on_as_windows_that_cover_every_token_once():
     assert tok.truncation["max_length"] == 10  # the tokenizer saved with the run still cuts as a classifier's
     with pytest.raises(TformerError, match="model.max_len >= 3"):
         text_windows(tok, texts, 2, windows=True)
+    monkeypatch.setattr("tformer_cli.commands.pretrain.ENCODE_CHUNK", 4)  # texts encoded a few at a time (memory):
+    assert text_windows(tok, texts, 10, windows=True) == seqs  # the same windows, in the same order, across chunks
+    assert text_windows(tok, texts, 10, windows=False) == cut
 
 
 def test_a_run_from_before_windows_goes_on_reading_its_texts_cut(tmp_path):
