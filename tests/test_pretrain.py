@@ -159,9 +159,10 @@ def test_long_texts_are_pretrained_on_as_windows_that_cover_every_token_once(mon
     assert tok.truncation["max_length"] == 10  # the tokenizer saved with the run still cuts as a classifier's
     with pytest.raises(TformerError, match="model.max_len >= 3"):
         text_windows(tok, texts, 2, windows=True)
-    monkeypatch.setattr("tformer_cli.commands.pretrain.ENCODE_CHUNK", 4)  # texts encoded a few at a time (memory):
+    monkeypatch.setattr("tformer_cli.data.tokenization.ENCODE_CHUNK", 4)  # texts encoded a few at a time (memory):
     assert text_windows(tok, texts, 10, windows=True) == seqs  # the same windows, in the same order, across chunks
     assert text_windows(tok, texts, 10, windows=False) == cut
+    assert train_wordpiece(texts, vocab_size=200, max_len=10).get_vocab() == tok.get_vocab()  # (its kept pieces)
 
 
 def test_a_run_from_before_windows_goes_on_reading_its_texts_cut(tmp_path):

@@ -126,35 +126,30 @@ def _find_resumable(resume):
     return last
 
 
-ENCODE_CHUNK = 2048  # texts per encode_batch call in text_windows
-
-
 def text_windows(tok, texts: list[str], max_len: int, windows: bool) -> list[list[int]]:
     """Token ids to pretrain on: each text's first max_len tokens, or (windows) all of them, in consecutive windows
     of max_len tokens, each [CLS] part [SEP], sharing none (a mask draws from every token once per epoch).
-
-    Texts are encoded ENCODE_CHUNK at a time and only their ids kept: an `Encoding` also holds each token's string,
-    offsets and masks (and, cut, the overflowing tokens), so encoding IMDB's 70,000 texts in one call held them all
-    at once: 15.5 GiB peak RSS for the pretraining run at 256 tokens."""
+    Only the ids are kept, a chunk of texts at a time (tokenization.encodings)."""
     if windows and max_len < 3:
         from ..errors import ConfigError
 
         raise ConfigError(f"model.max_len={max_len} leaves no room for a token between [CLS] and [SEP]; pretrain "
                           f"with model.max_len >= 3")
+    from ..data import tokenization
+
     if windows:
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_str(tok.to_str())
         tok.no_truncation()
     width, out = max_len - 2, []
-    for start in range(0, len(texts), ENCODE_CHUNK):
-        for e in tok.encode_batch(texts[start:start + ENCODE_CHUNK]):
-            ids = e.ids  # [CLS] body [SEP]
-            if not windows:
-                out.append(ids)
-                continue
-            body = ids[1:-1]
-            out += [ids[:1] + body[a:a + width] + ids[-1:] for a in range(0, max(len(body), 1), width)]
+    for e in tokenization.encodings(tok, texts):
+        ids = e.ids  # [CLS] body [SEP]
+        if not windows:
+            out.append(ids)
+            continue
+        body = ids[1:-1]
+        out += [ids[:1] + body[a:a + width] + ids[-1:] for a in range(0, max(len(body), 1), width)]
     return out
 
 

@@ -35,7 +35,7 @@ def train_wordpiece(texts, vocab_size: int, max_len: int):
     # Keep what is deterministic (the characters, and the pieces that segmenting the training texts uses) and
     # number it in sorted order, so the same texts always give the same tokenizer and runs are reproducible.
     learned = tok.get_vocab()
-    used = {t for enc in tok.encode_batch(texts) for t in enc.tokens}
+    used = {t for enc in encodings(tok, texts) for t in enc.tokens}
     alphabet = {t for t in learned if len(t.removeprefix("##")) == 1}
     ordered = SPECIAL_TOKENS + sorted((used | alphabet) - set(SPECIAL_TOKENS))
     tok.model = models.WordPiece({t: i for i, t in enumerate(ordered)}, unk_token="[UNK]")
@@ -133,6 +133,18 @@ def configure(tok, max_len: int, side: str | None = None, long_text: LongText = 
     else:
         tok.enable_truncation(max_length=max_len, direction=side)
     return tok
+
+
+ENCODE_CHUNK = 2048  # texts per encode_batch call in `encodings`
+
+
+def encodings(tok, texts: list[str]):
+    """Each text's `Encoding`, ENCODE_CHUNK texts per `encode_batch` call (still parallel within a call).
+
+    For corpora: an Encoding also holds each token's string, offsets and masks (and, cut, the overflowing tokens),
+    so one call over every text holds all of them at once (IMDB's 70,000 pretraining texts: over 1 GiB)."""
+    for start in range(0, len(texts), ENCODE_CHUNK):
+        yield from tok.encode_batch(texts[start:start + ENCODE_CHUNK])
 
 
 def encode_batch(tok, texts: list[str], max_len: int, long_text: LongText = LongText()) -> list[list[tuple]]:
