@@ -150,7 +150,7 @@ def encodings(tok, texts: list[str]):
 def encode_batch(tok, texts: list[str], max_len: int, long_text: LongText = LongText()) -> list[list[tuple]]:
     """Per text, its windows' (ids, tokens), each at most max_len long (one window unless long_text is chunks)."""
     return [list(zip(long_text.windows(e.ids, max_len), long_text.windows(e.tokens, max_len)))
-            for e in tok.encode_batch(texts)]
+            for e in encodings(tok, texts)]
 
 
 def load_tokenizer(path: str | Path, max_len: int, long_text: LongText = LongText(), side: str | None = None):
