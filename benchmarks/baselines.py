@@ -44,7 +44,7 @@ def main() -> None:
 
     from tformer_cli.commands.config import TrainConfig
     from tformer_cli.data import sources
-    from tformer_cli.run_dir import RunDir
+    from tformer_cli.store.layout import RunDir
 
     config = TrainConfig.compose(args.overrides)
     data = sources.load(config.data, seed=config.seed)

@@ -51,15 +51,15 @@ def main() -> None:
 
     import numpy as np
 
-    from tformer_cli import checkpoint
     from tformer_cli.classifier import Classifier
     from tformer_cli.commands.config import data_config
     from tformer_cli.data import sources
-    from tformer_cli.export import export_onnx
-    from tformer_cli.onnx_classifier import OnnxClassifier
+    from tformer_cli.deploy.export import export_onnx
+    from tformer_cli.deploy.onnx_classifier import OnnxClassifier
+    from tformer_cli.store import checkpoint
 
     fp32, int8 = export_onnx(args.run), export_onnx(args.run, quantize="int8")
-    loaded = checkpoint.load(checkpoint.resolve(args.run))
+    loaded = checkpoint.load(args.run)
     saved = loaded.saved_config()
     data = sources.load(data_config(saved["data"], max_eval_samples=args.max_test), seed=int(saved.get("seed", 0)))
     test = data.splits["test"]

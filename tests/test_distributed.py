@@ -7,19 +7,19 @@ import json
 import pytest
 import torch
 
-from helpers import interrupted_when, run_tformer
+from helpers import TINY_TRAINING, interrupted_when, run_tformer, tiny
 from tformer_cli.training.distributed import Dist, shard
 
 # Losses agree to LOSS_TOL, not exactly: one process runs its 32-row batch unpadded (model.encoder.RealTokens),
 # each rank its own 16 rows, so fp32 sums run in another order and 32 Adam steps amplify it (~2e-5 seen; 2e-7
 # with every batch padded). A wrong gradient share between ranks shows up at ~1e-2.
 LOSS_TOL = 1e-4
-# default vocabulary size: the demo's WordPiece training is then reproducible across processes, so the
+# default vocabulary size (not TINY's): the demo's WordPiece training is then reproducible across processes, so the
 # single-process reference reads texts exactly as the DDP run's rank 0 does. DDP updates the whole token table
 # each step (no sparse all-reduce), so the reference does too (a single process otherwise updates used rows only).
-RUN = ["optimizer.embedding_update=dense", "data.n_train=512", "data.n_validation=128", "data.n_test=64",
-       "trainer.epochs=2", "trainer.batch_size=32",
-       "trainer.precision=fp32", "model.max_len=32", "trainer.log_every_steps=4", "trainer.test_after_fit=false"]
+RUN = tiny("optimizer.embedding_update=dense", "data.n_train=512", "data.n_validation=128", "data.n_test=64",
+           "trainer.epochs=2", "trainer.batch_size=32", "model.max_len=32", "trainer.log_every_steps=4",
+           "trainer.test_after_fit=false", without=["embedding_init.vocab_size"])
 
 
 def test_shards_cover_every_row_once_with_equal_step_counts():
@@ -63,9 +63,7 @@ def single(tmp_path_factory):
     return work / "run"
 
 
-pytestmark = pytest.mark.slow
-
-
+@pytest.mark.slow
 def test_two_processes_take_the_steps_one_process_takes(single, tmp_path):
     r = run_tformer("train", *RUN, "trainer.devices=2", "hydra.run.dir=run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -76,6 +74,7 @@ def test_two_processes_take_the_steps_one_process_takes(single, tmp_path):
     assert [s["step"] for s in steps if s["kind"] == "step"] == [4, 8, 12, 16, 20, 24, 28, 32]  # once, by rank 0
 
 
+@pytest.mark.slow
 def test_micro_batches_on_each_rank_take_the_single_process_steps(single, tmp_path):
     # each rank's 16 rows as two slices of 8: the first backward accumulates locally (no_sync), the second
     # all-reduces the sum; a slice that skipped the all-reduce would leave the ranks' weights apart
@@ -84,6 +83,7 @@ def test_micro_batches_on_each_rank_take_the_single_process_steps(single, tmp_pa
     assert_same_steps(single, tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_rank_and_the_run_resumes_to_the_same_end(single, tmp_path):
     args = [*RUN, "trainer.devices=2", "trainer.checkpoint_every_steps=5", "hydra.run.dir=run"]
     last = tmp_path / "run" / "checkpoints" / "last"
@@ -102,6 +102,7 @@ def test_ctrl_c_stops_every_rank_and_the_run_resumes_to_the_same_end(single, tmp
     assert abs(one[-1]["train_loss"] - two[-1]["train_loss"]) < LOSS_TOL
 
 
+@pytest.mark.slow
 def test_class_weighted_loss_takes_the_single_process_step_too(tmp_path):
     import csv
     import random
@@ -115,8 +116,8 @@ def test_class_weighted_loss_takes_the_single_process_step_too(tmp_path):
             w.writerow([" ".join(f"w{rng.randrange(40)}" for _ in range(8)) + f" key{label}", label])
     common = ["optimizer.embedding_update=dense", "data=files", "data.train_file=train.csv", "data.test_fraction=0.1",
               "loss.class_weights=balanced",
-              "trainer.epochs=1", "trainer.batch_size=30", "trainer.precision=fp32", "model.max_len=16",
-              "trainer.test_after_fit=false"]
+              *tiny("trainer.batch_size=30", "model.max_len=16", "trainer.test_after_fit=false", base=TINY_TRAINING,
+                    without=["embedding_init.vocab_size"])]
     one = run_tformer("train", *common, "hydra.run.dir=one", cwd=tmp_path)
     two = run_tformer("train", *common, "trainer.devices=2", "hydra.run.dir=two", cwd=tmp_path)
     assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]

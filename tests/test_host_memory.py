@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
-                                reason="a glibc malloc setting")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+                                 reason="a glibc malloc setting"),
+              pytest.mark.slow]  # a fresh interpreter (importing torch) per probe
 
 PROBE = """
 import ctypes, json, resource, sys

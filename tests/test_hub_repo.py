@@ -10,22 +10,21 @@ import sys
 
 import pytest
 
-from helpers import run_tformer
-from tformer_cli import Classifier, train
+from helpers import copy_run, run_tformer
+from tformer_cli import Classifier
 
 pytestmark = pytest.mark.slow  # real `tformer` processes
 
-TINY = ["data.n_train=400", "data.n_validation=100", "data.n_test=100", "trainer.epochs=1",
-        "embedding_init.vocab_size=300", "trainer.precision=fp32"]
 REPO = "someone/tiny-demo"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    run_dir = train(TINY, run_dir=tmp_path_factory.mktemp("hub") / "run").run_dir
+def run(tiny_run, tmp_path_factory):
+    """A copy of the session's tiny run with its ONNX export (written into the copy)."""
+    run_dir = copy_run(tiny_run.run_dir, tmp_path_factory.mktemp("hub") / "run")
     pytest.importorskip("onnxruntime")
-    from tformer_cli.export import export_onnx
+    from tformer_cli.deploy.export import export_onnx
 
     export_onnx(run_dir)
     return run_dir

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers import run_tformer
+from helpers import TINY_TRAINING, run_tformer, tiny
 from tformer_cli.safe_text import mathtext, terminal
 
 HOSTILE_LABELS = ["[/quote]", "[bold red]loud[/]", "$\\notasymbol$", "title\x1b]0;pwned\x07"]
@@ -22,8 +22,8 @@ def test_hostile_labels_and_texts_train_evaluate_and_predict_cleanly(tmp_path):
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:20]))
     r = run_tformer("train", "data=files", f"data.train_file={tmp_path / 'train.jsonl'}",
-                    f"data.test_file={tmp_path / 'test.jsonl'}", "trainer.epochs=1", "embedding_init.vocab_size=100",
-                    "model.max_len=16", cwd=tmp_path)
+                    f"data.test_file={tmp_path / 'test.jsonl'}",
+                    *tiny("embedding_init.vocab_size=100", "model.max_len=16", base=TINY_TRAINING), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     run = next(tmp_path.glob("outputs/train/*/*"))
     assert (run / "test_metrics.json").is_file() and (run / "test_report" / "confusion_matrix.png").is_file()

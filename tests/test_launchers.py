@@ -4,12 +4,11 @@ import csv
 
 import pytest
 
-from helpers import run_tformer
+from helpers import TINY, run_tformer
 
 pytestmark = pytest.mark.slow
 
-SWEEP = ["train", "-m", "seed=1,2", "data.n_train=300", "data.n_validation=100", "data.n_test=100", "trainer.epochs=1",
-         "trainer.precision=fp32", "embedding_init.vocab_size=300"]
+SWEEP = ["train", "-m", "seed=1,2", *TINY]
 
 
 @pytest.mark.parametrize("launcher, settings, plugin", [

@@ -6,14 +6,13 @@ import copy
 import pytest
 import torch
 
-from helpers import compose_config, train_config
-from test_pretrain import TINY
+from helpers import compose_config, tiny, train_config
 from test_training import make_run
-from tformer_cli.commands.pretrain import pretrain
+from tformer_cli.runs.pretraining import pretrain
 from tformer_cli.hardware import Precision
 from tformer_cli.model.encoder import Dropout, EncoderConfig, TransformerClassifier
-from tformer_cli.run_dir import RunDir
-from tformer_cli.training.loop import Optimization, fit, micro_slices, optimizer_step, train_step
+from tformer_cli.store.layout import RunDir
+from tformer_cli.training.loop import Optimization, backward, fit, micro_slices, train_step, update
 from tformer_cli.typed_config import plain
 
 
@@ -73,7 +72,8 @@ def test_a_step_in_slices_is_the_whole_batch_s_step(case):
 def _whole_batch_step(opt, batch) -> torch.Tensor:
     logits = opt.forward(batch["input_ids"], batch["attention_mask"])
     loss = opt.loss(logits, batch["labels"])
-    optimizer_step(opt, loss)
+    backward(opt, loss)
+    update(opt)
     return loss.detach()
 
 
@@ -101,6 +101,7 @@ def _training_rows(model_class):
     return seen, handle
 
 
+@pytest.mark.slow  # fits twice
 def test_fit_in_slices_trains_the_same_model(tmp_path):
     runs = {}
     for n in (1, 2):
@@ -132,9 +133,10 @@ def test_pretraining_in_slices_learns_the_same_encoder(tmp_path):
         run = RunDir(tmp_path / f"run{n}")
         rows, handle = _training_rows(MaskedLM)
         try:
-            pretrain(plain(compose_config("pretrain", *TINY, "data.n_train=128", "data.n_validation=32",
-                                          "trainer.epochs=2", "model.dropout=0", "embedding_init=minilm",
-                                          "trainer.batch_size=32", f"trainer.micro_batches={n}")), run)
+            overrides = tiny("model=tiny", "data.n_train=128", "data.n_validation=32", "trainer.epochs=2",
+                             "model.dropout=0", "embedding_init=minilm", "trainer.batch_size=32",
+                             f"trainer.micro_batches={n}")
+            pretrain(plain(compose_config("pretrain", *overrides)), run)
         finally:
             handle.remove()
         assert max(rows) == -(-32 // n)  # batches of 32 whole, or as slices of 11
@@ -144,7 +146,7 @@ def test_pretraining_in_slices_learns_the_same_encoder(tmp_path):
 
 
 def test_micro_batches_may_change_on_resume_but_must_be_positive():
-    from tformer_cli.commands.train import config_diff
+    from tformer_cli.runs.resume import config_diff
     from tformer_cli.errors import ConfigError
 
     a, b = plain(compose_config("train")), plain(compose_config("train", "trainer.micro_batches=4"))

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 
+from helpers import TINY_TRAINING, tiny
 from tformer_cli import Classifier, TformerError, train
 
 TOPICS = {"sports": ["match", "goal", "team", "coach", "league", "stadium"],
@@ -43,8 +44,8 @@ def files(tmp_path_factory):
 
 def overrides(files):
     return ["data=files", f"data.train_file={files / 'train.csv'}", f"data.test_file={files / 'test.jsonl'}",
-            "data.multi_label=true", "data.label_column=topics", "trainer.epochs=3", "trainer.precision=fp32",
-            "embedding_init.vocab_size=200", "optimizer.lr=3e-3"]
+            "data.multi_label=true", "data.label_column=topics",
+            *tiny("trainer.epochs=3", "embedding_init.vocab_size=200", "optimizer.lr=3e-3", base=TINY_TRAINING)]
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,7 @@ def result(files, tmp_path_factory):
     return train(overrides(files), run_dir=tmp_path_factory.mktemp("multi_run") / "run")
 
 
+@pytest.mark.slow  # trains
 def test_learns_the_known_label_sets(result):
     m = result.test_metrics
     print({k: m[k] for k in ("accuracy", "f1", "f1_macro", "hamming_loss")})
@@ -60,6 +62,7 @@ def test_learns_the_known_label_sets(result):
     assert set(m["per_class"]) >= set(TOPICS)
 
 
+@pytest.mark.slow
 def test_thresholds_are_tuned_stored_and_applied(result):
     clf = Classifier.load(result.run_dir)
     meta = json.loads((result.best_checkpoint / "meta.json").read_text())
@@ -80,6 +83,7 @@ def test_thresholds_are_tuned_stored_and_applied(result):
     assert not np.allclose(probs.sum(1), 1.0)  # independent sigmoids, not a distribution
 
 
+@pytest.mark.slow
 def test_predict_returns_label_sets(result):
     clf = Classifier.load(result.run_dir)
     out = clf.predict(["the coach said the team and the league", "we saw a new recipe about pasta and a robot",
@@ -90,6 +94,7 @@ def test_predict_returns_label_sets(result):
     assert len(out[0]["top_k"]) == 2 and out[0]["top_k"][0]["label"] == "sports"
 
 
+@pytest.mark.slow
 def test_cli_predict_and_evaluate_on_the_multi_label_run(result, files, tmp_path):
     from helpers import run_tformer
 
@@ -105,10 +110,11 @@ def test_cli_predict_and_evaluate_on_the_multi_label_run(result, files, tmp_path
     assert (tmp_path / "eval" / "errors.csv").is_file() or (tmp_path / "eval" / "classification_report.json").is_file()
 
 
+@pytest.mark.slow
 def test_onnx_export_keeps_the_label_sets(result):
     pytest.importorskip("onnxruntime")
-    from tformer_cli.export import export_onnx
-    from tformer_cli.onnx_classifier import OnnxClassifier
+    from tformer_cli.deploy.export import export_onnx
+    from tformer_cli.deploy.onnx_classifier import OnnxClassifier
 
     exported = export_onnx(result.run_dir)
     assert exported.max_abs_logit_diff <= 1e-4

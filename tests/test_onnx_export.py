@@ -8,24 +8,26 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import run_tformer
+from helpers import TINY_RUN, copy_run, run_tformer, tiny
 
 pytest.importorskip("onnxruntime")
 
 from tformer_cli import Classifier, TformerError, train  # noqa: E402
-from tformer_cli.export import PARITY_TOLERANCE, export_onnx  # noqa: E402
-from tformer_cli.onnx_classifier import OnnxClassifier  # noqa: E402
+from tformer_cli.deploy.export import PARITY_TOLERANCE, export_onnx  # noqa: E402
+from tformer_cli.deploy.onnx_classifier import OnnxClassifier  # noqa: E402
 
-# max_len 24 with long_text=chunks: longer texts are read as several windows whose logits are averaged
-TINY = ["data.n_train=400", "data.n_validation=100", "data.n_test=100", "trainer.epochs=1",
-        "embedding_init.vocab_size=300", "trainer.precision=fp32", "model.max_len=24", "data.long_text=chunks"]
+pytestmark = pytest.mark.slow  # the tests export (and some train) a run
+
+# the shared tiny run (TINY_RUN): max_len 24 with long_text=chunks, so longer texts are read as several windows
+# whose logits are averaged
 LONG = "the acting was good but the plot was painfully dull and far too long " * 6
 TEXTS = ["a gripping, beautifully shot film", "  ", "never boring", LONG, "x"]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return train(TINY, run_dir=tmp_path_factory.mktemp("onnx") / "run").run_dir
+def run(tiny_run, tmp_path_factory):
+    """A copy of the session's tiny run: the exports below are written into it."""
+    return copy_run(tiny_run.run_dir, tmp_path_factory.mktemp("onnx") / "run")
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +72,6 @@ def test_predict_runtime_onnx_never_imports_torch(exported, run, tmp_path):
     assert answer["probability"] == pytest.approx(expected["probability"], abs=1e-4)
 
 
-@pytest.mark.slow
 def test_cli_export_prints_parity_and_predict_uses_it(run, tmp_path):
     out = tmp_path / "exported"
     r = run_tformer("export", f"checkpoint={run}", f"out={out}", cwd=tmp_path)
@@ -116,11 +117,11 @@ def test_damaged_or_missing_exports_are_refused_in_one_line(exported, run, tmp_p
 def test_an_export_older_than_its_checkpoint_is_refused_until_re_exported(exported, run, tmp_path):
     import shutil
 
-    from tformer_cli import hub_repo
+    from tformer_cli.deploy import hub_repo
 
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
-    other = train(TINY + ["seed=7"], run_dir=tmp_path / "other").run_dir
+    other = train(tiny("seed=7", "trainer.epochs=1", base=TINY_RUN), run_dir=tmp_path / "other").run_dir
     shutil.rmtree(copy / "checkpoints" / "best")  # a newer best was saved after the export (resumed, extended)
     shutil.copytree(other / "checkpoints" / "best", copy / "checkpoints" / "best")
     with pytest.raises(TformerError, match="re-export: tformer export checkpoint="):
@@ -156,6 +157,6 @@ def test_export_refuses_unwritable_targets_and_handles_tiny_max_len(run, tmp_pat
     (tmp_path / "file.onnx").write_text("x")
     with pytest.raises(TformerError, match="is a file"):
         export_onnx(run, tmp_path / "file.onnx")
-    short = train([*TINY[:-2], "model.max_len=4"], run_dir=tmp_path / "short").run_dir
+    short = train(tiny("model.max_len=4"), run_dir=tmp_path / "short").run_dir
     done = export_onnx(short)  # parity batches never longer than max_len
     assert done.max_abs_logit_diff <= PARITY_TOLERANCE

@@ -6,20 +6,19 @@ import csv
 
 import pytest
 
-from helpers import interrupted_when, run_tformer, train_config
+from helpers import interrupted_when, run_tformer, tiny, train_config
 
 optuna = pytest.importorskip("optuna")
 pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
 
 SEARCH = ["train", "-m", "hparams_search=small_optuna", "model=tiny", "hydra.sweeper.n_trials=6",
-          "data.n_train=1000", "data.n_validation=100", "data.n_test=100", "trainer.epochs=2",
-          "trainer.checkpoint_every_steps=10", "trainer.precision=fp32", "embedding_init.vocab_size=300"]
+          *tiny("data.n_train=1000", "trainer.epochs=2", "trainer.checkpoint_every_steps=10")]
 
 
 def test_hparams_search_configs_compose_with_the_resumable_sweeper():
     from hydra import compose, initialize_config_dir
 
-    from tformer_cli.cli import config_dir
+    from tformer_cli.hydra_setup import config_dir
 
     for name in ("small_optuna", "minilm_optuna"):
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import ROOT
 
 # import name -> distribution name, where they differ
@@ -64,7 +66,7 @@ def test_only_the_layout_module_spells_run_and_checkpoint_file_names():
              "labels.json", "meta.json", "metrics.json", "tokenizer.json", "config.yaml", "training_curves.png",
              "test_report", ".old", ".tmp-", "checkpoints/"]
     # model/pretrained.py owns another format, a Hugging Face model folder, which shares two of the names.
-    allowed = {"run_dir.py": set(names), "pretrained.py": {"model.safetensors", "tokenizer.json"}}
+    allowed = {"layout.py": set(names), "pretrained.py": {"model.safetensors", "tokenizer.json"}}
     offenders = []
     for path in (ROOT / "tformer_cli").rglob("*.py"):
         literals = string_literals(path)
@@ -73,8 +75,9 @@ def test_only_the_layout_module_spells_run_and_checkpoint_file_names():
     assert not offenders, offenders
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_predict_imports_neither_training_nor_heavy_libraries():
-    code = ("import sys; import tformer_cli.commands.predict as p, tformer_cli.checkpoint, tformer_cli.inference; "
+    code = ("import sys; import tformer_cli.commands.predict as p, tformer_cli.store.checkpoint, tformer_cli.inference; "
             "print(sorted(m for m in sys.modules if m.startswith(('tformer_cli.training', 'transformers', "
             "'datasets', 'sklearn', 'hydra', 'matplotlib'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

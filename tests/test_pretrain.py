@@ -7,16 +7,16 @@ import math
 import pytest
 import torch
 
-from helpers import compose_config, run_tformer, train_config
+from helpers import compose_config, run_tformer, tiny, train_config
 from tformer_cli import TformerError, train
-from tformer_cli.commands.pretrain import pretrain, text_windows
+from tformer_cli.runs.pretraining import pretrain, text_windows
 from tformer_cli.model.encoder import EncoderConfig
 from tformer_cli.model.mlm import IGNORE, MaskedLM, encoder_state, mask_tokens
-from tformer_cli.run_dir import RunDir, newest_best
+from tformer_cli.store.layout import RunDir, newest_best
 from tformer_cli.typed_config import plain
 
-TINY = ["model=tiny", "data.n_train=1000", "data.n_validation=150", "data.n_test=100", "trainer.precision=fp32",
-        "embedding_init.vocab_size=300"]
+# TINY with model=tiny (pretrain's default is small) and more texts: enough for the masked-LM loss to fall
+PRETRAIN = tiny("model=tiny", "data.n_train=1000", "data.n_validation=150")
 
 
 def test_masking_is_bert_s_80_10_10_and_never_touches_special_tokens_or_padding():
@@ -54,11 +54,12 @@ def test_the_output_layer_is_the_token_table():
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
     run = RunDir(tmp_path_factory.mktemp("pretrain") / "run")
-    tree = plain(compose_config("pretrain", *TINY, "trainer.epochs=2"))
+    tree = plain(compose_config("pretrain", *tiny("trainer.epochs=2", base=PRETRAIN)))
     pretrain(tree, run)
     return run
 
 
+@pytest.mark.slow  # its fixture pretrains
 def test_pretraining_learns_and_writes_a_run(pretrained):
     history = json.loads(pretrained.history.read_text())
     vocab = json.loads(pretrained.best.model_config.read_text())["vocab_size"]
@@ -68,23 +69,25 @@ def test_pretraining_learns_and_writes_a_run(pretrained):
     assert newest_best(pretrained.root.parent) is None  # predict and evaluate never pick a pretraining run
 
 
+@pytest.mark.slow
 def test_pretraining_resumes_to_train_longer(pretrained, tmp_path):
     import shutil
 
     copy = RunDir(tmp_path / "run")
     shutil.copytree(pretrained.root, copy.root)
-    tree = plain(compose_config("pretrain", *TINY, "trainer.epochs=3", f"resume={copy.root}"))
+    tree = plain(compose_config("pretrain", *tiny("trainer.epochs=3", f"resume={copy.root}", base=PRETRAIN)))
     pretrain(tree, RunDir(tmp_path / "unused"))
     history = json.loads(copy.history.read_text())
     assert [h["epoch"] for h in history] == [1, 2, 3] and "resuming" in copy.log("pretrain").read_text()
     assert not (tmp_path / "unused").exists()
 
 
+@pytest.mark.slow
 def test_a_classifier_starts_from_the_pretrained_encoder(pretrained, tmp_path):
-    from tformer_cli.commands.train import prepare
+    from tformer_cli.runs.classify import prepare
     from tformer_cli.console import output
 
-    config = train_config(*TINY, f"model.init={pretrained.root}")
+    config = train_config(*PRETRAIN, f"model.init={pretrained.root}")
     prepared = prepare(config, None, output())
     from safetensors.torch import load_file
 
@@ -93,18 +96,19 @@ def test_a_classifier_starts_from_the_pretrained_encoder(pretrained, tmp_path):
     assert expected and all(torch.equal(got[k], v) for k, v in expected.items())
     assert prepared.tokenizer.to_str() == pretrained.best.tokenizer.read_text()
 
-    result = train([*TINY, "trainer.epochs=1", f"model.init={pretrained.root}"], run_dir=tmp_path / "ft")
+    result = train([*PRETRAIN, f"model.init={pretrained.root}"], run_dir=tmp_path / "ft")
     assert result.test_metrics["n"] == 100
     assert (result.run_dir / "checkpoints" / "best" / "tokenizer.json").read_text() == \
         pretrained.best.tokenizer.read_text()
 
 
+@pytest.mark.slow
 def test_pretraining_checkpoints_are_refused_where_a_classifier_is_needed(pretrained, tmp_path):
     r = run_tformer("predict", f"checkpoint={pretrained.root}", "hello", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "model.init=" in r.stderr
     with pytest.raises(TformerError, match="not a `tformer pretrain` checkpoint"):
-        train_classifier = train([*TINY, "trainer.epochs=1"], run_dir=tmp_path / "clf")
-        train([*TINY, "trainer.epochs=1", f"model.init={train_classifier.run_dir}"], run_dir=tmp_path / "x")
+        train_classifier = train(PRETRAIN, run_dir=tmp_path / "clf")
+        train([*PRETRAIN, f"model.init={train_classifier.run_dir}"], run_dir=tmp_path / "x")
 
 
 def test_logits_at_the_masked_positions_only_give_the_same_loss():
@@ -118,19 +122,21 @@ def test_logits_at_the_masked_positions_only_give_the_same_loss():
     assert torch.allclose(model.loss(full, labels), model.loss(masked_only, labels), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_resume_with_other_settings_and_a_seed_that_would_leak_are_refused(pretrained, tmp_path):
     import shutil
 
     copy = RunDir(tmp_path / "run")
     shutil.copytree(pretrained.root, copy.root)
     with pytest.raises(TformerError, match="config differs in data.n_train"):
-        pretrain(plain(compose_config("pretrain", *TINY[:1], "data.n_train=900", *TINY[2:], "trainer.epochs=3",
-                                      f"resume={copy.root}")), RunDir(tmp_path / "unused"))
+        pretrain(plain(compose_config("pretrain", *tiny("data.n_train=900", "trainer.epochs=3", f"resume={copy.root}",
+                                                        base=PRETRAIN))), RunDir(tmp_path / "unused"))
     with pytest.raises(TformerError, match="pass seed=42"):
-        train([*TINY, "trainer.epochs=1", "seed=7", f"model.init={pretrained.root}"], run_dir=tmp_path / "ft")
+        train([*PRETRAIN, "seed=7", f"model.init={pretrained.root}"], run_dir=tmp_path / "ft")
     with pytest.raises(TformerError, match="from-scratch encoder"):
-        pretrain(plain(compose_config("pretrain", *TINY, f"model.init={pretrained.root}")), RunDir(tmp_path / "p"))
-    from tformer_cli import hub_repo
+        pretrain(plain(compose_config("pretrain", *PRETRAIN, f"model.init={pretrained.root}")),
+                 RunDir(tmp_path / "p"))
+    from tformer_cli.deploy import hub_repo
 
     with pytest.raises(TformerError, match="not a classifier"):
         hub_repo.stage(pretrained.root, tmp_path / "stage")
@@ -168,20 +174,21 @@ def test_long_texts_are_pretrained_on_as_windows_that_cover_every_token_once(mon
     assert train_wordpiece(words, vocab_size=200, max_len=10).get_vocab() == one_chunk.get_vocab()
 
 
+@pytest.mark.slow  # pretrains
 def test_a_run_from_before_windows_goes_on_reading_its_texts_cut(tmp_path):
     """(Its place in an epoch and its schedule's length are counted in cut texts: windows would change both.)"""
     import yaml
 
-    from tformer_cli import checkpoint
+    from tformer_cli.store import manifest
 
-    run, short = RunDir(tmp_path / "run"), [*TINY, "model.max_len=8"]  # (the demo's texts are longer than 8 tokens)
-    pretrain(plain(compose_config("pretrain", *short, "trainer.epochs=1")), run)
+    run, short = RunDir(tmp_path / "run"), tiny("model.max_len=8", base=PRETRAIN)  # (demo texts: over 8 tokens)
+    pretrain(plain(compose_config("pretrain", *short)), run)  # (1 epoch)
     saved = yaml.safe_load(run.last.config.read_text())
     del saved["mlm"]["windows"]  # as a run from before mlm.windows saved it
     run.last.config.write_text(yaml.safe_dump(saved))
-    run.last.manifest.write_text(json.dumps(checkpoint._digests(run.last)))
+    run.last.manifest.write_text(json.dumps(manifest.digests(run.last)))
     for epochs in (2, 3):  # resumed twice: the second resume reads the config the first one saved
-        pretrain(plain(compose_config("pretrain", *short, f"trainer.epochs={epochs}", f"resume={run.root}")),
+        pretrain(plain(compose_config("pretrain", *tiny(f"trainer.epochs={epochs}", f"resume={run.root}", base=short))),
                  RunDir(tmp_path / "unused"))
         assert "windows" not in yaml.safe_load(run.last.config.read_text())["mlm"]
     began, *resumes = run.log("pretrain").read_text().split(f"resuming {run.root}")

@@ -5,20 +5,18 @@ import json
 import pytest
 import torch
 
-from helpers import run_tformer
+from helpers import copy_run, run_tformer
 from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier
 
-FAST = ["data.n_train=1200", "data.n_validation=200", "data.n_test=200", "trainer.epochs=2",
-        "embedding_init.vocab_size=400"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tiny_run, tmp_path_factory):
+    """A work folder whose only run (where `tformer train` would have put it) is a copy of the session's tiny run
+    (2 epochs: a curve to plot)."""
     work = tmp_path_factory.mktemp("reports")
-    r = run_tformer("train", *FAST, cwd=work)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return work, next(work.glob("outputs/train/*/*"))
+    return work, copy_run(tiny_run.run_dir, work / "outputs" / "train" / "2000-01-01" / "00-00-00")
 
 
 def is_png(path):
@@ -102,7 +100,7 @@ def test_report_command(run):
 def test_experiment_configs_compose():
     from hydra import compose, initialize_config_dir
 
-    from tformer_cli.cli import config_dir
+    from tformer_cli.hydra_setup import config_dir
 
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         c = compose(config_name="train", overrides=["experiment=newsgroups_keras"])
@@ -120,7 +118,7 @@ def test_experiment_configs_compose():
 
 
 def test_balanced_class_weights():
-    from tformer_cli.commands.train import class_weights
+    from tformer_cli.runs.classify import class_weights
 
     w = class_weights(torch.tensor([0, 0, 0, 1]), 2, "balanced")
     torch.testing.assert_close(w, torch.tensor([4 / 6, 4 / 2]))

@@ -8,12 +8,11 @@ import sys
 
 import pytest
 
-from helpers import ROOT, run_tformer
+from helpers import ROOT, TINY_TRAINING, run_tformer, tiny
 from tformer_cli.errors import TformerError
-from tformer_cli.run_dir import RunDir
+from tformer_cli.store.layout import RunDir
 
-FAST = ["trainer.epochs=1", "trainer.batch_size=16", "trainer.precision=fp32", "embedding_init.vocab_size=200",
-        "model.max_len=32"]
+FAST = tiny("trainer.batch_size=16", "embedding_init.vocab_size=200", "model.max_len=32", base=TINY_TRAINING)
 
 
 def write_csv(path, rows):
@@ -97,9 +96,10 @@ def test_a_locked_run_is_refused(csv_run):
     work, run, data, args = csv_run
     (run / "history.json").unlink()
     before = snapshot(run)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom tformer_cli.run_dir import RunDir\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom tformer_cli.store.layout import RunDir\n"
                                f"with RunDir({str(run)!r}).lock():\n    print('locked', flush=True)\n"
-                               "    time.sleep(120)"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                               "    sys.stdin.read()"],  # holds the lock until killed, however long train takes
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert holder.stdout.readline().strip() == "locked"
         r = run_tformer("train", *args, f"resume={run}", cwd=work)
@@ -152,6 +152,7 @@ def test_fingerprint_names_each_kind_of_change():
                                                   "validation: same 2 rows, different texts or labels"]
 
 
+@pytest.mark.slow  # three fresh interpreters
 def test_the_vocabulary_is_the_same_in_every_process():
     """The WordPiece trainer breaks ties in hash order; three processes with different hash seeds on the same
     varied texts must still give byte-identical tokenizers (else runs and token caches differ)."""
@@ -172,10 +173,10 @@ def test_the_vocabulary_is_the_same_in_every_process():
 
 @pytest.mark.slow
 def test_a_finished_run_can_be_trained_longer_and_optimizer_state_can_be_dropped(csv_run):
-    from tformer_cli import checkpoint
+    from tformer_cli.store import checkpoint
 
     work, run, data, args = csv_run
-    grown = [a for a in args if a != "trainer.epochs=1"] + ["trainer.epochs=2"]
+    grown = tiny("trainer.epochs=2", base=args)
     r = run_tformer("train", *grown, f"resume={run}", cwd=work)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "resuming at epoch 2" in r.stdout
@@ -196,7 +197,7 @@ def test_a_folder_in_use_is_never_discarded_and_a_copied_checkpoint_is_not_resum
     import shutil
 
     from test_checkpoint_integrity import make_checkpoint
-    from tformer_cli import checkpoint
+    from tformer_cli.runs.resume import find_resumable
 
     run = RunDir(tmp_path / "run")
     run.root.mkdir()
@@ -206,6 +207,6 @@ def test_a_folder_in_use_is_never_discarded_and_a_copied_checkpoint_is_not_resum
     ckpt = make_checkpoint(tmp_path / "r" / "checkpoints" / "last")
     (ckpt.path / "trainer_state.json").write_text("{}")
     shutil.copytree(ckpt.path, tmp_path / "copied" / "last")
-    assert checkpoint.find_resumable(str(tmp_path / "r")).path == ckpt.path
+    assert find_resumable(str(tmp_path / "r"), "train").path == ckpt.path
     with pytest.raises(TformerError, match="outside its run directory"):
-        checkpoint.find_resumable(str(tmp_path / "copied" / "last"))
+        find_resumable(str(tmp_path / "copied" / "last"), "train")

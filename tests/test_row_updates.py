@@ -107,6 +107,7 @@ def test_state_is_adams_own_so_a_run_can_switch_modes():
     assert int(dense.state[model.token_embedding.weight]["step"]) == 3
 
 
+@pytest.mark.slow  # fits
 def test_fit_uses_rows_by_default_and_dense_on_request(tmp_path):
     run = make_run(tmp_path, epochs=1)
     fit(run)
@@ -136,7 +137,11 @@ def test_an_fp16_scaler_unscales_the_rows_and_skips_an_overflowing_step(grad_cli
     """What fp16 on a GPU does, on the CPU: the scaler's inf step must leave the rows finite and unmoved, and an
     ordinary step must update them with the unscaled gradient (as the dense path would)."""
     from tformer_cli.hardware import Precision
-    from tformer_cli.training.loop import Optimization, optimizer_step
+    from tformer_cli.training.loop import Optimization, backward, update
+
+    def optimizer_step(opt, loss):  # one optimizer step on a loss already computed
+        backward(opt, loss)
+        update(opt)
 
     cfg = train_config()
     steps = {}

@@ -16,17 +16,15 @@ from helpers import TFORMER, ctrl_c_reaches_it
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from tformer_cli import Classifier, train  # noqa: E402
+from tformer_cli import Classifier  # noqa: E402
 
 pytestmark = pytest.mark.slow  # real `tformer` processes
 
-TINY = ["data.n_train=400", "data.n_validation=100", "data.n_test=100", "trainer.epochs=1",
-        "embedding_init.vocab_size=300", "trainer.precision=fp32"]
-
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return train(TINY, run_dir=tmp_path_factory.mktemp("serve") / "run").run_dir
+def run(tiny_run):
+    """The session's shared tiny run (conftest.py): served, never changed."""
+    return tiny_run.run_dir
 
 
 class Server:
@@ -164,7 +162,7 @@ def test_refusals_before_serving_are_one_line(run, tmp_path):
 FAILING_MODEL = """
 import sys
 from tformer_cli import Classifier
-from tformer_cli.serve import bind, create_app, run_server
+from tformer_cli.deploy.serve import bind, create_app, run_server
 
 clf = Classifier.load(sys.argv[1])
 def predict(texts, **kwargs):  # the model failing mid-request (a fault injected into the real classifier)

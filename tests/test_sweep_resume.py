@@ -4,12 +4,13 @@ import csv
 
 import pytest
 
-from helpers import interrupted_when, run_tformer
+from helpers import interrupted_when, run_tformer, tiny
 
 pytestmark = pytest.mark.slow
 
-SWEEP = ["train", "-m", "model.n_heads=2,4", "seed=1,2", "data.n_train=2000", "data.n_validation=200",
-         "data.n_test=200", "trainer.epochs=2", "trainer.checkpoint_every_steps=10", "trainer.precision=fp32"]
+SWEEP = ["train", "-m", "model.n_heads=2,4", "seed=1,2",
+         *tiny("data.n_train=2000", "data.n_validation=200", "data.n_test=200", "trainer.epochs=2",
+               "trainer.checkpoint_every_steps=10")]
 
 
 def test_killed_grid_sweep_resumes_without_retraining_finished_jobs(tmp_path):

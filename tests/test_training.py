@@ -8,6 +8,7 @@ from tformer_cli.hardware import Precision
 from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier
 from tformer_cli.training.early_stopping import EarlyStopping
 from tformer_cli.training.loop import Run, fit
+from tformer_cli.training.objectives import Classification
 
 
 def toy_split(n=64, seed=0):
@@ -38,12 +39,13 @@ def make_run(tmp_path, *, epochs=3, freeze_epochs=0, lr=1e-2, monitor="val_loss"
         if which == "last" and snapshots is not None:
             snapshots.append(run.model.token_embedding.weight.detach().clone())
 
-    run = Run(model=model, train=toy_split(), validation=toy_split(32, seed=1), label_names=["a", "b"], pad_id=0,
+    run = Run(model=model, train=toy_split(), validation=toy_split(32, seed=1), objective=Classification(["a", "b"]), pad_id=0,
               device=torch.device("cpu"), precision=Precision("fp32", "cpu"), trainer=cfg.trainer,
               optimizer=cfg.optimizer, schedule=cfg.schedule, freeze_epochs=freeze_epochs, save_checkpoint=save)
     return run
 
 
+@pytest.mark.slow  # fits
 def test_embeddings_frozen_then_trained_without_resetting_other_state(tmp_path, monkeypatch):
     snapshots = []
     run = make_run(tmp_path, epochs=3, freeze_epochs=1, snapshots=snapshots)
@@ -103,6 +105,7 @@ def test_early_stopping_rules():
         es.update({"val_loss": 0.1}, 3)
 
 
+@pytest.mark.slow  # fits
 def test_fit_stops_when_the_monitored_metric_stalls(tmp_path):
     run = make_run(tmp_path, epochs=10, lr=0.0, monitor="val_loss", patience=2)  # lr 0: nothing improves
     state = fit(run)
@@ -125,6 +128,7 @@ def test_layer_wise_lr_decay_gives_lower_layers_smaller_rates():
     assert [g["name"] for g in flat] == ["decay", "no_decay", "embedding"]
 
 
+@pytest.mark.slow  # fits
 def test_freezing_lower_layers_then_unfreezing(tmp_path):
     run = make_run(tmp_path, epochs=2)
     run.freeze_epochs, run.freeze_layers = 1, 1

@@ -35,10 +35,10 @@ class TrainResult:
 
 def train(overrides: list[str] | tuple[str, ...] = (), *, run_dir: str | Path | None = None) -> TrainResult:
     """Train (or with `resume=...` continue) one run; raises TformerError with the CLI's one-line messages."""
-    from .commands.config import compose_tree
-    from .commands.train import configure
-    from .commands.train import train as train_run
-    from .run_dir import RunDir
+    from .hydra_setup import compose_tree
+    from .runs.classify import configure
+    from .runs.classify import train as train_run
+    from .store.layout import RunDir
 
     overrides = list(overrides)
     if any(o.startswith("-") for o in overrides):

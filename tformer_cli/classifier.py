@@ -6,7 +6,7 @@
     clf.predict_proba(["..."])          # (n, classes) numpy array, columns in clf.labels order
 
 Imports only torch, safetensors and tokenizers (no Hydra, datasets, scikit-learn or transformers), like the CLI's
-`predict`; `OnnxClassifier` (onnx_classifier.py) answers the same calls from an exported model without torch. Every text gets an answer in input order; an empty or blank text is marked `"empty": True` (and a row
+`predict`; `OnnxClassifier` (deploy/onnx_classifier.py) answers the same calls from an exported model without torch. Every text gets an answer in input order; an empty or blank text is marked `"empty": True` (and a row
 of NaN in `predict_proba`) rather than given a confident label it has no grounds for.
 """
 from __future__ import annotations
@@ -126,11 +126,12 @@ class Classifier(TextPredictor):
     def load(cls, checkpoint: str | Path | None = None, *, device: str = "auto",
              outputs_dir: str | Path = "outputs") -> "Classifier":
         """A run dir (its best checkpoint), a checkpoint dir, or None: the newest run's (a sweep's best job)."""
-        from . import checkpoint as ckpt
         from .data.tokenization import LongText, load_tokenizer
         from .hardware import pick_device
+        from .store import checkpoint as ckpt
+        from .store.locate import locate
 
-        path = ckpt.resolve(checkpoint) if checkpoint is not None else ckpt.newest(outputs_dir)
+        path = locate(checkpoint, outputs_dir)
         dev = pick_device(device)
         loaded = ckpt.load(path, dev)
         long_text = LongText.from_meta(loaded.meta)

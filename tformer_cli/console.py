@@ -9,15 +9,20 @@ the whole story even when the terminal scrollback is gone.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import sys
+import time
 from pathlib import Path
+
+from .safe_text import markup
 
 WIDE = 10_000  # "as wide as the content": rich tables never expand, so this only stops wrapping
 
 
 def plain_console(file):
     """A console that renders for files: full width, no colour, no wrapping."""
-    from rich.console import Console
+    from rich.console import Console  # deferred: ~40 ms that predict --json, runtime=onnx and errors never use
 
     return Console(file=file, width=WIDE, soft_wrap=True, no_color=True, highlight=False, emoji=False,
                    force_terminal=False, force_jupyter=False, color_system=None)
@@ -25,7 +30,7 @@ def plain_console(file):
 
 def screen_console():
     """stdout as the user sees it: rich at the terminal's width, or file-friendly when redirected."""
-    from rich.console import Console
+    from rich.console import Console  # deferred: as in plain_console
 
     console = Console(highlight=False) if sys.stdout.isatty() else plain_console(sys.stdout)
     # `tformer train | head`: the run goes on and its log keeps everything (rich's default exits the process)
@@ -34,8 +39,6 @@ def screen_console():
 
 
 def _screen_gone(console) -> None:
-    import os
-
     console.quiet = True
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
@@ -138,8 +141,6 @@ class _ToOutput(logging.Handler):
         self.out = out
 
     def emit(self, record: logging.LogRecord) -> None:
-        from .safe_text import markup
-
         try:
             self.out.print(f"[yellow]warning[/] ({markup(record.name)}): {markup(record.getMessage())}")
         except Exception:  # a log line must never break a run
@@ -165,11 +166,9 @@ def progress(iterable=None, *, total: int | None = None, desc: str = "", unit: s
     is. Both take the same calls: iteration, update(n), set_postfix(...),
     close(), `with`. Only one process of a torchrun launch shows progress (the others would repeat it).
     unit_scale: the bar writes large counts as 1.23M (plain lines always write them in full, 1,234,567)."""
-    import os
-
     enabled = enabled and os.environ.get("RANK", "0") == "0"
     if not enabled or sys.stderr.isatty():
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # deferred: ~60 ms; predict imports this module and shows no bar
 
         return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, leave=False, dynamic_ncols=True,
                     disable=not enabled, unit_scale=unit_scale)
@@ -178,9 +177,6 @@ def progress(iterable=None, *, total: int | None = None, desc: str = "", unit: s
 
 def progress_seconds() -> float:
     """Seconds between plain progress lines: TFORMER_PROGRESS_SECONDS, else 60."""
-    import math
-    import os
-
     try:
         seconds = float(os.environ.get("TFORMER_PROGRESS_SECONDS", 60))
     except ValueError:
@@ -192,8 +188,6 @@ class PlainProgress:
     """`progress` for files: '<desc>: 310/625 batches (50%), 28 min left, 31 min elapsed, loss 0.1234' lines."""
 
     def __init__(self, iterable=None, *, total: int | None, desc: str, unit: str, initial: int = 0):
-        import time
-
         self.iterable, self.total, self.desc = iterable, total, desc
         self.units = unit + ("es" if unit.endswith(("ch", "sh", "s", "x")) else "s")  # batches, texts
         self.n = self.start = initial
@@ -212,8 +206,6 @@ class PlainProgress:
         self.close()
 
     def update(self, n: int = 1) -> None:
-        import time
-
         self.n += n
         now = time.monotonic()
         if now - self.last >= self.every:
@@ -224,8 +216,6 @@ class PlainProgress:
 
     def close(self) -> None:
         """A last line saying where it ended, when an earlier line said it was still going."""
-        import time
-
         if self.shown is not None and self.shown != self.n:
             self._print(time.monotonic())
 

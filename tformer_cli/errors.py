@@ -16,6 +16,8 @@ def hydra_error_line(task: str, exc: Exception) -> str:
     """One line for an override Hydra could not apply. Hydra's own message is six lines ending in advice to write
     `+key=value`, which for a typo would add a new key that nothing reads and train on without the intended
     setting; this one names the key, its nearest real neighbours and where the settings are listed."""
+    # deferred: `tformer --version` / `--help` import this module; difflib and re are 7 of their ~17 ms, and
+    # predict must never import hydra
     import difflib
     import re
 

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
+import platform
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -51,9 +55,6 @@ def keep_freed_host_memory(device: torch.device) -> str:
     tcmalloc), when GLIBC_TUNABLES or MALLOC_* variables tune glibc's, or with TFORMER_HOST_ALLOCATOR=system.
     Returns what it did, for the run log: "retain" or "system (why)".
     """
-    import os
-    import sys
-
     choice = os.environ.get("TFORMER_HOST_ALLOCATOR", "retain")
     if choice not in ("retain", "system"):
         raise TformerError(f"TFORMER_HOST_ALLOCATOR={choice} must be retain (the default) or system")
@@ -73,9 +74,6 @@ def keep_freed_host_memory(device: torch.device) -> str:
     if tuned:
         return f"system ({tuned[0]} is set)"
     try:
-        import ctypes
-        import platform
-
         if platform.libc_ver()[0] != "glibc":
             return "system"
         libc = ctypes.CDLL("libc.so.6")
@@ -89,7 +87,7 @@ def keep_freed_host_memory(device: torch.device) -> str:
         if libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1) != 1:
             libc.mallopt(M_MMAP_MAX, 65536)  # glibc's default
             return "system"
-    except (ImportError, OSError, AttributeError):
+    except (OSError, AttributeError):
         return "system"
     _HostAllocator.mode = "retain"
     return "retain"
@@ -100,8 +98,6 @@ def release_freed_host_memory() -> None:
     epoch's end, so what a peak (the first batches, a validation pass, loading) left free is not held all run."""
     if _HostAllocator.mode != "retain":
         return
-    import ctypes
-
     ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 

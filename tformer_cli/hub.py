@@ -12,13 +12,20 @@ import socket
 import sys
 from urllib.parse import urlparse
 
+from .yesno import parse_bool
+
 CONNECT_TIMEOUT_S = 3.0
-_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+def _offline_set() -> bool:
+    """HF_HUB_OFFLINE as `yesno.parse_bool` reads it (unset or empty: no); its yes words are huggingface_hub's."""
+    value = os.environ.get("HF_HUB_OFFLINE", "")
+    return bool(value.strip()) and parse_bool(value, "HF_HUB_OFFLINE")
 
 
 def offline() -> bool:
     """True when the Hub is not to be (or cannot be) reached; then the libraries are in offline mode too."""
-    if os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE:
+    if _offline_set():
         _set_offline()
         return True
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
@@ -33,6 +40,7 @@ def offline() -> bool:
 
 def _set_offline() -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"  # read at import by libraries imported later
+    # deferred, and only when already loaded: predict imports this module and must not pay for either library
     if "huggingface_hub" in sys.modules:  # and by those already imported, from their constants
         import huggingface_hub.constants
 
@@ -45,6 +53,6 @@ def _set_offline() -> None:
 
 def why_unavailable() -> str:
     """For error messages: why the Hub could not serve the request."""
-    if os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE:
+    if _offline_set():
         return "the Hub is unreachable or HF_HUB_OFFLINE is set, and there is no cached copy"
     return "the Hub did not serve it"

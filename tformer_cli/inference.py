@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .console import progress as progress_bar
 from .data.batching import BatchLoader
 from .data.tokenization import TokenizedSplit
 
@@ -19,8 +20,6 @@ def predict_proba(model, split: TokenizedSplit, *, batch_size: int, pad_id: int,
     loader = BatchLoader(split, batch_size, pad_id, shuffle=False, pin_memory=device.type == "cuda")
     bar = None
     if progress:
-        from .console import progress as progress_bar
-
         # counted in tokens, not batches: batches go longest first, so by batches the first minutes of a
         # long-document test set promised twice the time it took (IMDB at 512 tokens: 57 min said, 29 taken)
         bar = progress_bar(total=int(split.lengths.sum()), desc=progress, unit="token", unit_scale=True)

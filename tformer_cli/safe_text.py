@@ -16,14 +16,14 @@ def terminal(s: object) -> str:
 
 def rich(s: object):
     """A rich Text of the (terminal-safe) string: shown as written, its brackets never read as markup."""
-    from rich.text import Text
+    from rich.text import Text  # deferred: console imports this module on predict's path, which needs no rich
 
     return Text(terminal(s))
 
 
 def markup(s: object) -> str:
     """The string escaped for inclusion inside a rich markup string."""
-    from rich.markup import escape
+    from rich.markup import escape  # deferred: as in rich()
 
     return escape(terminal(s))
 

@@ -13,6 +13,7 @@ import typing
 from typing import Any, Union
 
 from .errors import ConfigError
+from .yesno import parse_bool
 
 def plain(node: Any) -> Any:
     """An OmegaConf node (or anything) as plain Python containers, interpolations resolved."""
@@ -52,12 +53,9 @@ def build(cls, node: Any, where: str = ""):
     return cls(**kwargs)
 
 
-# RANGES = {field: (low, high, bounds)}: bounds "[]", "[)", "(]" or "()" say whether low and high are allowed;
-# None means unbounded on that side. A None value (an optional key left unset) is not checked.
-Range = tuple
-
-
 def check_ranges(cls, values: dict, where: str = "") -> None:
+    """A class's RANGES = {field: (low, high, bounds)}: bounds "[]", "[)", "(]" or "()" say whether low and high
+    are allowed; None means unbounded on that side. A None value (an optional key left unset) is not checked."""
     for name, (low, high, bounds) in getattr(cls, "RANGES", {}).items():
         value = values.get(name)
         if value is None:
@@ -115,9 +113,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}={value!r} must be a mapping, e.g. {key}={{a: 1}}")
         return dict(value)
     if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}={value!r} must be true or false")
+        return parse_bool(value, key)  # true/yes/1/on or false/no/0/off, as every yes/no of tformer
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value

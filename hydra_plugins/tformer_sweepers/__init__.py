@@ -1,1 +1,2 @@
-"""Hydra loads sweepers only from the `hydra_plugins` namespace; tformer's live in tformer_cli (optuna_sweep.py)."""
+"""Hydra loads sweepers only from the `hydra_plugins` namespace; tformer's live in tformer_cli
+(sweeps/optuna_sweep.py)."""

@@ -1,7 +1,7 @@
 """`hydra.sweeper._target_: hydra_plugins.tformer_sweepers.resumable_optuna.ResumableOptunaSweeper`.
 
 Hydra imports every public module of `hydra_plugins` at each start, so this one imports nothing heavy: Optuna and
-the sweeper's logic (tformer_cli/optuna_sweep.py) load only when a sweep uses it."""
+the sweeper's logic (tformer_cli/sweeps/optuna_sweep.py) load only when a sweep uses it."""
 from typing import Any
 
 from hydra.plugins.sweeper import Sweeper
@@ -9,7 +9,7 @@ from hydra.plugins.sweeper import Sweeper
 
 class ResumableOptunaSweeper(Sweeper):
     def __init__(self, **settings: Any) -> None:
-        from tformer_cli.optuna_sweep import resumable_impl
+        from tformer_cli.sweeps.optuna_sweep import resumable_impl
 
         self.sweeper = resumable_impl(**settings)
 

@@ -7,10 +7,12 @@ from typing import Any
 
 from ..data.config import DataConfig
 from ..errors import ConfigError
+from ..hydra_setup import compose_tree, group_defaults
 from ..model.encoder import EncoderConfig
 from ..model.pretrained import EmbeddingInitConfig
 from ..training.config import LoggerConfig, LossConfig, OptimizerConfig, ScheduleConfig, TrainerConfig
 from ..typed_config import build, plain
+from ..yesno import bool_or_path
 
 # Filled in from the data and the tokenizer (or a pretrained model), never from the model YAML.
 MODEL_FROM_DATA = ("vocab_size", "num_classes", "embedding_dim", "pad_id", "multi_label")
@@ -44,13 +46,14 @@ class TrainConfig:
     loss: LossConfig
     logger: LoggerConfig
     seed: int
-    resume: str | bool | None
+    resume: str | bool | None  # True: the newest unfinished run; a path: that run (yesno.bool_or_path)
     resume_ignore_data_change: bool
 
     @classmethod
     def from_dict(cls, tree: dict) -> "TrainConfig":
         """From the composed config as plain containers (`typed_config.plain(cfg)`)."""
         out = build(cls, tree)
+        out.resume = bool_or_path(out.resume, "resume")  # resume=yes is resume=true, with or without -m
         if out.long_text.mode != "truncate":  # head_tokens / chunk_overlap fit max_len
             out.long_text.head(int(out.model["max_len"]))
             if out.long_text.mode == "chunks":
@@ -112,25 +115,8 @@ class EvaluateConfig:
         return build(cls, plain(cfg))
 
 
-def compose_tree(name: str, overrides=()) -> dict:
-    """The composed `configs/<name>.yaml` with Hydra overrides, as plain containers."""
-    from hydra import compose, initialize_config_dir
-
-    from ..cli import config_dir
-
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return plain(compose(config_name=name, overrides=list(overrides)))
-
-
 def data_config(saved: dict, **overrides) -> DataConfig:
     """A data config saved in a checkpoint, completed from configs/data/_base.yaml (checkpoints written before a
     key existed lack it) and with the given keys replaced."""
-    from pathlib import Path
-
-    import yaml
-
-    from ..cli import config_dir
-
-    base = yaml.safe_load((Path(config_dir()) / "data" / "_base.yaml").read_text())
-    base.pop("defaults", None)
+    base = group_defaults("data")
     return build(DataConfig, {**base, **saved, **{k: v for k, v in overrides.items() if v is not None}}, "data")

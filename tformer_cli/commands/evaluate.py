@@ -1,11 +1,11 @@
 """`tformer evaluate`: a checkpoint on a dataset split -> rich tables, metrics.json and report files."""
 from __future__ import annotations
 
-from ..atomic import write_json
+from ..store.atomic import write_json
 from ..errors import TformerError
-from ..run_dir import RunDir
+from ..store.layout import RunDir
 from .config import EvaluateConfig, data_config
-from .train import log_header
+from ..runs.session import log_header
 
 
 def _absolute(path: str | None) -> str | None:
@@ -56,20 +56,20 @@ def run(cfg) -> float:
 
 
 def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, overrides=()) -> float:
-    from .. import checkpoint
     from ..console import output
     from ..data import sources, tokenization
     from ..evaluation import report
     from ..evaluation.evaluate import count, evaluate_split, write_reports
     from ..hardware import keep_freed_host_memory, pick_device, pick_precision
+    from ..store import checkpoint
+    from ..store.locate import locate
 
     console = output()
     console.open_log(run_dir.log("evaluate"), log_header("evaluate", overrides, tree))
     device = pick_device(config.device)
     keep_freed_host_memory(device)
     precision = pick_precision(config.precision, device)
-    loaded = checkpoint.load(checkpoint.resolve(config.checkpoint) if config.checkpoint
-                             else checkpoint.newest(config.outputs_dir), device)
+    loaded = checkpoint.load(locate(config.checkpoint or None, config.outputs_dir), device)
     saved = loaded.saved_config()
     saved_data = config.data or (saved or {}).get("data")
     if saved_data is None:

@@ -31,12 +31,12 @@ def parse_args(argv: list[str]) -> dict:
 
 def main(argv: list[str]) -> int:
     opts = parse_args(argv)
-    from .. import checkpoint
     from ..console import output
-    from ..export import PARITY_TOLERANCE, export_onnx
+    from ..deploy.export import PARITY_TOLERANCE, export_onnx
     from ..safe_text import markup
+    from ..store.locate import newest
 
-    source = opts["checkpoint"] or checkpoint.newest(opts["outputs_dir"]).path
+    source = opts["checkpoint"] or newest(opts["outputs_dir"]).path
     console = output()
     console.print(f"exporting [bold]{markup(source)}[/] to ONNX (opset {opts['opset']}"
                   f"{', int8 dynamic quantization' if opts['quantize'] else ''})", highlight=False)

@@ -11,6 +11,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ..errors import TformerError
+from ..hydra_setup import compose_config, config_dir
+
 KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w.]*):(?P<value>[^#]*?)(?:\s+#\s?(?P<comment>.*))?$")
 COMMENT_LINE = re.compile(r"^\s+#\s?(?P<comment>.*)$")
 
@@ -53,20 +60,9 @@ def flatten(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
 
 
 def render(task: str, overrides: list[str]) -> str:
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from ..cli import config_dir
-
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from ..errors import TformerError
-
     root = Path(config_dir())
     try:
-        with initialize_config_dir(config_dir=str(root), version_base="1.3"):
-            cfg = compose(config_name=task, overrides=overrides, return_hydra_config=True)
+        cfg = compose_config(task, overrides, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise TformerError(f"{str(exc).splitlines()[0]}; see tformer {task} --help") from None
     choices = {g: c for g, c in OmegaConf.to_container(cfg.hydra.runtime.choices).items()

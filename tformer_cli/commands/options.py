@@ -1,6 +1,7 @@
 """The `key=value` options of the commands that start without composing Hydra (export, push, serve, predict):
 Hydra's start-up and its config tree are more than these few options need, and `predict` is timed by its users.
-One parser, so they all answer `-h` and a mistyped key the same way."""
+One parser, so they all answer `-h` and a mistyped key the same way; yes/no values go through
+`yesno.parse_bool` (true/yes/1/on, false/no/0/off), as every other yes/no of tformer does."""
 from __future__ import annotations
 
 import re
@@ -22,8 +23,3 @@ def parse_key_values(argv: list[str], defaults: dict, usage: str, command: str) 
             raise TformerError(f"unknown argument {arg!r}; {command} takes {', '.join(f'{k}=' for k in defaults)}")
         opts[m.group(1)] = m.group(2)
     return opts
-
-
-def is_true(value) -> bool:
-    """A yes/no option's value: 1, true or yes (any case) mean yes, anything else no."""
-    return str(value).lower() in ("1", "true", "yes")

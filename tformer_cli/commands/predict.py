@@ -11,7 +11,9 @@ import re
 import sys
 
 from ..errors import TformerError
-from .options import KEY_VALUE, is_true
+from ..evaluation import answers
+from ..yesno import parse_bool
+from .options import KEY_VALUE
 
 USAGE = """usage: tformer predict [TEXT ...] [checkpoint=PATH] [top_k=N] [file=PATH|-] [json=true]
                        [explain=true] [batch_size=N] [device=auto|cpu|cuda] [max_chars=N] [max_lines=N]
@@ -33,9 +35,7 @@ _FLAG_LIKE = re.compile(r"^--?[A-Za-z][\w-]*$")  # one word after - or --: a fla
 
 
 def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
-    opts, texts = dict(DEFAULTS), []
-    i = 0
-    only_texts = False
+    opts, texts, i, only_texts = dict(DEFAULTS), [], 0, False
     while i < len(argv):
         arg = argv[i]
         m = KEY_VALUE.match(arg)
@@ -64,17 +64,13 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
         else:
             texts.append(arg)
         i += 1
+    counts = ("top_k", "batch_size", "max_chars", "max_lines")
     try:
-        opts["top_k"] = int(opts["top_k"])
-        opts["batch_size"] = int(opts["batch_size"])
-        opts["max_chars"] = int(opts["max_chars"])
-        opts["max_lines"] = int(opts["max_lines"])
+        opts.update({key: int(opts[key]) for key in counts})
     except ValueError as exc:
         raise TformerError(f"top_k, batch_size, max_chars and max_lines must be integers ({exc})") from exc
-    for key in ("json", "explain"):
-        if isinstance(opts[key], str):
-            opts[key] = is_true(opts[key])
-    for key in ("top_k", "batch_size", "max_chars", "max_lines"):
+    opts.update({key: parse_bool(opts[key], key) for key in ("json", "explain") if isinstance(opts[key], str)})
+    for key in counts:
         if opts[key] < 1:
             raise TformerError(f"{key}={opts[key]} must be at least 1")
     if opts["runtime"] not in ("torch", "onnx"):
@@ -86,10 +82,10 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
 
 def load_predictor(opts: dict):
     """The classifier predict runs: the checkpoint under torch, or its ONNX export under onnxruntime."""
-    from ..run_dir import newest_best
+    from ..store.locate import newest
 
     if opts["runtime"] == "onnx":
-        from ..onnx_classifier import OnnxClassifier
+        from ..deploy.onnx_classifier import OnnxClassifier
 
         clf = OnnxClassifier.load(opts["checkpoint"], outputs_dir=opts["outputs_dir"])
         if not opts["checkpoint"]:
@@ -97,12 +93,7 @@ def load_predictor(opts: dict):
         return clf
     from ..classifier import Classifier
 
-    path = opts["checkpoint"] or newest_best(opts["outputs_dir"])
-    if path is None:
-        from pathlib import Path
-
-        raise TformerError(f"no trained checkpoint under {Path(opts['outputs_dir']).resolve()}/; run `tformer "
-                           f"train` first or pass checkpoint=<path>")
+    path = opts["checkpoint"] or newest(opts["outputs_dir"])
     if not opts["checkpoint"]:
         print(f"[tformer] using the newest checkpoint: {path}", file=sys.stderr)
     return Classifier.load(path, device=opts["device"])
@@ -154,71 +145,5 @@ def main(argv: list[str]) -> int:
                 r.pop("top_k")
             print(json.dumps(r, ensure_ascii=False, allow_nan=False))
         return 0
-    print_table(results, k, opts["explain"])
+    answers.print_table(results, k, opts["explain"])
     return 0
-
-
-def print_table(results: list[dict], k: int, explained: bool) -> None:
-    """The answers as a rich table (top-k column when k > 1), then the explanations."""
-    from rich.table import Table
-
-    from ..console import screen_console
-    from ..safe_text import rich
-
-    table = Table(header_style="bold", show_lines=False)
-    table.add_column("text", overflow="fold", max_width=70)
-    table.add_column("label")
-    table.add_column("probability", justify="right")
-    if k > 1:
-        table.add_column(f"top {k}")
-    for r in results:
-        if r.get("empty"):
-            table.add_row(rich(repr(r["text"])), "(empty)", "-", *(["-"] if k > 1 else []))
-            continue
-        text = r["text"] if len(r["text"]) <= 200 else r["text"][:197] + "..."
-        if "labels" in r:  # multi-label: the label set, each with its probability
-            row = [rich(text), rich(", ".join(r["labels"]) or "(none)"),
-                   " ".join(f"{p:.3f}" for p in r["probabilities"].values()) or "-"]
-        else:
-            row = [rich(text), rich(r["label"]), f"{r['probability']:.3f}"]
-        if k > 1:
-            row.append(rich(", ".join(f"{x['label']} {x['probability']:.3f}" for x in r["top_k"])))
-        table.add_row(*row)
-    console = screen_console()
-    console.print(table)
-    for r in results if explained else []:
-        if not r.get("empty"):
-            console.print(render_explanation(r))
-
-
-def words_and_weights(tokens: list[str], weights: list[float]) -> list[tuple[str, float]]:
-    """Glue WordPiece continuations ('##ing') back onto their word, summing their weights; drop [CLS]/[SEP]."""
-    words: list[list] = []
-    for t, w in zip(tokens, weights):
-        if t in ("[CLS]", "[SEP]", "[PAD]"):
-            continue
-        if t.startswith("##") and words:
-            words[-1][0] += t[2:]
-            words[-1][1] += w
-        else:
-            words.append([t, w])
-    return [(t, w) for t, w in words]
-
-
-def render_explanation(result: dict):
-    """The text with each word's background as strong as its rollout weight (rich markup)."""
-    from rich.text import Text
-
-    exp = result["explanation"]
-    pairs = words_and_weights(exp["tokens"], exp["rollout"])
-    top = max((w for _, w in pairs), default=1.0) or 1.0
-    from ..safe_text import terminal
-
-    head = (f"{result['label']} {result['probability']:.3f}" if "label" in result
-            else ", ".join(result["labels"]) or "(no label)")
-    text = Text(f"{terminal(head)}: ", style="bold")
-    for word, w in pairs:
-        level = int(255 - 180 * (w / top))
-        text.append(terminal(word), style=f"black on rgb(255,{level},{level})" if w / top > 0.15 else "")
-        text.append(" ")
-    return text

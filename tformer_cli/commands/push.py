@@ -1,8 +1,13 @@
 """`tformer push checkpoint=PATH repo=<owner>/<name> [private=true] [message=...] [stage=DIR]`."""
 from __future__ import annotations
 
+from pathlib import Path
+
+from ..deploy import hub_repo
 from ..errors import TformerError
-from .options import is_true, parse_key_values
+from ..store.locate import newest
+from ..yesno import parse_bool
+from .options import parse_key_values
 
 USAGE = """usage: tformer push [checkpoint=PATH] repo=<owner>/<name> [private=true] [message=TEXT] [stage=DIR]
 
@@ -17,21 +22,14 @@ DEFAULTS = {"checkpoint": None, "repo": None, "private": "false", "message": Non
 
 def main(argv: list[str]) -> int:
     opts = parse_key_values(argv, DEFAULTS, USAGE, "push")
-    from pathlib import Path
-
-    from .. import hub_repo
-    from ..run_dir import newest_best
-
-    source = opts["checkpoint"] or newest_best(opts["outputs_dir"])
-    if source is None:
-        raise TformerError("no trained checkpoint under outputs/; pass checkpoint=<run dir>")
+    source = opts["checkpoint"] or newest(opts["outputs_dir"], instead="<run dir>")
     if opts["stage"]:
         folder = hub_repo.stage(source, Path(opts["stage"]))
         print(f"[tformer] staged {source} in {folder} (nothing uploaded)")
         return 0
     if not opts["repo"]:
         raise TformerError("push needs repo=<owner>/<name> (the Hub model repository to upload to)")
-    url = hub_repo.push(source, opts["repo"], private=is_true(opts["private"]),
+    url = hub_repo.push(source, opts["repo"], private=parse_bool(opts["private"], "private"),
                         message=opts["message"])
     print(f"[tformer] pushed {source} to {url}; load it with checkpoint=hf://{opts['repo']}")
     return 0

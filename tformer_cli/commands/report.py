@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from ..errors import TformerError
-from ..run_dir import RunDir, SweepDir, newest_checkpoints
+from ..store.layout import RunDir, SweepDir, newest_checkpoints
 
 
 def main(argv: list[str]) -> int:
@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
         raise TformerError(f"run directory {run_dir} does not exist; pass outputs/train/<date>/<time>")
     if SweepDir(run_dir.root).is_sweep():  # a -m sweep: one row per job (running, finished or died)
         from ..console import screen_console
-        from ..sweep import summarize
+        from ..sweeps.summary import summarize
 
         summarize(run_dir.root, screen_console())
         return 0

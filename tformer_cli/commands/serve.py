@@ -4,7 +4,8 @@ from __future__ import annotations
 import sys
 
 from ..errors import TformerError
-from .options import is_true, parse_key_values
+from ..yesno import parse_bool
+from .options import parse_key_values
 
 USAGE = """usage: tformer serve [checkpoint=PATH] [runtime=torch|onnx] [host=127.0.0.1] [port=8000]
                      [max_batch=64] [max_wait_ms=5] [max_texts=256] [max_chars=20000]
@@ -38,7 +39,7 @@ def parse_args(argv: list[str]) -> dict:
         raise TformerError(f"max_wait_ms={opts['max_wait_ms']!r} must be a number") from None
     if not 0 <= opts["max_wait_ms"] <= 1000:
         raise TformerError(f"max_wait_ms={opts['max_wait_ms']} must be between 0 and 1000")
-    opts["access_log"] = is_true(opts["access_log"])
+    opts["access_log"] = parse_bool(opts["access_log"], "access_log")
     if opts["runtime"] not in ("torch", "onnx"):
         raise TformerError(f"runtime={opts['runtime']!r} must be torch (the checkpoint) or onnx (its export)")
     return opts
@@ -51,7 +52,7 @@ def main(argv: list[str]) -> int:
         import uvicorn  # noqa: F401
     except ImportError:
         raise TformerError("tformer serve needs FastAPI and uvicorn: pip install 'tformer[serve]'") from None
-    from ..serve import ServeLimits, bind, create_app, run_server
+    from ..deploy.serve import ServeLimits, bind, create_app, run_server
     from .predict import load_predictor
 
     sock = bind(opts["host"], opts["port"])  # before the model loads: a taken port fails at once

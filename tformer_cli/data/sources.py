@@ -6,13 +6,24 @@ for everyone else. `data=files` takes any local files with configurable column n
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import datasets
+import numpy as np
+from sklearn.datasets import fetch_20newsgroups
+
+from .. import hub
+from ..console import output
 from ..errors import TformerError
+from ..store.atomic import sha256_file
+from . import demo
 from .config import DataConfig
+from .newsgroups import clean
 
 SPLIT_ALIASES = {"train": ["train"], "validation": ["validation", "valid", "val", "dev"], "test": ["test"]}
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
@@ -73,8 +84,6 @@ def _find_split_file(folder: Path, split: str, cfg: DataConfig) -> Path | None:
 
 
 def _load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[str] | None = None):
-    import datasets
-
     out = {}
     for split, path in files.items():
         path = Path(path)
@@ -107,21 +116,12 @@ def _content_cache_dir(path: Path) -> str:
     so a file rewritten with its time restored (`cp -p`, `touch -d`, a git checkout, a synced folder) would be
     served from the old cache; under a folder named by the content's SHA-256 it cannot be. The token cache lives
     beside it, so it follows."""
-    import datasets
-
-    from ..atomic import sha256_file
-
     return str(Path(datasets.config.HF_DATASETS_CACHE) / "tformer" / sha256_file(path)[:32])
 
 
 def fingerprint(data: LoadedData, splits=("train", "validation")) -> dict:
     """What a run trained on, compact enough for a checkpoint's meta.json: per split the row count and a SHA-256
     of every text and label in order, plus the label names. Resume compares it to refuse changed data."""
-    import hashlib
-    import json
-
-    import numpy as np
-
     out: dict = {"label_names": list(data.label_names)}
     for split in splits:
         ds = data.splits[split]
@@ -161,10 +161,6 @@ def _read_label_names(folder: Path | None) -> list[str] | None:
 
 
 def _load_hub(cfg: DataConfig):
-    import datasets
-
-    from .. import hub
-
     hub.offline()  # one quick check instead of half a minute of retries
     try:
         loaded = datasets.load_dataset(str(cfg.hub_id), cfg.hub_config)
@@ -185,9 +181,6 @@ def _load_hub(cfg: DataConfig):
 
 
 def _load_newsgroups_sklearn(cfg: DataConfig):
-    import datasets
-    from sklearn.datasets import fetch_20newsgroups
-
     out, names = {}, None
     for split in ("train", "test"):
         try:
@@ -201,10 +194,6 @@ def _load_newsgroups_sklearn(cfg: DataConfig):
 
 
 def _load_demo(cfg: DataConfig):
-    import datasets
-
-    from . import demo
-
     parts = demo.splits(cfg.n_train, cfg.n_validation, cfg.n_test, cfg.seed)
     out = {s: datasets.Dataset.from_dict({"text": t, "label": lab}) for s, (t, lab) in parts.items()}
     return out, list(demo.LABELS), f"generated demo sentences (seed {cfg.seed})"
@@ -271,11 +260,11 @@ def _from_hub(source: str) -> bool:
     return source.startswith("hub:")
 
 
-def _to_text_label(ds, cfg, split: str, hub: bool = False):
+def _to_text_label(ds, cfg, split: str, from_hub: bool = False):
     """Rename/derive the configured columns to `text` and `label`, with a clear error for unknown names.
     Hub copies may name columns differently from the original files (hub_text_column / hub_label_column)."""
-    text_column = (hub and cfg.hub_text_column) or cfg.text_column
-    label_column = (hub and cfg.hub_label_column) or cfg.label_column
+    text_column = (from_hub and cfg.hub_text_column) or cfg.text_column
+    label_column = (from_hub and cfg.hub_label_column) or cfg.label_column
     text_columns = list(text_column) if not isinstance(text_column, str) else [text_column]
     missing = [c for c in text_columns + [label_column] if c not in ds.column_names]
     if missing:
@@ -313,8 +302,6 @@ def _as_int(x):
 
 def _encode_labels(splits: dict, names: list[str] | None) -> tuple[dict, list[str]]:
     """Map string labels to ids (sorted names) or validate integer ids against 0..K-1."""
-    import datasets
-
     train_labels = splits["train"]["label"]
     kinds = {type(x).__name__ for x in train_labels if x is not None}
     if any(x is None for x in train_labels):
@@ -378,8 +365,6 @@ def _label_set(value, separator: str, split: str) -> list:
 def _encode_label_sets(splits: dict, names: list[str] | None, separator: str) -> tuple[dict, list[str]]:
     """Multi-label: every row's label set as a sorted list of ids (a row may have none). String labels are named
     in sorted order; integer labels are checked against 0..K-1 (K from labels.txt / data.label_names if given)."""
-    import datasets
-
     sets = {s: [_label_set(v, separator, s) for v in ds["label"]] for s, ds in splits.items()}
     every = [x for rows in sets.values() for row in rows for x in row]
     if every and all(isinstance(x, str) and x.strip().isdigit() for x in every):  # "0,2": class ids in a string
@@ -445,13 +430,11 @@ def _carve(ds, fraction: float, seed: int, name: str):
 
 def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
     """Load, clean, validate and split the dataset named by the `data` config."""
-    import datasets
-
     datasets.disable_progress_bars()  # its per-step bars (casting, filtering) would spam terminals and logs
     raw, names, source = _raw_splits(cfg)
-    hub = _from_hub(source)
-    splits = {s: _to_text_label(ds, cfg, s, hub) for s, ds in raw.items() if s in SPLIT_ALIASES}
-    offset = 0 if hub else cfg.label_offset
+    from_hub = _from_hub(source)
+    splits = {s: _to_text_label(ds, cfg, s, from_hub) for s, ds in raw.items() if s in SPLIT_ALIASES}
+    offset = 0 if from_hub else cfg.label_offset
     if offset and cfg.multi_label:
         raise TformerError("data.label_offset applies to single labels; with data.multi_label=true give label ids "
                            "from 0 or label names")
@@ -465,8 +448,6 @@ def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
         raise TformerError(f"{source} has no train split; it has {', '.join(raw)}")
     remove = list(cfg.remove)
     if remove:
-        from .newsgroups import clean
-
         splits = {s: ds.map(lambda b: {"text": [clean(t, remove) for t in b["text"]]}, batched=True,
                             desc=f"removing {'/'.join(remove)} ({s})") for s, ds in splits.items()}
     for split in list(splits):
@@ -478,8 +459,6 @@ def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
             raise TformerError(f"the {split} split is empty after dropping empty texts ({before} rows before); "
                                f"check data.text_column")
         if len(ds) < before:
-            from ..console import output
-
             output().print(f"{split}: skipped {before - len(ds)} empty or whitespace-only texts")
         splits[split] = ds
     if cfg.multi_label:

@@ -12,6 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from ..console import progress
+from ..errors import ConfigError
+
 if TYPE_CHECKING:  # torch is imported where tensors are made: the ONNX predict path never loads it
     import torch
 
@@ -20,8 +26,6 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 def train_wordpiece(texts, vocab_size: int, max_len: int):
     """A BERT-style uncased WordPiece tokenizer learned from the training texts."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True, clean_text=True, strip_accents=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -62,15 +66,11 @@ class LongText:
 
     def __post_init__(self) -> None:
         if self.mode not in LONG_TEXT_MODES:
-            from ..errors import ConfigError
-
             raise ConfigError(f"data.long_text={self.mode!r} is not one of {', '.join(LONG_TEXT_MODES)}")
 
     def head(self, max_len: int) -> int:
         head = self.head_tokens if self.head_tokens is not None else (max_len - 2) // 4
         if not 0 <= head <= max_len - 2:
-            from ..errors import ConfigError
-
             raise ConfigError(f"data.head_tokens={head} must be between 0 and model.max_len - 2 = {max_len - 2}")
         return head
 
@@ -79,8 +79,6 @@ class LongText:
         width = max_len - 2
         overlap = self.chunk_overlap if self.chunk_overlap is not None else width // 4
         if not 0 <= overlap < width:
-            from ..errors import ConfigError
-
             raise ConfigError(f"data.chunk_overlap={overlap} must be between 0 and model.max_len - 3 = {width - 1}")
         return overlap
 
@@ -124,8 +122,6 @@ def configure(tok, max_len: int, side: str | None = None, long_text: LongText = 
     if side is None:
         side = str((tok.truncation or {}).get("direction", "right")).lower()
     if side not in ("right", "left"):
-        from ..errors import ConfigError
-
         raise ConfigError(f"data.truncation={side!r} must be right (keep the start) or left (keep the end)")
     tok.no_padding()
     if long_text.mode != "truncate":
@@ -155,8 +151,6 @@ def encode_batch(tok, texts: list[str], max_len: int, long_text: LongText = Long
 
 def load_tokenizer(path: str | Path, max_len: int, long_text: LongText = LongText(), side: str | None = None):
     """side: None truncates as the file says (as training did); a head_tail or chunks run saved no side."""
-    from tokenizers import Tokenizer
-
     return configure(Tokenizer.from_file(str(path)), max_len, side, long_text)
 
 
@@ -171,14 +165,12 @@ def tokenizer_hash(tok) -> str:
 
 def tokenize_split(ds, tok, max_len: int, desc: str, long_text: LongText = LongText()):
     """Add `input_ids` (int32 Arrow lists) to a text/label dataset; cached on disk by datasets fingerprint."""
-    import datasets
+    import datasets  # deferred: predict imports this module and never loads datasets (~1 s)
 
     key = f"{ds._fingerprint}|{tokenizer_hash(tok)}|{max_len}|{long_text}|v2"
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:32]
     features = datasets.Features({"label": ds.features["label"], "doc": datasets.Value("int64"),
                                   "input_ids": datasets.Sequence(datasets.Value("int32"))})
-
-    from ..console import progress
 
     def encode(batch, indices):  # one row per window; `doc` is the row's document
         rows = [(w, label, i) for windows, label, i in
@@ -213,7 +205,7 @@ class TokenizedSplit:
     @property
     def doc_labels(self) -> torch.Tensor:
         """(n_docs,) the label of each document (what metrics are computed on)."""
-        import torch
+        import torch  # deferred: predict runtime=onnx imports this module and never loads torch
 
         if self.docs is None:
             return self.labels
@@ -227,9 +219,8 @@ class TokenizedSplit:
 
     @classmethod
     def from_dataset(cls, ds) -> "TokenizedSplit":
-        import numpy as np
-        import pyarrow as pa
-        import torch
+        import pyarrow as pa  # deferred: predict's cold start (~150 ms, and predict never reads Arrow)
+        import torch  # deferred: predict runtime=onnx imports this module and never loads torch
 
         column = ds.data.column("input_ids")  # ChunkedArray of list<int32>, memory-mapped from the cache
         if ds._indices is not None:  # a select()/shuffle() view: materialise the rows it points at
@@ -254,7 +245,7 @@ class TokenizedSplit:
 
     @classmethod
     def from_ids(cls, ids: list[list[int]], labels=None, docs: list[int] | None = None) -> "TokenizedSplit":
-        import torch
+        import torch  # deferred: predict runtime=onnx imports this module and never loads torch
 
         lengths = torch.tensor([len(x) for x in ids], dtype=torch.int64)
         offsets = torch.zeros(len(ids) + 1, dtype=torch.int64)

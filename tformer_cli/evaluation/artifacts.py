@@ -2,21 +2,20 @@
 from __future__ import annotations
 
 import csv
+import textwrap
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
-from ..atomic import write_json, write_with
+from ..safe_text import mathtext
+from ..store.atomic import write_json, write_with
 
 
 def confusion_matrix_png(path: Path, matrix, label_names: list[str], normalize: bool, title: str) -> Path:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..safe_text import mathtext
-
     label_names = [mathtext(n) for n in label_names]
     title = mathtext(title)
     counts = np.asarray(matrix, dtype=float)
@@ -32,8 +31,6 @@ def confusion_matrix_png(path: Path, matrix, label_names: list[str], normalize: 
     ax.set_yticks(range(k), labels=label_names, fontsize=8 if k > 10 else 10)
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
-    import textwrap
-
     full_title = title + (" (rows normalised)" if normalize else "")
     ax.set_title(textwrap.fill(full_title, width=max(30, int(size * 8))), fontsize=10)  # never clipped
     if k <= 25:
@@ -54,12 +51,7 @@ def confusion_matrix_png(path: Path, matrix, label_names: list[str], normalize: 
 
 def training_curves_png(path: Path, history: list[dict], best_epoch: int | None = None) -> Path:
     """Losses and validation scores per epoch (whole-epoch ticks), the best epoch marked on both panels."""
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
     epochs = [h["epoch"] for h in history]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     a.plot(epochs, [h["train_loss"] for h in history], "o-", label="train loss")

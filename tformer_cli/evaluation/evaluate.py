@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..inference import predict_proba
+from . import artifacts
+from .metrics import compute, compute_multi_label, tune_thresholds
 
 
 def evaluate_split(model, split, label_names, *, pad_id, device, precision, batch_size, loss_weight=None,
                    progress="evaluating", thresholds=None):
     """(metrics, class probabilities (N, C) as numpy) of a model on a tokenized split. A multi-label model's
     labels are cut at `thresholds` (the checkpoint's); None tunes them on this split (validation does)."""
-    from .metrics import compute, compute_multi_label, tune_thresholds
-
     probs, loss = predict_proba(model, split, batch_size=batch_size, pad_id=pad_id, device=device,
                                 precision=precision, loss_weight=loss_weight, progress=progress)
     if model.cfg.multi_label:
@@ -42,8 +42,6 @@ def validation_metrics(model, split, label_names, *, pad_id, device, precision, 
 
 def write_reports(out_dir: Path, metrics, label_names, texts, split, probs, normalize: bool, title: str,
                   console) -> None:
-    from . import artifacts
-
     paths = artifacts.write(out_dir, metrics, label_names, texts, split.doc_labels.numpy(), probs, normalize=normalize,
                             title=title)
     console.print("reports: " + ", ".join(str(p) for p in paths.values()), highlight=False)

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import numpy as np
+from sklearn.metrics import (accuracy_score, classification_report, confusion_matrix, f1_score, hamming_loss,
+                             precision_recall_fscore_support)
 
 
 def compute(y_true, y_pred, label_names: list[str], loss: float | None = None) -> dict:
-    from sklearn.metrics import accuracy_score, classification_report, confusion_matrix, precision_recall_fscore_support
-
     y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
     k = len(label_names)
     average = "binary" if k == 2 else "macro"
@@ -35,8 +35,6 @@ def tune_thresholds(y_true, probs) -> list[float]:
     """Per label, the probability cut (0.05 .. 0.95) that maximises that label's F1 on these examples; ties go to
     the cut nearest 0.5, and a label with no positive example here keeps 0.5. Tuned on validation, stored in the
     checkpoint, applied unchanged to test and predictions."""
-    from sklearn.metrics import f1_score
-
     y_true, probs = np.asarray(y_true) > 0.5, np.asarray(probs)
     out = []
     for c in range(probs.shape[1]):
@@ -52,8 +50,6 @@ def tune_thresholds(y_true, probs) -> list[float]:
 def compute_multi_label(y_true, probs, thresholds, label_names: list[str], loss: float | None = None) -> dict:
     """Multi-label metrics: subset accuracy (every label of a text right) as `accuracy`, micro-averaged
     precision/recall/F1 as the headline (`average: micro`), macro F1, Hamming loss, and the per-label report."""
-    from sklearn.metrics import accuracy_score, classification_report, hamming_loss, precision_recall_fscore_support
-
     y_true = (np.asarray(y_true) > 0.5).astype(int)
     pred = (np.asarray(probs) >= np.asarray(thresholds)[None, :]).astype(int)
     labels = list(range(len(label_names)))

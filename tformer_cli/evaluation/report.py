@@ -1,15 +1,14 @@
 """Rich tables for metrics: the summary, the per-class report and the confusion matrix."""
 from __future__ import annotations
 
+from rich.table import Table
+
+from ..console import output
+from ..safe_text import markup, rich
+
 
 def print_metrics(metrics: dict, label_names: list[str], title: str, console=None) -> None:
-    from rich.table import Table
-
-    from ..console import output
-
     console = console or output()
-    from ..safe_text import markup, rich
-
     multi = bool(metrics.get("multi_label"))
     summary = Table(title=markup(title), show_header=True, header_style="bold")
     cols = ["n", "subset accuracy" if multi else "accuracy", f"precision ({metrics['average']})",
@@ -50,10 +49,6 @@ MLM_COLUMNS = ("epoch", "train_mlm_loss", "val_mlm_loss", "val_mlm_accuracy", "l
 
 def print_history(history: list[dict], console=None, columns: tuple[str, ...] | None = None,
                   title: str = "training summary") -> None:
-    from rich.table import Table
-
-    from ..console import output
-
     console = console or output()
     if columns is None and history and "val_mlm_loss" in history[0]:  # a `tformer pretrain` run
         columns, title = MLM_COLUMNS, "pretraining summary"

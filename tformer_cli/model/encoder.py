@@ -27,6 +27,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..registry import registrar
+from ..typed_config import check_ranges
 
 
 @dataclass
@@ -58,8 +59,6 @@ class EncoderConfig:
               "head_hidden": (0, None, "[)"), "embedding_dim": (0, None, "[)"), "norm_eps": (0, None, "()")}
 
     def __post_init__(self) -> None:
-        from ..typed_config import check_ranges
-
         check_ranges(type(self), asdict(self), "model")
         if not 0 <= self.pad_id < self.vocab_size:
             raise ConfigError(f"model.pad_id={self.pad_id} must be a token id, 0..vocab_size-1 ({self.vocab_size - 1})")

@@ -10,12 +10,18 @@ When its width differs from d_model the model adds a learned linear projection (
 """
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub import hf_hub_download
+from safetensors import safe_open
+from safetensors.torch import load_file
 
+from .. import hub
 from ..errors import TformerError
 
 
@@ -45,8 +51,6 @@ class PretrainedEmbeddings:
 
 
 def _package_dir(package: str) -> Path | None:
-    import importlib.util
-
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -55,12 +59,8 @@ def _package_dir(package: str) -> Path | None:
 
 
 def _hub_dir(repo_id: str, files=("model.safetensors", "tokenizer.json"), offline_hint: str = "") -> Path:
-    from .. import hub
-
     hub.offline()  # one quick check instead of half a minute of retries
     try:
-        from huggingface_hub import hf_hub_download
-
         paths = [hf_hub_download(repo_id, f) for f in files]
     except Exception as exc:
         raise TformerError(
@@ -90,8 +90,6 @@ def locate(cfg: EmbeddingInitConfig) -> Path:
 
 
 def load(cfg: EmbeddingInitConfig, d_model: int) -> PretrainedEmbeddings:
-    from safetensors import safe_open
-
     folder = locate(cfg)
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         keys = [k for k in f.keys() if k.endswith("embeddings.word_embeddings.weight")]
@@ -137,8 +135,6 @@ def locate_model(spec: str, package: str | None = None) -> Path:
 
 def encoder_shape(folder: Path, max_len: int) -> dict:
     """EncoderConfig keys that make our encoder compute exactly what this BERT-family model computes."""
-    import json
-
     c = json.loads((folder / "config.json").read_text())
     if c.get("position_embedding_type", "absolute") != "absolute":
         raise TformerError(f"{folder} uses {c['position_embedding_type']} positions; only absolute (BERT-style) "
@@ -159,8 +155,6 @@ def encoder_shape(folder: Path, max_len: int) -> dict:
 
 def _bert_tensors(folder: Path) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors, named as BertModel names them (no `bert.` prefix; gamma/beta -> weight/bias)."""
-    from safetensors.torch import load_file
-
     out = {}
     for key, value in load_file(str(folder / "model.safetensors")).items():
         key = key.removeprefix("bert.").replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta",

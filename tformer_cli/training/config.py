@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from ..typed_config import build
 
 
 @dataclass
@@ -38,8 +39,8 @@ class TrainerConfig:
     test_after_fit: bool
     keep_optimizer_state: bool
     early_stopping: EarlyStoppingConfig
-    devices: int = 1  # >1: `tformer train` starts torchrun with this many processes (cli.py)
-    micro_batches: int = 1  # each batch as N slices of rows with summed gradients (loop.train_step)
+    devices: int  # >1: `tformer train` starts this many processes (launch.py)
+    micro_batches: int  # each batch as N slices of rows with summed gradients (loop.train_step)
 
     RANGES = {"epochs": (1, None, "[)"), "batch_size": (1, None, "[)"), "eval_batch_size": (1, None, "[)"),
               "grad_clip": (0, None, "[)"), "log_every_steps": (1, None, "[)"), "num_workers": (0, None, "[)"),
@@ -61,8 +62,6 @@ class OptimizerConfig:
 
     @classmethod
     def from_mapping(cls, data: dict, where: str = "optimizer") -> "OptimizerConfig":
-        from ..typed_config import build
-
         data = dict(data)
         common = {k: data.pop(k) for k in ("name", "lr", "weight_decay") if k in data}
         return build(cls, {**common, "options": data}, where)
@@ -106,8 +105,6 @@ class LoggerConfig:
 
     @classmethod
     def from_mapping(cls, data: dict, where: str = "logger") -> "LoggerConfig":
-        from ..typed_config import build
-
         data = dict(data)
         return build(cls, {"name": data.pop("name", None), "options": data}, where)
 

@@ -10,7 +10,7 @@ What each rank does (loop.py reads this top to bottom):
     the global batch's mean loss: the same step a single process takes on the same batch;
   - every rank validates on the whole validation split (the models are identical, so are the metrics and every
     early-stopping decision: no broadcast needed); train loss and throughput are summed across ranks;
-  - rank 0 alone writes: checkpoints, logs, metrics, reports. The others run in a throwaway directory (cli.py);
+  - rank 0 alone writes: checkpoints, logs, metrics, reports. The others run in a throwaway directory (launch.py);
   - a stop (Ctrl-C, SIGTERM) seen by any rank is agreed on by all at the next step, so all stop after the same
     step and rank 0 saves `last`: the run resumes with resume=<run dir> like any other.
 """
@@ -43,11 +43,6 @@ def from_env() -> Dist:
     if world <= 1:
         return Dist()
     return Dist(int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def worker_rank() -> bool:
-    """True in a torchrun process other than rank 0 (read before anything is written: cli.py)."""
-    return from_env().rank != 0
 
 
 def init(dist: Dist, device: torch.device) -> torch.device:

@@ -16,13 +16,21 @@ Adding one: a class with the four methods below, registered with `@logger("name"
 """
 from __future__ import annotations
 
+import csv
+import importlib
+import io
 import json
+import logging
+import os
+import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
 from ..errors import TformerError
 from ..registry import registrar
-from ..run_dir import RunDir
+from ..store.atomic import write_text
+from ..store.layout import RunDir
 from .config import LoggerConfig
 
 LOGGERS: dict[str, Callable] = {}
@@ -54,8 +62,6 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
 
 
 def _need(module: str, extra: str):
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -71,11 +77,6 @@ class CsvLogger(Logger):
     def log(self, record: dict) -> None:
         if record.get("kind") != "epoch":
             return
-        import csv
-        import io
-
-        from ..atomic import write_text
-
         rows = []
         if self.run_dir.metrics_log.is_file():
             for line in self.run_dir.metrics_log.read_text(encoding="utf-8").splitlines():
@@ -102,7 +103,7 @@ class TensorBoardLogger(Logger):
         self.writer = None
 
     def start(self, config: dict, resume_step: int | None) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # deferred: needs the optional tensorboard extra
 
         # purge_step: events a resumed run will log again (after its checkpoint) are dropped, not doubled
         self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=resume_step)
@@ -137,8 +138,7 @@ class MlflowLogger(Logger):
         self.uri, self.experiment, self.client, self.run_id = uri, str(cfg.option("experiment") or "tformer"), None, None
 
     def start(self, config: dict, resume_step: int | None) -> None:
-        import logging
-
+        # deferred (mlflow, here and in _metrics): the optional mlflow extra
         from mlflow.entities import Param
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
@@ -146,8 +146,6 @@ class MlflowLogger(Logger):
         for name in ("mlflow", "alembic"):  # their INFO lines (creating tables, ...) are not the user's business
             logging.getLogger(name).setLevel(logging.WARNING)
         try:
-            import warnings
-
             with warnings.catch_warnings():  # SQLAlchemy's deprecation notices about MLflow's own store code
                 warnings.simplefilter("ignore", DeprecationWarning)
                 self.client = MlflowClient(tracking_uri=self.uri)
@@ -162,8 +160,6 @@ class MlflowLogger(Logger):
             run = self.client.create_run(experiment, run_name=self.run_dir.root.name,
                                          tags={"tformer.run_dir": str(self.run_dir.root.resolve())})
             self.run_id = run.info.run_id
-            from ..atomic import write_text
-
             write_text(saved, self.run_id + "\n")
             params = [Param(k, v[:6000]) for k, v in flatten(config).items()]
             for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
@@ -173,8 +169,6 @@ class MlflowLogger(Logger):
                                f"logger.tracking_uri") from None
 
     def _metrics(self, values: dict, step: int, prefix: str = "") -> None:
-        import time
-
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -205,10 +199,8 @@ class WandbLogger(Logger):
             raise TformerError(f"logger.mode={self.mode} is not one of {', '.join(self.MODES)}")
 
     def start(self, config: dict, resume_step: int | None) -> None:
-        import os
-
         os.environ.setdefault("WANDB_SILENT", "true")  # its banner and sync hints would interleave with ours
-        import wandb
+        import wandb  # deferred: the optional wandb extra (and it reads WANDB_SILENT when imported)
 
         # the run's place under outputs/ (<date>/<time>, or <date>/<time>/<job> for a sweep's job: job folders
         # alone repeat from sweep to sweep)

@@ -1,9 +1,10 @@
-"""The training loop, readable top to bottom: epochs of length-grouped batches, validation, early stopping,
-best/last checkpoints, resumption and clean interruption.
+"""The one training loop, readable top to bottom: epochs of length-grouped batches, validation, early stopping,
+best/last checkpoints, resumption and clean interruption, for every training task.
 
 Parts with names: `Optimization` (optimizer, LR schedule, gradient scaler: the stateful parts of a step),
-`train_step` (one optimizer step; the benchmark times this very function) and `TrainingState` (where the loop is,
-saved with every `last` checkpoint). `commands/train.py` builds a `Run` and calls `fit`.
+`train_step` (one classification step; the benchmark times this very function), `TrainingState` (where the loop
+is, saved with every `last` checkpoint) and the `Objective` (what differs between tasks: how a batch becomes a
+loss, how validation scores; training/objectives.py). The run engine (runs/) builds a `Run` and calls `fit`.
 """
 from __future__ import annotations
 
@@ -11,15 +12,16 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
 
+from ..console import output, progress
 from ..data.batching import BatchLoader
 from ..data.tokenization import TokenizedSplit
 from ..errors import TformerError
-from ..hardware import MaybeCompiled, Precision
+from ..hardware import MaybeCompiled, Precision, release_freed_host_memory
 from . import optim as optim_lib
 from . import schedules
 from . import distributed
@@ -28,6 +30,24 @@ from .config import OptimizerConfig, ScheduleConfig, TrainerConfig
 from .distributed import Dist
 from .early_stopping import EarlyStopping
 from .state import TrainingState
+
+
+class Objective(Protocol):
+    """A training task plugged into `fit` (training/objectives.py has classification and masked-LM)."""
+
+    loss_name: str  # the loss's metric names: "loss" logs loss / train_loss, "mlm_loss" train_mlm_loss
+    bar_prefix: str  # before "epoch k/n" on the progress bar
+
+    def loss_options(self) -> dict: ...  # extra Optimization(...) arguments (class weights, smoothing)
+
+    def step(self, opt: "Optimization", batch: dict, step: int, share: float, micro_batches: int) -> torch.Tensor:
+        ...  # one optimizer step on a batch; the loss, detached, on the device
+
+    def share(self, split: TokenizedSplit, rows: torch.Tensor, whole: torch.Tensor, world: int) -> float: ...
+
+    def validate(self, run: "Run") -> dict: ...  # the epoch's validation metrics (val_...)
+
+    def epoch_line(self, metrics: dict) -> str: ...  # the losses and scores of an epoch's line
 
 
 class Interrupted(TformerError):
@@ -133,12 +153,6 @@ def _loss_share(opt: Optimization, labels: torch.Tensor, part: slice) -> torch.T
     return (part.stop - part.start) / labels.shape[0]  # (micro_slices gives explicit bounds)
 
 
-def optimizer_step(opt: Optimization, loss: torch.Tensor) -> None:
-    """Backward, then `update`: one optimizer step on one loss already computed (the tests' reference step)."""
-    backward(opt, loss)
-    update(opt)
-
-
 def backward(opt: Optimization, loss: torch.Tensor) -> None:
     """Adds the loss's gradients (scaled under fp16) to what earlier micro-batches left in .grad."""
     opt.scaler.scale(loss).backward()
@@ -168,12 +182,13 @@ SaveCheckpoint = Callable[[str, dict, "tuple[dict, dict] | None"], None]
 
 @dataclass
 class Run:
-    """Everything `fit` needs, built by commands/train.py (or a test)."""
+    """Everything `fit` needs, built by a run engine job (runs/classify.py, runs/pretraining.py) or a test.
+    What is specific to one training task (its loss, validation, epoch line) is the `objective`."""
 
     model: torch.nn.Module
     train: TokenizedSplit
     validation: TokenizedSplit
-    label_names: list[str]
+    objective: "Objective"
     pad_id: int
     device: torch.device
     precision: Precision
@@ -185,8 +200,6 @@ class Run:
     freeze_layers: int = 0
     embedding_lr_multiplier: float = 1.0
     layer_lr_decay: float = 1.0
-    loss_weight: torch.Tensor | None = None
-    label_smoothing: float = 0.0
     resume: tuple[dict, dict] | None = None  # (tensors, JSON) of a `last` checkpoint's training state
     stop_requested: bool = False  # set by a signal handler; the loop saves and stops after the current step
     say: Callable[..., None] | None = None  # rich-style print(text, highlight=...); default: a rich Console
@@ -197,10 +210,8 @@ class Run:
 def fit(run: Run) -> TrainingState:
     """Train; returns the final state (its best_metrics hold the monitored value a sweeper optimises)."""
     if run.say is None:
-        from ..console import output
-
         run.say = output().print
-    tcfg = run.trainer
+    tcfg, objective = run.trainer, run.objective
     model = run.model.to(run.device)
     loader = BatchLoader(run.train, tcfg.batch_size, run.pad_id, shuffle=True, seed=tcfg.seed,
                          num_workers=tcfg.num_workers, pin_memory=run.device.type == "cuda")
@@ -210,9 +221,7 @@ def fit(run: Run) -> TrainingState:
     opt = Optimization(model, optimizer=run.optimizer, schedule=run.schedule, total_steps=tcfg.epochs * steps_per_epoch,
                        device=run.device, precision=run.precision, grad_clip=tcfg.grad_clip,
                        embedding_lr_multiplier=run.embedding_lr_multiplier, layer_lr_decay=run.layer_lr_decay,
-                       loss_weight=run.loss_weight,
-                       label_smoothing=run.label_smoothing, compile=tcfg.compile, distributed=run.dist.enabled,
-                       say=run.say)
+                       compile=tcfg.compile, distributed=run.dist.enabled, say=run.say, **objective.loss_options())
     es = tcfg.early_stopping
     state = TrainingState(EarlyStopping(es.monitor, es.mode, es.patience, es.min_delta))
     if run.resume is not None:
@@ -220,7 +229,8 @@ def fit(run: Run) -> TrainingState:
     wrapped_for = None  # the frozen/unfrozen state the DDP wrapper was built for
     while state.epoch < tcfg.epochs and not state.stopper.should_stop:
         state.embeddings_frozen = state.epoch < run.freeze_epochs
-        optim_lib.set_embedding_frozen(model, state.embeddings_frozen, run.freeze_layers)
+        if run.freeze_epochs:
+            optim_lib.set_embedding_frozen(model, state.embeddings_frozen, run.freeze_layers)
         if run.dist.enabled and wrapped_for != state.embeddings_frozen:
             opt.forward = MaybeCompiled(distributed.wrap(model, run.dist, run.device), tcfg.compile, run.say)
             wrapped_for = state.embeddings_frozen
@@ -262,8 +272,6 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
     """One epoch from `state.batches_done` on; saves `last` every checkpoint_every_steps and on interruption.
     Losses accumulate on the device and are read on the host once every log_every_steps; the time spent adds to
     state.epoch_seconds."""
-    from ..console import progress
-
     tcfg, epoch, dist = run.trainer, state.epoch, run.dist
     run.model.train()
     loader.set_epoch(epoch)
@@ -275,17 +283,18 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
             state.epoch_loss_sum, state.epoch_seen = 0.0, 0
     n_batches = len(everything)
     todo = everything[state.batches_done:]
-    shares = [_share(run, rows, whole) for rows, whole in todo] if dist.enabled else None
+    shares = [run.objective.share(run.train, rows, whole, dist.world) for rows, whole in todo] if dist.enabled else None
     wholes = [len(whole) for _, whole in todo] if dist.enabled else None
     loss_sum = torch.full((), state.epoch_loss_sum, device=run.device)
     window, window_n = torch.zeros((), device=run.device), 0
     window_t, window_seen = time.perf_counter(), 0
     bar = progress(loader.iterate([rows for rows, _ in todo] if dist.enabled else todo), total=n_batches,
                    initial=state.batches_done, unit="batch", enabled=dist.is_main,
-                   desc=f"epoch {epoch + 1}/{tcfg.epochs}" + (" (embeddings frozen)" * state.embeddings_frozen))
+                   desc=f"{run.objective.bar_prefix}epoch {epoch + 1}/{tcfg.epochs}"
+                   + (" (embeddings frozen)" * state.embeddings_frozen))
     for i, batch in enumerate(bar):
-        rows = batch["labels"].shape[0]
-        loss = train_step(opt, batch, shares[i] if dist.enabled else 1.0, micro_batches=tcfg.micro_batches)
+        rows = batch["input_ids"].shape[0]
+        loss = run.objective.step(opt, batch, state.step, shares[i] if dist.enabled else 1.0, tcfg.micro_batches)
         state.step, state.batches_done = state.step + 1, state.batches_done + 1
         if dist.enabled:  # this rank's part of the global batch's loss: summed over ranks, the loss one process sees
             loss = loss * (shares[i] / dist.world)
@@ -306,11 +315,11 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
                 running = total / window_n
             else:
                 running = float(window) / window_n  # the one host sync, every log_every_steps
-            _check_finite(running, f"near step {state.step} (epoch {epoch + 1})")
+            check_finite(running, run.objective.loss_name, f"near step {state.step} (epoch {epoch + 1})")
             bar.set_postfix(loss=f"{running:.4f}", lr=f"{opt.lr:.2e}")
             if run.log_metrics is not None:
                 now = time.perf_counter()
-                run.log_metrics({"kind": "step", "step": state.step, "epoch": epoch + 1, "loss": running,
+                run.log_metrics({"kind": "step", "step": state.step, "epoch": epoch + 1, run.objective.loss_name: running,
                                  "lr": opt.lr, "samples_per_s": window_seen / max(now - window_t, 1e-9)})
                 window_t, window_seen = now, 0
             window, window_n = torch.zeros((), device=run.device), 0
@@ -336,27 +345,12 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
     state.epoch_seconds = seconds_before + time.perf_counter() - t0
 
 
-def _share(run: Run, rows: torch.Tensor, whole: torch.Tensor) -> float:
-    """The weight of a rank's loss so that DDP's gradient average is the gradient of the global batch's loss:
-    its rows' share of the global batch (by class weight when the loss is class-weighted: Σw over Σw)."""
-    if run.loss_weight is not None and run.train.labels.dim() == 1:
-        w = run.loss_weight.cpu()
-        return run.dist.world * float(w[run.train.labels[rows]].sum() / w[run.train.labels[whole]].sum())
-    return run.dist.world * len(rows) / len(whole)
-
-
 def _end_epoch(run: Run, state: TrainingState, opt: Optimization) -> dict:
     """Validate, record, save `best` (if it is) and `last`, print the epoch line."""
-    from ..evaluation.evaluate import validation_metrics
-    from ..hardware import release_freed_host_memory
-
-    epoch, seen = state.epoch + 1, state.epoch_seen
+    epoch, seen, name = state.epoch + 1, state.epoch_seen, run.objective.loss_name
     train_loss = state.epoch_loss_sum / max(seen, 1)
-    _check_finite(train_loss, f"in epoch {epoch} (step {state.step})")
-    metrics = {"epoch": epoch, "step": state.step, "train_loss": train_loss,
-               **validation_metrics(run.model, run.validation, run.label_names, pad_id=run.pad_id, device=run.device,
-                                    precision=run.precision, batch_size=run.trainer.eval_batch_size,
-                                    loss_weight=run.loss_weight),
+    check_finite(train_loss, name, f"in epoch {epoch} (step {state.step})")
+    metrics = {"epoch": epoch, "step": state.step, f"train_{name}": train_loss, **run.objective.validate(run),
                "lr": opt.lr, "epoch_seconds": state.epoch_seconds, "train_samples_per_s": state.samples_per_s()}
     state.history.append(metrics)
     if run.log_metrics is not None:
@@ -368,15 +362,14 @@ def _end_epoch(run: Run, state: TrainingState, opt: Optimization) -> dict:
     state.start_epoch()
     run.save_checkpoint("last", metrics, _training_files(state, opt, run.dist.world))
     release_freed_host_memory()
-    run.say(f"epoch {epoch:>3}/{run.trainer.epochs}  train_loss {train_loss:.4f}  val_loss {metrics['val_loss']:.4f}  "
-            f"val_acc {metrics['val_accuracy']:.4f}  val_f1 {metrics['val_f1']:.4f}  "
+    run.say(f"epoch {epoch:>3}/{run.trainer.epochs}  {run.objective.epoch_line(metrics)}  "
             f"{metrics['train_samples_per_s']:,.0f} samples/s  {metrics['epoch_seconds']:.1f}s"
-            + ("  [green]* best[/]" if is_best else ""),
-            highlight=False)
+            + ("  [green]* best[/]" if is_best else ""), highlight=False)
     return metrics
 
 
-def _check_finite(loss: float, where: str) -> None:
+def check_finite(loss: float, name: str, where: str) -> None:
+    """The one NaN/inf guard of every objective's loss (read at log steps and at the end of each epoch)."""
     if not math.isfinite(loss):
-        raise TformerError(f"loss became {loss} {where}; the best checkpoint is kept; try a lower learning rate "
-                           f"(optimizer.lr) or trainer.grad_clip=1.0")
+        raise TformerError(f"the {name.replace('_', ' ')} became {loss} {where}; the best and last checkpoints "
+                           f"are kept; try a lower learning rate (optimizer.lr) or trainer.grad_clip=1.0")

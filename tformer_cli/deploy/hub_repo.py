@@ -1,7 +1,7 @@
-"""A trained classifier on the Hugging Face Hub: `tformer push` uploads it, `checkpoint=hf://<repo>[@revision]`
-loads it (train's evaluate, predict, serve, export, `Classifier.load`).
+"""A trained classifier on the Hugging Face Hub: `tformer push` uploads it; `checkpoint=hf://<repo>[@revision]`
+loads it (train's evaluate, predict, serve, export, `Classifier.load`) through store/locate.py, which downloads.
 
-The repository's layout (this module owns it):
+The repository's layout (written here; its names are in store/layout.py):
     <checkpoint files>      model.safetensors model.json tokenizer.json labels.json meta.json metrics.json
                             config.yaml manifest.json, exactly as in checkpoints/best (the manifest is checked
                             on load like any local checkpoint's)
@@ -18,69 +18,24 @@ import json
 import shutil
 from pathlib import Path
 
-from .errors import TformerError
-from .run_dir import CheckpointDir, RunDir
-
-PREFIX = "hf://"
-ONNX_FOLDER = "onnx"
-
-
-def is_ref(path) -> bool:
-    return isinstance(path, str) and path.startswith(PREFIX)
-
-
-def parse_ref(ref: str) -> tuple[str, str | None]:
-    """hf://owner/name[@revision] -> (repo id, revision or None)."""
-    body = ref[len(PREFIX):].strip("/")
-    repo, _, revision = body.partition("@")
-    parts = repo.split("/")
-    if len(parts) != 2 or not all(parts) or any(c in repo for c in " \\:"):
-        raise TformerError(f"checkpoint={ref} is not a Hub reference; use hf://<owner>/<name> or "
-                           f"hf://<owner>/<name>@<revision>")
-    return repo, revision or None
-
-
-def download(ref: str, *, onnx: bool = False) -> Path:
-    """The local folder of a Hub checkpoint (its onnx/ export with onnx=True), downloaded or from the cache."""
-    from . import hub
-
-    repo, revision = parse_ref(ref)
-    offline = hub.offline()
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    patterns = [f"{ONNX_FOLDER}/*"] if onnx else None
-    try:
-        folder = Path(snapshot_download(repo, revision=revision, allow_patterns=patterns,
-                                        ignore_patterns=None if onnx else [f"{ONNX_FOLDER}/*"],
-                                        local_files_only=offline))
-    except (LocalEntryNotFoundError, FileNotFoundError):
-        raise TformerError(f"{ref} is not in the local Hub cache and {hub.why_unavailable()}; connect to the "
-                           f"network once, or copy the repository into a folder and pass checkpoint=<folder>") from None
-    except RepositoryNotFoundError:
-        raise TformerError(f"{ref}: no such model repository on the Hub (or it is private: log in with `hf auth "
-                           f"login` or set HF_TOKEN)") from None
-    except (HfHubHTTPError, OSError, ValueError) as exc:
-        raise TformerError(f"could not download {ref}: {str(exc).splitlines()[0][:200]}") from None
-    found = folder / ONNX_FOLDER if onnx else folder
-    if onnx and not found.is_dir():
-        raise TformerError(f"{ref} has no ONNX export ({ONNX_FOLDER}/); predict with runtime=torch or push a run "
-                           f"that was exported (`tformer export` before `tformer push`)")
-    return found
+from .. import hub
+from ..errors import TformerError
+from ..store import manifest
+from ..store.atomic import write_json
+from ..store.layout import HUB_ONNX_FOLDER, CheckpointDir, ExportDir, RunDir
+from ..store.locate import PREFIX, locate, parse_ref
 
 
 def stage(checkpoint: str | Path, folder: Path) -> Path:
     """Write into `folder` exactly what `push` uploads: the run's best checkpoint (no training state), its ONNX
     export if it has one, and a model card."""
-    from . import checkpoint as ckpt
-
-    source = ckpt.resolve(checkpoint)
+    source = locate(checkpoint)
     if source.is_pretraining():
         raise TformerError(f"{source} is a pretraining (masked-LM) checkpoint, not a classifier; push a run trained "
                            f"with tformer train (model.init=<this run> fine-tunes one from it)")
-    ckpt.verify_manifest(source)  # never publish a damaged checkpoint
+    manifest.verify_checkpoint(source)  # never publish a damaged checkpoint
     export = RunDir.of_checkpoint(source).export_of(source)
-    stale = export.stale_for(source) if export.is_export() else None
+    stale = manifest.stale_export(export, source) if export.is_export() else None
     if stale:
         raise TformerError(f"{stale} (before pushing)")
     if folder.exists() and not folder.is_dir():
@@ -95,29 +50,25 @@ def stage(checkpoint: str | Path, folder: Path) -> Path:
                                f"replaced, anything else is left alone)")
         shutil.rmtree(folder)  # an earlier stage: a fresh copy, not a merge of two checkpoints
     folder.mkdir(parents=True, exist_ok=True)
-    listed = json.loads(source.manifest.read_text())
-    for name in [*listed, source.manifest.name]:
+    for name in [*manifest.entries(source), source.manifest.name]:
         if name in (source.training_tensors.name, source.training_json.name):
             raise TformerError(f"checkpoint {source} holds optimizer state; push the run's best checkpoint "
                                f"(pass the run dir)")
         shutil.copy2(source.path / name, folder / name)
     if export.is_export():
-        _stage_export(export, folder / ONNX_FOLDER)
+        _stage_export(export, folder / HUB_ONNX_FOLDER)
     (folder / "README.md").write_text(model_card(source, export.is_export()))
     return folder
 
 
 def _stage_export(export, into: Path) -> None:
     """The export as published: its source is the repository's root checkpoint (not a path on this machine)."""
-    from .export import write_manifest
-    from .run_dir import ExportDir
-
     shutil.copytree(export.path, into)
     staged = ExportDir(into)
     info = json.loads(staged.info.read_text())
     info["source_checkpoint"] = ".."
-    staged.info.write_text(json.dumps(info, indent=2) + "\n")
-    write_manifest(staged)
+    write_json(staged.info, info, allow_nan=True)  # export.json keeps its numbers as written (json_text's rule)
+    manifest.write(staged)
 
 
 def model_card(source: CheckpointDir, has_onnx: bool) -> str:
@@ -151,8 +102,6 @@ def model_card(source: CheckpointDir, has_onnx: bool) -> str:
 def push(checkpoint: str | Path, repo: str, *, private: bool = False, message: str | None = None) -> str:
     """Upload the staged folder as one commit; returns the repository URL."""
     import tempfile
-
-    from . import hub
 
     parse_ref(PREFIX + repo)  # the same checks as a reference
     with tempfile.TemporaryDirectory(prefix="tformer-push-") as tmp:

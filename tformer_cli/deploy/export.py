@@ -9,7 +9,6 @@ measured and reported, not bounded (benchmarks/onnx_export.py measures its accur
 """
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
@@ -17,9 +16,11 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import sha256_file, write_problem
-from .errors import TformerError
-from .run_dir import ExportDir, RunDir
+from ..errors import TformerError
+from ..store import manifest
+from ..store.atomic import json_text, sha256_file, staged_dir, write_problem
+from ..store.layout import ExportDir, RunDir
+from ..store.locate import is_ref, locate
 
 PARITY_TOLERANCE = 1e-4  # max |logit difference| allowed between the fp32 ONNX model and PyTorch
 QUANTIZATIONS = (None, "int8")
@@ -57,9 +58,9 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
     """Write an export dir (default: <run dir>/export/onnx, or onnx-int8) and check it against PyTorch."""
     import torch
 
-    from . import checkpoint as ckpt
-    from .data.tokenization import LongText, load_tokenizer, pad_id
-    from .onnx_classifier import EXPORT_FORMAT_VERSION, _session
+    from ..data.tokenization import LongText, load_tokenizer, pad_id
+    from .onnx_classifier import EXPORT_FORMAT_VERSION, session
+    from ..store import checkpoint as ckpt
 
     if quantize not in QUANTIZATIONS:
         raise TformerError(f"quantize={quantize!r} is not one of none, int8")
@@ -68,11 +69,11 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
         import onnxruntime  # noqa: F401
     except ImportError:
         raise TformerError("export needs onnx and onnxruntime: pip install 'tformer[onnx]'") from None
-    if str(checkpoint).startswith("hf://") and out is None:
+    if is_ref(str(checkpoint)) and out is None:
         raise TformerError(f"export checkpoint={checkpoint} needs out=<folder>: a Hub checkpoint lives in the "
                            f"download cache, which is no place to write (its repository may already have onnx/)")
     start = time.perf_counter()
-    source = ckpt.resolve(checkpoint)
+    source = locate(checkpoint)
     loaded = ckpt.load(source, "cpu")
     model, cfg = loaded.model.eval(), loaded.model.cfg
     long_text = LongText.from_meta(loaded.meta)
@@ -83,61 +84,51 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
         raise TformerError(f"out={target} is a file; pass a folder (new, empty, or an earlier export to replace)")
     if target.path.is_dir() and not target.is_export() and any(target.path.iterdir()):
         raise TformerError(f"out={target} exists and is not an export dir; choose an empty or new folder")
-    tmp = ExportDir(target.tmp_sibling())
     try:
-        shutil.rmtree(tmp.path, ignore_errors=True)
-        tmp.path.mkdir(parents=True)
-        ids, mask = parity_batches(cfg.vocab_size, cfg.max_len, pad)[2]
-        with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
-            warnings.simplefilter("ignore")  # tracer and deprecation notices about the exporter, not the model
-            torch.onnx.export(model, (ids, mask), str(tmp.model), dynamo=False, opset_version=opset,
-                              input_names=["input_ids", "attention_mask"], output_names=["logits"],
-                              dynamic_axes={"input_ids": {0: "batch", 1: "sequence"},
-                                            "attention_mask": {0: "batch", 1: "sequence"}, "logits": {0: "batch"}})
-        if quantize == "int8":
-            from onnxruntime.quantization import QuantType, quantize_dynamic
+        with staged_dir(target.path) as staging:  # swapped in whole, and only once checked and complete
+            tmp = ExportDir(staging)
+            ids, mask = parity_batches(cfg.vocab_size, cfg.max_len, pad)[2]
+            with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+                warnings.simplefilter("ignore")  # tracer and deprecation notices about the exporter, not the model
+                torch.onnx.export(model, (ids, mask), str(tmp.model), dynamo=False, opset_version=opset,
+                                  input_names=["input_ids", "attention_mask"], output_names=["logits"],
+                                  dynamic_axes={"input_ids": {0: "batch", 1: "sequence"},
+                                                "attention_mask": {0: "batch", 1: "sequence"},
+                                                "logits": {0: "batch"}})
+            if quantize == "int8":
+                from onnxruntime.quantization import QuantType, quantize_dynamic
 
-            fp32 = tmp.path / "fp32.onnx"
-            tmp.model.rename(fp32)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                logging.disable(logging.WARNING)  # its advice to pre-process goes to the root logger
-                try:
-                    quantize_dynamic(str(fp32), str(tmp.model), weight_type=QuantType.QInt8)
-                finally:
-                    logging.disable(logging.NOTSET)
-            fp32.unlink()
-        worst, same, total = _parity(model, _session(tmp.model, threads=0), cfg, pad)
-        if quantize is None and not worst <= PARITY_TOLERANCE:
-            raise TformerError(f"the ONNX export of {source} differs from PyTorch by {worst:.2e} in the logits "
-                               f"(allowed {PARITY_TOLERANCE:.0e}); nothing was written. Report this with the "
-                               f"checkpoint's model config")
-        shutil.copyfile(loaded.tokenizer_file, tmp.tokenizer)
-        tmp.labels.write_text(json.dumps(list(loaded.label_names), ensure_ascii=False, indent=2) + "\n")
-        from . import __version__
+                fp32 = tmp.path / "fp32.onnx"
+                tmp.model.rename(fp32)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    logging.disable(logging.WARNING)  # its advice to pre-process goes to the root logger
+                    try:
+                        quantize_dynamic(str(fp32), str(tmp.model), weight_type=QuantType.QInt8)
+                    finally:
+                        logging.disable(logging.NOTSET)
+                fp32.unlink()
+            worst, same, total = _parity(model, session(tmp.model, threads=0), cfg, pad)
+            if quantize is None and not worst <= PARITY_TOLERANCE:
+                raise TformerError(f"the ONNX export of {source} differs from PyTorch by {worst:.2e} in the logits "
+                                   f"(allowed {PARITY_TOLERANCE:.0e}); nothing was written. Report this with the "
+                                   f"checkpoint's model config")
+            shutil.copyfile(loaded.tokenizer_file, tmp.tokenizer)
+            tmp.labels.write_text(json_text(list(loaded.label_names)))
+            from .. import __version__
 
-        info = {"format_version": EXPORT_FORMAT_VERSION, "format": "onnx", "opset": opset, "quantization": quantize,
-                "source_checkpoint": _relative_or_absolute(source.path, target.path),
-                "source_weights_sha256": sha256_file(source.weights), "max_len": cfg.max_len, "pad_id": pad,
-                "multi_label": cfg.multi_label, "thresholds": loaded.thresholds,
-                **long_text.to_meta(), "parity": {"max_abs_logit_diff": worst, "label_agreement": same / total,
-                                                  "sequences": total},
-                "tformer_version": __version__, "exported_at": time.time()}
-        tmp.info.write_text(json.dumps(info, indent=2) + "\n")
-        write_manifest(tmp)
-        _replace(tmp.path, target)
+            info = {"format_version": EXPORT_FORMAT_VERSION, "format": "onnx", "opset": opset,
+                    "quantization": quantize, "source_checkpoint": _relative_or_absolute(source.path, target.path),
+                    "source_weights_sha256": sha256_file(source.weights), "max_len": cfg.max_len, "pad_id": pad,
+                    "multi_label": cfg.multi_label, "thresholds": loaded.thresholds,
+                    **long_text.to_meta(), "parity": {"max_abs_logit_diff": worst, "label_agreement": same / total,
+                                                      "sequences": total},
+                    "tformer_version": __version__, "exported_at": time.time()}
+            tmp.info.write_text(json_text(info, allow_nan=True))  # a NaN parity is the news, not null
+            manifest.write(tmp)
     except OSError as exc:
         raise TformerError(f"could not write the export to {target}: {write_problem(exc)}") from exc
-    finally:
-        shutil.rmtree(tmp.path, ignore_errors=True)
     return Exported(target.path, worst, same / total, time.perf_counter() - start, target.model.stat().st_size)
-
-
-def write_manifest(export: ExportDir) -> None:
-    """manifest.json: SHA-256 and size of every other file (checked when the export is loaded)."""
-    export.manifest.write_text(json.dumps({f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size}
-                                           for f in sorted(export.path.iterdir()) if f.name != export.manifest.name},
-                                          indent=2) + "\n")
 
 
 def _parity(model, session, cfg, pad: int) -> tuple[float, int, int]:
@@ -155,23 +146,6 @@ def _parity(model, session, cfg, pad: int) -> tuple[float, int, int]:
             same += int((ref.argmax(1) == got.argmax(1)).sum())
             total += len(ref)
     return worst, same, total
-
-
-def _replace(new: Path, target: ExportDir) -> None:
-    """Move a finished export into place; the previous one is moved aside first and put back if the rename
-    fails, so a failure never leaves neither."""
-    if not target.path.exists():
-        new.rename(target.path)
-        return
-    old = target.old_sibling()
-    shutil.rmtree(old, ignore_errors=True)
-    target.path.rename(old)
-    try:
-        new.rename(target.path)
-    except OSError:
-        old.rename(target.path)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _relative_or_absolute(source: Path, export: Path) -> str:

@@ -10,11 +10,21 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .run_dir import RunDir, SweepDir
+import yaml
+from rich.table import Table
+
+from . import job_status
+from ..store.atomic import write_text
+from ..console import output
+from ..errors import TformerError
+from ..store.layout import RunDir, SweepDir, newest_sweep
+from ..safe_text import rich
+from ..yesno import bool_or_path
 
 try:
     from hydra.experimental.callback import Callback
@@ -45,8 +55,6 @@ class Job:
 
 def jobs(sweep_dir: Path) -> list[Job]:
     """Every job of the sweep, in job-number order, the best one marked."""
-    import yaml
-
     found = []
     for job_dir in SweepDir(sweep_dir).job_dirs():
         run = RunDir(job_dir)
@@ -64,12 +72,10 @@ def jobs(sweep_dir: Path) -> list[Job]:
 
 
 def _read_job(run: RunDir, overrides: list[str]) -> Job:
-    job = Job(run.root.name, overrides, "running")
-    log = run.log("train")
-    last_line = log.read_text(errors="replace").rstrip().splitlines()[-1:] if log.is_file() else []
-    if last_line and last_line[0].startswith("error: "):
-        job.error = last_line[0][len("error: "):]
-        job.status = "interrupted" if job.error.startswith("interrupted") or "resume with" in job.error else "failed"
+    job = Job(run.root.name, overrides, "running")  # no record: running, or killed before it could write one
+    ended = job_status.read(run.root)
+    if ended is not None:
+        job.status, job.error = ended.status, ended.message
     best_ckpt = run.best.existing()
     if best_ckpt is not None and best_ckpt.metrics.is_file():
         metrics = json.loads(best_ckpt.metrics.read_text())
@@ -124,8 +130,6 @@ def _row(j: Job) -> dict:
 
 def write(sweep_dir: Path, found: list[Job]) -> tuple[Path, Path]:
     """summary.csv (every column, for tools) and summary.md (for people and READMEs)."""
-    from .atomic import write_text
-
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS)
     w.writeheader()
@@ -148,10 +152,6 @@ def write(sweep_dir: Path, found: list[Job]) -> tuple[Path, Path]:
 
 
 def show(sweep_dir: Path, found: list[Job], console) -> None:
-    from rich.table import Table
-
-    from .safe_text import rich
-
     table = Table(title=rich(f"sweep {sweep_dir} ({len(found)} jobs; * best)"), header_style="bold")
     for c in COLUMNS[:-2]:
         table.add_column(c, justify="right" if c in ("best", "best_epoch", "test_accuracy", "test_f1", "seconds")
@@ -171,8 +171,6 @@ def show(sweep_dir: Path, found: list[Job], console) -> None:
 
 
 def summarize(sweep_dir: str | Path, console=None) -> list[Job]:
-    from .console import output
-
     sweep_dir = Path(sweep_dir)
     found = jobs(sweep_dir)
     csv_path, md_path = write(sweep_dir, found)
@@ -190,8 +188,6 @@ def discard_unstarted_sweep() -> None:
     optuna.db) before it composes the first job, so `tformer train -m optimizer.lrr=1,2` left an empty-looking
     outputs/multirun/<date>/<time> for each mistake. Only folders this sweep created and that hold no job folder
     go (a resumed sweep's dir existed before; a sweep that ran a job keeps everything)."""
-    import shutil
-
     for folder in _fresh_sweep_dirs:
         try:
             if not folder.is_dir() or any(p.is_dir() for p in folder.iterdir()):
@@ -218,7 +214,33 @@ class SummaryCallback(Callback):
     """Hydra calls this when a `-m` sweep ends (finished, or after its last job failed)."""
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        from .console import output
-
         output().close_log()  # the last job's log is complete; the summary belongs to the sweep
         summarize(Path(config.hydra.sweep.dir))
+
+
+def resume_args(args: list[str]) -> list[str]:
+    """`tformer train -m <same overrides> resume=<sweep dir>|true`: the sweep goes on in its own directory (each
+    job finds its folder there: finished jobs are read, not retrained; interrupted ones resume; the rest run).
+    resume= is read as without -m (`yesno.bool_or_path`): a yes (resume=true, =yes, ...) is the newest sweep, a no
+    or unset changes nothing, anything else must be a sweep dir."""
+    given = [a for a in args if a.startswith("resume=")]
+    if not given:
+        return args
+    value = given[-1].split("=", 1)[1]
+    target = bool_or_path(value, "resume")
+    if target is None or target is False:
+        return args
+    if target is True:
+        sweep = newest_sweep("outputs")
+        if sweep is None:
+            raise TformerError(f"resume={value} with -m but there is no sweep under outputs/multirun/; run the sweep "
+                               f"first or pass resume=<sweep dir>")
+    else:
+        sweep = Path(target).expanduser()
+        if not SweepDir(sweep).is_sweep():
+            raise TformerError(f"resume={value} with -m must be a sweep directory (outputs/multirun/<date>/<time>, "
+                               f"with multirun.yaml); to continue one run, drop -m")
+    if any(a.startswith("hydra.sweep.dir=") for a in args):
+        raise TformerError("resume=<sweep dir> sets hydra.sweep.dir itself; drop hydra.sweep.dir=")
+    sweep = sweep.resolve()
+    return [a for a in args if not a.startswith("resume=")] + [f"resume={sweep}", f"hydra.sweep.dir={sweep}"]

@@ -3,22 +3,27 @@ the sweep dir and one change to how a sweep starts (`hparams_search=<name>`, con
 
 The plugin creates its study with `load_if_exists=True`, but on a rerun it still asks for `n_trials` new trials
 and numbers jobs from 0 again (lightning-hydra-template #535: a crashed Optuna multirun cannot be resumed). Here a
-rerun with `resume=<sweep dir>` (cli.py points Hydra at that dir):
+rerun with `resume=<sweep dir>` (summary.resume_args points Hydra at that dir):
   - counts the trials that ended (told COMPLETE or FAIL) and runs only the rest of `n_trials`;
   - gives a trial that was running when the sweep died back to the study with the same parameters and job number,
-    so its job finds its own folder and resumes from `checkpoints/last` (commands/train.py: `sweep_job_plan`);
+    so its job finds its own folder and resumes from `checkpoints/last` (runs/resume.py: `sweep_job_plan`);
   - numbers new jobs after every job the study has seen, so no folder is reused by another trial.
 Everything else (search-space syntax, samplers, directions, launchers) is the plugin's, unchanged. A job that
 fails is a FAIL trial and the study goes on (as `-m` grids do); the summary lists it with its error line.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 import optuna
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
+from omegaconf import OmegaConf
 from optuna.trial import TrialState
+
+from ..console import output
+from ..errors import TformerError
 
 JOB = "tformer_job"  # trial user attribute: the Hydra job number (and folder prefix) of the trial
 ENDED = "tformer_ended"  # set when the job returned (ok or failed); a trial without it was interrupted
@@ -34,10 +39,6 @@ def resumable_impl(*, sampler: Any, direction: Any, storage: Any, study_name: An
 
 class _ResumableImpl(OptunaSweeperImpl):
     def sweep(self, arguments: list[str]) -> None:
-        from .errors import TformerError
-
-        from omegaconf import OmegaConf
-
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # its per-trial INFO lines would bury our output
         self._process_searchspace_config()
         distributions, fixed = create_params_from_overrides(self._parse_sweeper_params_config() + list(arguments))
@@ -47,8 +48,6 @@ class _ResumableImpl(OptunaSweeperImpl):
         if not distributions:
             raise TformerError("the Optuna sweep has nothing to search: give hydra.sweeper.params (see "
                                "configs/hparams_search/) or ranges like optimizer.lr=interval(1e-4,1e-3)")
-        import functools
-
         if isinstance(self.sampler, functools.partial):  # the plugin's GridSampler (built from the search space)
             raise TformerError("hparams_search with the grid sampler: sweep a grid with -m and comma lists instead "
                                "(tformer train -m optimizer.lr=1e-4,3e-4 ...; resume=<sweep dir> continues it too)")
@@ -67,8 +66,6 @@ class _ResumableImpl(OptunaSweeperImpl):
         next_job, ended, requeued = self._requeue_interrupted(study)
         remaining = self.n_trials - ended
         if ended or requeued:
-            from .console import output
-
             again = f"; job {', '.join(map(str, requeued))} resumes where it stopped" if requeued else ""
             output().print(f"Optuna study {study.study_name} in {self.storage}: {ended} of {self.n_trials} trials "
                            f"had ended (kept, not rerun){again}; {max(0, remaining)} to go", highlight=False)
@@ -119,8 +116,6 @@ class _ResumableImpl(OptunaSweeperImpl):
         return [r for job, o in zip(jobs, overrides) for r in self.launcher.launch([o], initial_job_idx=job)]
 
     def _write_results(self, study: optuna.Study) -> None:
-        from omegaconf import OmegaConf
-
         done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
         if not done or len(self._get_directions()) != 1:
             return

@@ -18,10 +18,14 @@ a 500 with one line and no traceback (the server logs the same line to stderr).
 
 import asyncio
 import json
+import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+
+from ..errors import TformerError
 
 
 @dataclass
@@ -141,8 +145,7 @@ class MicroBatcher:
 
 def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: int = 64, max_wait_ms: float = 5.0):
     """The ASGI app serving `classifier` (a Classifier or an OnnxClassifier)."""
-    from contextlib import asynccontextmanager
-
+    # deferred (fastapi, starlette here; uvicorn in run_server): the optional serve extra
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -169,8 +172,6 @@ def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: in
     def internal(request, exc: Exception) -> JSONResponse:
         """A failure of the server or the model, not of the request: one line to the client and to stderr.
         (Returned from the endpoint itself: Starlette's handler for Exception would log a traceback too.)"""
-        from .errors import TformerError
-
         text = str(exc).splitlines()[0][:300] if str(exc) else ""
         line = text if isinstance(exc, TformerError) else f"internal error ({type(exc).__name__}: {text})"
         print(f"[tformer serve] {request.method} {request.url.path}: {line}", file=sys.stderr, flush=True)
@@ -212,10 +213,6 @@ def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: in
 
 def bind(host: str, port: int):
     """A listening socket (port 0: a free one), so a port in use is one clear line before anything starts."""
-    import socket
-
-    from .errors import TformerError
-
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -238,7 +235,7 @@ def bind(host: str, port: int):
 
 def run_server(app, sock, *, access_log: bool = False) -> None:
     """Serve until Ctrl-C or SIGTERM (uvicorn finishes the requests in flight, then returns)."""
-    import uvicorn
+    import uvicorn  # deferred: the optional serve extra
 
     config = uvicorn.Config(app, log_level="warning", access_log=access_log, timeout_graceful_shutdown=10)
     try:

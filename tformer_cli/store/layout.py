@@ -4,7 +4,7 @@ everything else asks a `RunDir` or a `CheckpointDir` for a path.
     <run dir>/                      a `tformer train` (or evaluate) run
       checkpoints/best/             the best epoch so far            (a CheckpointDir)
       checkpoints/last/             the newest state, with the training state needed to resume
-      checkpoints/.last.old         the previous `last`, present only if a crash hit between two renames
+      checkpoints/.last.old         the previous `last`, present only if a crash hit between two renames (atomic.py)
       history.json                  per-epoch metrics, written when training finished
       test_metrics.json, test_report/, training_curves.png
       metrics.json                  (evaluate runs) the metrics of the evaluated split
@@ -20,18 +20,31 @@ everything else asks a `RunDir` or a `CheckpointDir` for a path.
     <run dir>/export/onnx/          `tformer export` (an ExportDir; onnx-int8/ when quantized)
       model.onnx  tokenizer.json  labels.json  export.json (how to read texts, parity)  manifest.json
 
-No torch here: `tformer report` reads runs without paying for it.
+    <Hub model repository>/         `tformer push` (deploy/hub_repo.py); read back by checkpoint=hf://<owner>/<name>
+      <checkpoint files>  README.md (the model card)  onnx/ (the run's export, when it had one)
+
+No torch here, and nothing else of the package but errors.py: `tformer report` reads runs without paying for it.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
+
+from ..errors import TformerError
+
+HUB_ONNX_FOLDER = "onnx"  # where a Hub repository keeps the run's export
 
 
 def temporary_sibling(path: Path) -> Path:
     """Where a file or directory is written before it is renamed into place (hidden, per process)."""
     return path.parent / f".{path.name}.tmp-{os.getpid()}"
+
+
+def old_sibling(path: Path) -> Path:
+    """Where a directory being replaced waits between the two renames of a swap (atomic.swap_in)."""
+    return path.parent / f".{path.name}.old"
 
 
 PRETRAINING = "masked-lm"  # meta.json "kind" of a `tformer pretrain` checkpoint (classifiers have none)
@@ -62,15 +75,6 @@ class CheckpointDir:
     training_json = property(lambda self: self.path / "trainer_state.json")
     manifest = property(lambda self: self.path / "manifest.json")
 
-    def weights_sha256(self) -> str | None:
-        """From the manifest every checkpoint is written with (hashing the weights only for an older one)."""
-        try:
-            return json.loads(self.manifest.read_text())[self.weights.name]["sha256"]
-        except (OSError, ValueError, KeyError, TypeError):
-            from .atomic import sha256_file
-
-            return sha256_file(self.weights) if self.weights.is_file() else None
-
     def is_pretraining(self) -> bool:
         """A `tformer pretrain` (masked-LM) checkpoint, by its meta.json."""
         try:
@@ -81,7 +85,7 @@ class CheckpointDir:
     def early_stopping(self) -> tuple[str, str]:
         """(monitor, mode) of the run's early stopping, from its saved config; (val_accuracy, max) if unreadable.
         What "best" means for this run: sweeps compare their jobs by it."""
-        import yaml
+        import yaml  # (~20 ms) only when a sweep's jobs are compared: predict's start imports this module
 
         try:
             stopping = yaml.safe_load(self.config.read_text())["trainer"]["early_stopping"]
@@ -95,18 +99,11 @@ class CheckpointDir:
     def has_training_state(self) -> bool:
         return self.training_json.is_file() and self.training_tensors.is_file()
 
-    # The atomic write: files go to `tmp`, the current directory is moved to `old`, `tmp` is renamed into place.
-    def tmp_sibling(self) -> Path:
-        return temporary_sibling(self.path)
-
-    def old_sibling(self) -> Path:
-        return self.path.parent / f".{self.path.name}.old"
-
     def existing(self) -> "CheckpointDir | None":
         """This checkpoint, or the previous one a crash left mid-swap (between the two renames), or None."""
         if self.path.is_dir():
             return self
-        old = self.old_sibling()
+        old = old_sibling(self.path)
         return CheckpointDir(old) if old.is_dir() else None
 
 
@@ -129,27 +126,6 @@ class ExportDir:
 
     def is_export(self) -> bool:
         return all((self.path / name).is_file() for name in self.REQUIRED)
-
-    def tmp_sibling(self) -> Path:  # written here, then renamed into place (the previous export moved aside)
-        return temporary_sibling(self.path)
-
-    def old_sibling(self) -> Path:
-        return self.path.parent / f".{self.path.name}.old"
-
-    def source_weights_sha256(self) -> str | None:
-        try:
-            return json.loads(self.info.read_text()).get("source_weights_sha256")
-        except (OSError, ValueError, AttributeError):
-            return None
-
-    def stale_for(self, ckpt: "CheckpointDir") -> str | None:
-        """Why this export is not `ckpt` as it is now (a newer best was saved, or it was exported from another
-        checkpoint of the run), or None. Serving an old model under a checkpoint's name would be silently wrong."""
-        made_from, now = self.source_weights_sha256(), ckpt.weights_sha256()
-        if made_from is None or now is None or made_from == now:
-            return None
-        return (f"the ONNX export {self.path} was made from other weights than {ckpt.path} has now (a newer best "
-                f"was saved, or another checkpoint was exported); re-export: tformer export checkpoint={ckpt.path}")
 
 
 class RunDir:
@@ -181,8 +157,6 @@ class RunDir:
     def discard_if_empty(self) -> bool:
         """Remove this run dir if it holds nothing but bookkeeping (a refused or failed command's folder, or the
         folder Hydra made for a resume that continued elsewhere); runs with any result are never touched."""
-        import shutil
-
         try:
             entries = list(self.root.iterdir())
         except OSError:
@@ -224,9 +198,6 @@ class RunDir:
     def last(self) -> CheckpointDir:
         return self.checkpoint("last")
 
-    def is_run(self) -> bool:
-        return any(self.checkpoint(w).existing() is not None for w in ("best", "last"))
-
     @property
     def finished(self) -> bool:
         """Training ran to its end (a killed or interrupted run has no history file yet)."""
@@ -260,7 +231,7 @@ class RunLock:
 
     def try_acquire(self) -> bool:
         """Take the lock if no other process holds it (the holder's pid is then in `self.holder`)."""
-        import fcntl
+        import fcntl  # POSIX only: imported here so that the rest of the layout works everywhere
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(str(self.path), os.O_RDWR | os.O_CREAT, 0o644)
@@ -281,8 +252,6 @@ class RunLock:
             self._fd = None
 
     def __enter__(self) -> "RunLock":
-        from .errors import TformerError
-
         if not self.try_acquire():
             raise TformerError(f"run {self.path.parent} is in use by another tformer process (pid {self.holder}); "
                                f"wait for it to finish or stop it, or start a new run")
@@ -360,8 +329,6 @@ def newest_best(root: str | Path = "outputs") -> CheckpointDir | None:
 
 def _monitored_score(ckpt: CheckpointDir) -> float:
     """The value a job's early stopping monitored, signed so that larger is better (-inf when unreadable)."""
-    import json
-
     monitor, mode = ckpt.early_stopping()
     try:
         value = float(json.loads(ckpt.metrics.read_text())[monitor])

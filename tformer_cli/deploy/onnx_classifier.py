@@ -1,7 +1,7 @@
 """An exported model (`tformer export`) as a classifier, run by onnxruntime: no torch, safetensors or Hydra, so
 `tformer predict runtime=onnx` starts in a fraction of the time `import torch` takes.
 
-    from tformer_cli.onnx_classifier import OnnxClassifier
+    from tformer_cli.deploy.onnx_classifier import OnnxClassifier
     clf = OnnxClassifier.load("outputs/train/<date>/<time>")    # its export/onnx, or an export dir itself
     clf.predict(["a gripping, beautifully shot film"], top_k=2)
 
@@ -13,50 +13,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .classifier import TextPredictor
-from .errors import TformerError
-from .run_dir import CheckpointDir, ExportDir, RunDir, newest_best
+from ..classifier import TextPredictor
+from ..errors import TformerError
+from ..store.layout import ExportDir
+from ..store.locate import locate_export
+from ..store.manifest import verify_export
 
 EXPORT_FORMAT_VERSION = 1
-
-
-def resolve_export(path: str | Path | None, outputs_dir: str | Path = "outputs") -> ExportDir:
-    """An export dir; a run dir (-> the export of its best checkpoint); a checkpoint dir of a run (-> that
-    checkpoint's export); None: the newest run's (a sweep's best job). An export found through a run must have been
-    made from the checkpoint's current weights: a newer best saved after `tformer export` is refused, not served
-    as the old model."""
-    if path is None:
-        ckpt = newest_best(outputs_dir)
-        if ckpt is None:
-            raise TformerError(f"no trained checkpoint under {Path(outputs_dir).resolve()}/; run `tformer train` "
-                               f"first or pass checkpoint=<export dir>")
-    elif str(path).startswith("hf://"):
-        from .hub_repo import download
-
-        return ExportDir(download(str(path), onnx=True))
-    else:
-        p = Path(path).expanduser()
-        if ExportDir(p).is_export() or ExportDir(p).model.is_file() or ExportDir(p).info.is_file():
-            return ExportDir(p)  # (an incomplete one is refused by name when it is verified)
-        if not p.exists():
-            raise TformerError(f"checkpoint {path} does not exist; pass an export dir (`tformer export` prints it) "
-                               f"or the run dir it was exported from")
-        if RunDir(p).checkpoints.is_dir():
-            ckpt = RunDir(p).best
-        elif CheckpointDir(p).weights.is_file():
-            ckpt = CheckpointDir(p)
-        else:
-            raise TformerError(f"checkpoint={path} is neither an export dir nor a run dir; pass the folder "
-                               f"`tformer export` wrote (<run dir>/export/onnx) or its run dir")
-    run = RunDir.of_checkpoint(ckpt)
-    found = run.export_of(ckpt)
-    if not found.is_export():
-        raise TformerError(f"{ckpt} has no ONNX export; run `tformer export checkpoint={ckpt.path}` first (or "
-                           f"predict with the torch runtime)")
-    stale = found.stale_for(ckpt)
-    if stale:
-        raise TformerError(stale)
-    return found
 
 
 class OnnxClassifier(TextPredictor):
@@ -73,9 +36,9 @@ class OnnxClassifier(TextPredictor):
     def load(cls, path: str | Path | None = None, *, outputs_dir: str | Path = "outputs",
              threads: int = 0) -> "OnnxClassifier":
         """threads: onnxruntime's intra-op threads (0: one per core)."""
-        from .data.tokenization import LongText, load_tokenizer
+        from ..data.tokenization import LongText, load_tokenizer
 
-        export = resolve_export(path, outputs_dir)
+        export = locate_export(path, outputs_dir)
         verify_export(export)
         try:
             info = json.loads(export.info.read_text())
@@ -96,12 +59,12 @@ class OnnxClassifier(TextPredictor):
         if cuts is not None and not (isinstance(cuts, list) and len(cuts) == len(labels)
                                      and all(isinstance(t, (int, float)) and 0 < t < 1 for t in cuts)):
             raise TformerError(f"export {export}: {export.info.name} has invalid thresholds; export again")
-        session = _session(export.model, threads)
-        classes = session.get_outputs()[0].shape[-1]
+        runner = session(export.model, threads)
+        classes = runner.get_outputs()[0].shape[-1]
         if classes != len(labels):
             raise TformerError(f"export {export}: the model has {classes} outputs but {export.labels.name} names "
                                f"{len(labels)} labels; the files are from different exports")
-        return cls(export, session, load_tokenizer(export.tokenizer, max_len, long_text), info, labels, long_text)
+        return cls(export, runner, load_tokenizer(export.tokenizer, max_len, long_text), info, labels, long_text)
 
     @property
     def labels(self) -> list[str]:
@@ -148,7 +111,9 @@ class OnnxClassifier(TextPredictor):
         return (z / z.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
-def _session(model: Path, threads: int):
+def session(model: Path, threads: int = 0):
+    """An onnxruntime session of an ONNX model file on the CPU (threads: intra-op threads, 0: one per core);
+    a missing onnxruntime or an unloadable file is one line."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -161,30 +126,3 @@ def _session(model: Path, threads: int):
     except Exception as exc:  # onnxruntime raises its own exception types for a bad file
         raise TformerError(f"{model} is not a loadable ONNX model ({str(exc).splitlines()[0][:200]}); export the "
                            f"checkpoint again") from None
-
-
-def verify_export(export: ExportDir) -> None:
-    """Every file listed in manifest.json has its size and SHA-256 (a partial copy is refused, not half-run)."""
-    from .atomic import sha256_file
-
-    missing = [n for n in ExportDir.REQUIRED if not (export.path / n).is_file()]
-    if missing:
-        raise TformerError(f"export {export} is incomplete (missing {', '.join(missing)}); export the checkpoint "
-                           f"again")
-    try:
-        listed = json.loads(export.manifest.read_text())
-        entries = {str(k): (str(v["sha256"]), int(v["bytes"])) for k, v in listed.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise TformerError(f"export {export} has a missing or unreadable {export.manifest.name}; export the "
-                           f"checkpoint again") from None
-    for name in ExportDir.REQUIRED:
-        if name not in entries:
-            raise TformerError(f"export {export}: {export.manifest.name} does not list {name}; export again")
-    for name, (digest, size) in entries.items():
-        f = export.path / name
-        if "/" in name or "\\" in name or name.startswith(".") or not f.is_file():
-            raise TformerError(f"export {export}: {export.manifest.name} names a missing or invalid file {name!r}; "
-                               f"export again")
-        if f.stat().st_size != size or sha256_file(f) != digest:
-            raise TformerError(f"export {export}: {name} changed after it was written (size or SHA-256 differs from "
-                               f"{export.manifest.name}); export the checkpoint again")

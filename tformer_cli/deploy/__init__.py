@@ -1,0 +1,1 @@
+"""Shipping a trained model: ONNX export and its torch-free runtime, the HTTP server, the Hub repository."""

@@ -1,0 +1,102 @@
+"""Hydra set-up in one place: where the configs are (`config_dir`), the resolvers they use (`tformer_dirname`),
+composing a config without running a command (`compose_config` / `compose_tree`), the defaults the YAML files
+hold that code outside a composed config needs (`default_early_stopping`), and shell completion.
+
+Imported only by what composes configs: `tformer predict`, `serve`, `export`, `--help` and `--version` never load
+Hydra (cli.py imports this module when a Hydra command runs)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import hydra
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+
+from .typed_config import plain
+
+MAX_JOB_DIRNAME = 150  # characters of a sweep job's folder name from its overrides (file names stop at 255 bytes)
+
+
+def short_dirname(overrides: str) -> str:
+    """A sweep job's folder name from its overrides: as is when short, else cut and ended with a hash of the whole,
+    so every job still gets its own stable name (Optuna's 17-digit floats and long grids pass 255 bytes)."""
+    if len(overrides.encode()) <= MAX_JOB_DIRNAME:
+        return overrides
+    digest = hashlib.sha1(overrides.encode()).hexdigest()[:10]
+    return overrides.encode()[:MAX_JOB_DIRNAME - 12].decode(errors="ignore") + "~" + digest
+
+
+RESOLVERS = {"tformer_dirname": short_dirname}  # ${tformer_dirname:...} in configs/train.yaml
+
+
+def register_resolvers() -> None:
+    for name, fn in RESOLVERS.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
+
+
+def config_dir() -> str:
+    """Installed wheels carry the configs inside the package; a source checkout has them at the top level. (The
+    resolvers the configs use are registered here, since everything that composes them asks for this first.)"""
+    register_resolvers()
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "configs", here.parent / "configs"):
+        if (candidate / "train.yaml").is_file():
+            return str(candidate)
+    raise RuntimeError(f"tformer configs not found next to {here}; reinstall the package")
+
+
+def compose_config(name: str, overrides=(), return_hydra_config: bool = False) -> DictConfig:
+    """The composed `configs/<name>.yaml` with Hydra overrides (real Hydra composition, nothing run)."""
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        return compose(config_name=name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+
+
+def compose_tree(name: str, overrides=()) -> dict:
+    """`compose_config` as plain containers, interpolations resolved."""
+    return plain(compose_config(name, overrides))
+
+
+def group_defaults(group: str, option: str = "_base") -> dict:
+    """One config file's own keys (configs/<group>/<option>.yaml, without its `defaults` list), for code that
+    completes a saved config (checkpoints written before a key existed lack it)."""
+    tree = yaml.safe_load((Path(config_dir()) / group / f"{option}.yaml").read_text()) or {}
+    tree.pop("defaults", None)
+    return tree
+
+
+@lru_cache(maxsize=None)
+def default_early_stopping() -> tuple[str, str]:
+    """(monitor, mode) of configs/trainer/default.yaml's early stopping: what a run whose saved config cannot be
+    read was most likely watching (the default lives in the YAML, not in code)."""
+    stopping = group_defaults("trainer", "default")["early_stopping"]
+    return str(stopping["monitor"]), str(stopping["mode"])
+
+
+def shell_completion(args: list[str], commands) -> None:
+    """`eval "$(tformer -sc install=bash)"` registers completion for `tformer`; the shell then asks
+    `tformer -sc query=bash` with COMP_LINE set. The first word after `tformer` is our command, so it is completed
+    here, and the rest is handed to Hydra's completion of that command's config as if the command were the program."""
+    words = os.environ.get("COMP_LINE", "").split()
+    querying = any(a.startswith("query=") for a in args)
+    if querying and (len(words) < 2 or (len(words) == 2 and not os.environ["COMP_LINE"].endswith(" "))):
+        typed = words[1] if len(words) == 2 else ""
+        print(" ".join(c for c in commands if c.startswith(typed)))
+        return
+    task = words[1] if querying else "train"
+    if task not in ("train", "evaluate"):
+        return  # predict and report take texts and paths: the shell's own file completion applies
+    if querying:
+        os.environ["COMP_LINE"] = " ".join(["tformer", *words[2:]]) + (" " if os.environ["COMP_LINE"].endswith(" ")
+                                                                        else "")
+    sys.argv = ["tformer", "-sc", *args]  # Hydra names the completed program after argv[0]
+
+    def never_run(cfg) -> None:  # with -sc Hydra completes and returns without running the task
+        raise AssertionError("shell completion ran the task")
+
+    hydra.main(version_base="1.3", config_path=config_dir(), config_name=task)(never_run)()

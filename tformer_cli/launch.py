@@ -1,0 +1,112 @@
+"""Processes per command, before Hydra runs: `tformer train trainer.devices=N` (N > 1) starts N copies of itself as
+the ranks of one DDP run and waits for them; under torchrun (or those copies) every rank but 0 runs in a
+throwaway folder; `pretrain` runs in one process only."""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from .errors import TformerError
+
+
+def world_size() -> int:
+    """WORLD_SIZE as torchrun (or `launch_ranks`) sets it; 1 outside a launch."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def prepare(task: str, args: list[str]) -> list[str]:
+    """The overrides `task` runs with in this process (a worker rank's throwaway run dir added); for
+    `train trainer.devices=N` this process starts the N ranks, waits, and exits with their exit code."""
+    if task == "train":
+        return distributed_args(args)
+    if task == "pretrain" and world_size() > 1:
+        raise TformerError("tformer pretrain runs in one process (no DDP yet); start it without torchrun")
+    return args
+
+
+def distributed_args(args: list[str]) -> list[str]:
+    """`trainer.devices=N` (N > 1) starts N copies of this command as the ranks of one DDP run (this process waits
+    for them); under torchrun (or those copies), ranks other than 0 run in a throwaway folder: rank 0 writes."""
+    given = [a.split("=", 1)[1] for a in args if a.startswith("trainer.devices=")]
+    multirun = "-m" in args or "--multirun" in args
+    if world_size() > 1:
+        if multirun:
+            raise TformerError("a -m sweep cannot run under torchrun; sweep with trainer.devices=N per job instead "
+                               "(jobs run one after another, each on N processes)")
+        if os.environ.get("RANK", "0") != "0":
+            folder = tempfile.mkdtemp(prefix=f"tformer-rank{os.environ['RANK']}-")
+            atexit.register(shutil.rmtree, folder, True)
+            return args + [f"hydra.run.dir={folder}"]
+        return args
+    if not given:
+        return args
+    try:
+        n = int(given[-1])
+    except ValueError:
+        raise TformerError(f"trainer.devices={given[-1]} must be a whole number of processes (1 = no DDP)") from None
+    if n <= 1:
+        return args
+    if multirun:
+        raise TformerError("trainer.devices>1 with -m is not supported yet; run the sweep's jobs one at a time "
+                           "(or launch each with torchrun)")
+    sys.exit(launch_ranks(n, [a for a in args if not a.startswith("trainer.devices=")]))
+
+
+def launch_ranks(n: int, args: list[str]) -> int:
+    """Start `tformer train` N times on this machine with the environment torchrun gives its workers (RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and wait. The ranks share this terminal: Ctrl-C reaches each of them
+    and they stop after the same step (rank 0 saves); this process only waits (torchrun's own agent would meet
+    Ctrl-C with a traceback and cut the ranks short). If a rank fails, the others are stopped (a rank left alone
+    would wait for the failed one forever). Returns rank 0's exit code, or the failed rank's."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    print(f"[tformer] starting {n} processes (DistributedDataParallel on this machine)", flush=True)
+    threads = str(max(1, (os.cpu_count() or 1) // n))  # (as torchrun: the cores shared, not oversubscribed)
+    procs = []
+    for rank in range(n):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
+               "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        env.setdefault("OMP_NUM_THREADS", threads)
+        procs.append(subprocess.Popen([sys.executable, "-m", "tformer_cli", "train", *args], env=env))
+
+    def forward(signum, frame):  # (from the terminal the ranks got it too; they take a repeat within 1 s as one)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    failed, first_exit = None, None
+    while any(p.poll() is None for p in procs):
+        done = [p.returncode for p in procs if p.returncode is not None]
+        first_exit = first_exit or (time.time() if procs[0].returncode is not None else None)
+        bad = [c for c in done if c not in (0, 130)]
+        if failed is None and bad:
+            failed = bad[0]
+        # a rank that failed, or ranks still running a minute after rank 0 ended (they would wait on it for ever;
+        # the others end first as a rule: rank 0 alone reports): stop them, then kill what is left
+        if failed is not None or (first_exit and time.time() - first_exit > 60):
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            deadline = time.time() + 30
+            while time.time() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.1)
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            if failed is None:
+                failed = next((c for c in (p.returncode for p in procs) if c not in (0, 130)), None)
+            break
+        time.sleep(0.1)
+    code = failed if failed is not None else procs[0].returncode
+    return code if code >= 0 else 128 - code  # (killed by signal N: 128 + N, as a shell reports it)

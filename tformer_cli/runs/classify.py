@@ -1,0 +1,279 @@
+"""The classification job of the run engine (`tformer train`, the Python API, sweeps): data, tokenizer and encoder
+(random, a pretrained table or encoder, a `tformer pretrain` run, or the resumed run's own), the `Run` with the
+classification objective, and at the end the history, curves and the best checkpoint's test metrics."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import yaml
+from omegaconf import OmegaConf
+
+from ..store import checkpoint
+from ..store.atomic import JsonLines, write_json
+from ..commands.config import TrainConfig
+from ..data import sources, tokenization
+from ..data.tokenization import TokenizedSplit
+from ..errors import TformerError
+from ..evaluation import report
+from ..evaluation.artifacts import training_curves_png
+from ..evaluation.evaluate import count, evaluate_split, write_reports
+from ..model import pretrained
+from ..model.encoder import EncoderConfig, TransformerClassifier
+from ..model.mlm import encoder_state
+from ..store.layout import CheckpointDir, RunDir, SweepDir
+from ..safe_text import markup
+from ..training import distributed
+from ..training.loop import Run
+from ..training.objectives import Classification
+from ..training.state import TrainingState
+from .resume import check_same_data, find_resumable, sweep_job_plan
+from .session import Session, Trained, execute
+
+
+def configure(tree: dict) -> tuple[TrainConfig, dict]:
+    """The typed config of a composed tree, with data locations made absolute in both (the saved config must
+    find the data from any directory). Shared by the Hydra entry point and the Python API."""
+    config = TrainConfig.from_dict(tree)
+    located = sources.absolute_locations(config.data)
+    tree["data"].update(located)
+    config.data = dataclasses.replace(config.data, **located)
+    return config, tree
+
+
+def train(config: TrainConfig, run_dir: RunDir, tree: dict, overrides: list[str] = ()) -> Trained:
+    """Train one run into `run_dir` (or continue the run named by config.resume); `tree` is the composed config
+    as plain containers, saved with every checkpoint and compared on resume."""
+    resume_from = None
+    if config.resume and SweepDir(str(config.resume)).is_sweep():  # a job of a resumed `-m` sweep
+        finished, resume_from = sweep_job_plan(run_dir, "train")
+        if finished is not None:
+            return Trained(run_dir, finished)
+    elif config.resume:
+        resume_from = find_resumable(config.resume, "train")
+    return execute(ClassifierJob(), config, tree, run_dir, overrides, resume_from)
+
+
+class ClassifierJob:
+    task = "train"
+
+    def load(self, ckpt: CheckpointDir):
+        state = checkpoint.load_training_state(ckpt)
+        return state.checkpoint, (state.tensors, state.state)
+
+    def build(self, session: Session) -> tuple[Run, str]:
+        prepared = prepare(session.config, session.resume, session.console)
+        session.prepared = prepared
+        return build_run(session, prepared), f"[bold]model[/] {prepared.describe(session.config)}"
+
+    def report(self, session: Session, state: TrainingState) -> float:
+        report_run(session, state)
+        if session.run_dir.test_metrics.is_file():
+            session.logger.log_test(json.loads(session.run_dir.test_metrics.read_text()))
+        return float(state.best_metrics["best_value"])
+
+
+@dataclass
+class Prepared:
+    """The run's data, tokenizer and model, ready for the loop."""
+
+    data: Any  # sources.LoadedData
+    tokenizer: Any  # tokenizers.Tokenizer
+    tokenized: dict  # split -> TokenizedSplit
+    model: Any  # TransformerClassifier
+    model_cfg: Any  # EncoderConfig
+    embeddings_source: str | None  # where a pretrained table or encoder came from (None: random or resumed)
+    data_fingerprint: dict  # sources.fingerprint: saved with every checkpoint, checked on resume
+
+    @property
+    def pad_id(self) -> int:
+        return tokenization.pad_id(self.tokenizer)
+
+    def describe(self, config: TrainConfig) -> str:
+        c, options = self.model_cfg, config.model_options
+        epochs, layers = freeze_plan(config)
+        frozen = (f", frozen for {epochs} epoch(s)" + (f" with the lowest {layers} blocks" if layers else "")
+                  if epochs else "")
+        if options.init and self.embeddings_source:
+            source = f"encoder from the {self.embeddings_source}"
+        else:
+            source = ("encoder" if options.pretrained else f"embeddings {config.embedding_init.name}") + \
+                (f" pretrained, from {self.embeddings_source}" if self.embeddings_source else "")
+        return (f"{self.model.num_parameters():,} parameters ({c.n_layers} layers, d_model {c.d_model}, {c.n_heads} "
+                f"heads, {c.positions} positions, {c.norm}-norm, {c.pooling} pooling); {source}{frozen}"
+                + (f"; layer-wise lr decay {options.layer_lr_decay}" if options.layer_lr_decay != 1.0 else ""))
+
+
+def prepare(config: TrainConfig, resume, console) -> Prepared:
+    """Data, tokenizer (the run's own when resuming) and model (built, or the checkpoint's, checked on load)."""
+    data = sources.load(config.data, seed=config.seed)
+    console.print(f"[bold]data[/] {markup(config.data.name)} from {markup(data.source)}: " + ", ".join(
+        f"{s} {len(ds):,}" for s, ds in data.splits.items()) + f"; {len(data.label_names)} classes")
+    fingerprint = sources.fingerprint(data)
+    if resume is not None:
+        check_same_data(resume.run_dir, resume.loaded.meta.get("data"), resume.loaded.label_names, fingerprint,
+                        config.resume_ignore_data_change, console)
+    max_len, pre, encoder, init = int(config.model["max_len"]), None, None, None
+    options = config.model_options
+    if resume is not None:
+        tok = tokenization.load_tokenizer(resume.loaded.tokenizer_file, max_len)
+    elif options.init:
+        init = checkpoint.load_pretraining(options.init)
+        tok = tokenization.load_tokenizer(init.tokenizer_file, max_len)
+    elif options.pretrained:
+        encoder = pretrained.load_encoder(options.pretrained, options.pretrained_package, max_len)
+        tok = tokenization.load_tokenizer(encoder.tokenizer_file, max_len)
+    else:
+        tok, pre = build_tokenizer_and_embeddings(config, data.splits["train"]["text"])
+        if pre is None:  # learned from the texts: under DDP, rank 0's (WordPiece training is not reproducible
+            tok = distributed.same_tokenizer(tok, max_len)  # across processes when merges tie)
+    tokenization.configure(tok, max_len, config.data.truncation, config.long_text)
+    tokenized = {s: TokenizedSplit.from_dataset(tokenization.tokenize_split(ds, tok, max_len, s, config.long_text))
+                 for s, ds in data.splits.items()}
+    if resume is not None:
+        model, model_cfg = resume.loaded.model, EncoderConfig.from_dict(resume.loaded.model_config)
+        return Prepared(data, tok, tokenized, model, model_cfg, None, fingerprint)
+    if init is not None:
+        return _from_pretraining(config, init, data, tok, tokenized, fingerprint, console)
+    if encoder is not None:
+        model_cfg = config.encoder_config(**encoder.shape, num_classes=len(data.label_names),
+                                          multi_label=config.data.multi_label)
+        model = TransformerClassifier(model_cfg)
+        pretrained.load_into(model, encoder)
+        return Prepared(data, tok, tokenized, model, model_cfg, encoder.source, fingerprint)
+    model_cfg = config.encoder_config(
+        vocab_size=pre.weight.shape[0] if pre is not None else tok.get_vocab_size(),
+        num_classes=len(data.label_names), embedding_dim=pre.weight.shape[1] if pre is not None else 0,
+        pad_id=tokenization.pad_id(tok), multi_label=config.data.multi_label)
+    model = TransformerClassifier(model_cfg)
+    if pre is not None:
+        with torch.no_grad():
+            model.token_embedding.weight.copy_(pre.weight)
+    return Prepared(data, tok, tokenized, model, model_cfg, pre.source if pre is not None else None, fingerprint)
+
+
+def freeze_plan(config: TrainConfig) -> tuple[int, int]:
+    """(epochs, lower blocks) to freeze: a whole pretrained encoder's model.freeze_*, else a pretrained
+    embedding table's embedding_init.freeze_epochs (the table alone)."""
+    options, emb = config.model_options, config.embedding_init
+    if options.pretrained or options.freeze_epochs:
+        return options.freeze_epochs, options.freeze_layers
+    return (emb.freeze_epochs, 0) if emb.pretrained else (0, 0)
+
+
+# A classifier started from a `tformer pretrain` run keeps the pretrained encoder's shape; these come from the
+# classifier's own model config (the head, pooling, regularisation, and the length it reads).
+_FROM_CLASSIFIER = ("pooling", "head_hidden", "dropout", "attention_dropout", "max_len")
+
+
+def _from_pretraining(config: TrainConfig, init, data, tok, tokenized, fingerprint, console) -> Prepared:
+    """The classifier whose encoder is the pretraining run's (weights copied key for key; the head is new)."""
+    saved = yaml.safe_load(init.files.config.read_text()) if init.files.config.is_file() else {}
+    if (saved.get("data") or {}).get("name") == config.data.name and saved.get("seed") != config.seed:
+        raise TformerError(f"model.init: the pretraining run split {config.data.name} with seed={saved.get('seed')}; "
+                           f"with seed={config.seed} the validation (and a carved test) split would hold texts it "
+                           f"pretrained on: pass seed={saved.get('seed')}")
+    mine = config.encoder_config(vocab_size=int(init.model_config["vocab_size"]), num_classes=len(data.label_names),
+                                 multi_label=config.data.multi_label, pad_id=int(init.model_config["pad_id"]),
+                                 embedding_dim=int(init.model_config.get("embedding_dim") or 0))
+    merged = {**init.model_config, **{k: getattr(mine, k) for k in _FROM_CLASSIFIER},
+              "num_classes": mine.num_classes, "multi_label": mine.multi_label}
+    if merged["positions"] == "learned" and merged["max_len"] > int(init.model_config["max_len"]):
+        raise TformerError(f"model.max_len={merged['max_len']} is longer than the pretraining run's "
+                           f"{init.model_config['max_len']} learned positions; use model.max_len<="
+                           f"{init.model_config['max_len']}")
+    model_cfg = EncoderConfig.from_dict(merged)
+    model = TransformerClassifier(model_cfg)
+    weights = encoder_state(init.state)
+    if model_cfg.positions != "learned":
+        weights = {k: v for k, v in weights.items() if k != "position_table"}
+    elif "position_embedding.weight" in weights:
+        weights["position_embedding.weight"] = weights["position_embedding.weight"][:model_cfg.max_len]
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or any(not k.startswith("head.") for k in missing):
+        raise TformerError(f"the pretraining run {init.files.path} does not fit this encoder (missing "
+                           f"{[k for k in missing if not k.startswith('head.')][:3]}, unexpected {unexpected[:3]})")
+    source = f"pretraining run {init.files.path.parent.parent}"
+    console.print(f"[bold]encoder[/] from {markup(source)} ({model_cfg.n_layers} layers, d_model {model_cfg.d_model}, "
+                  f"its tokenizer); a new {model_cfg.num_classes}-way head", highlight=False)
+    return Prepared(data, tok, tokenized, model, model_cfg, source, fingerprint)
+
+
+def build_tokenizer_and_embeddings(config: TrainConfig, train_texts):
+    """(tokenizer, pretrained weight or None) for the chosen embedding_init."""
+    emb, max_len = config.embedding_init, int(config.model["max_len"])
+    if not emb.pretrained:
+        return tokenization.train_wordpiece(train_texts, int(emb.vocab_size), max_len), None
+    pre = pretrained.load(emb, int(config.model["d_model"]))
+    return tokenization.load_tokenizer(pre.tokenizer_file, max_len), pre
+
+
+def build_run(session: Session, prepared: Prepared) -> Run:
+    config, run_dir, resume = session.config, session.run_dir, session.resume
+    config_yaml = OmegaConf.to_yaml(OmegaConf.create(session.tree))
+    tokenizer_json = prepared.tokenizer.to_str()
+    model_config, label_names = prepared.model_cfg.to_dict(), prepared.data.label_names
+
+    def save(which: str, metrics: dict, training_state=None) -> None:
+        checkpoint.save(run_dir.checkpoint(which), prepared.model, model_config=model_config,
+                        tokenizer_json=tokenizer_json, label_names=label_names, config_yaml=config_yaml,
+                        metrics=metrics, meta={"epoch": metrics.get("epoch"), "step": metrics.get("step"),
+                                               "data": prepared.data_fingerprint, **config.long_text.to_meta(),
+                                               **({"thresholds": metrics.get("thresholds")}
+                                                  if prepared.model_cfg.multi_label else {})},
+                        training_state=training_state)
+
+    metrics_log = JsonLines(run_dir.metrics_log)
+    if resume is not None:
+        metrics_log.truncate_after(resume.step)  # what came after the checkpoint is trained (and logged) again
+    weight = class_weights(prepared.tokenized["train"].labels, len(label_names), config.loss.class_weights)
+    freeze_epochs, freeze_layers = freeze_plan(config)
+    objective = Classification(label_names, weight.to(session.device) if weight is not None else None,
+                               config.loss.label_smoothing)
+    return Run(model=prepared.model, train=prepared.tokenized["train"], validation=prepared.tokenized["validation"],
+               objective=objective, pad_id=prepared.pad_id, device=session.device, precision=session.precision,
+               trainer=config.trainer, optimizer=config.optimizer, schedule=config.schedule, save_checkpoint=save,
+               freeze_epochs=freeze_epochs, freeze_layers=freeze_layers,
+               embedding_lr_multiplier=config.embedding_init.lr_multiplier,
+               layer_lr_decay=config.model_options.layer_lr_decay,
+               resume=(resume.tensors, resume.state) if resume is not None else None, log_metrics=metrics_log)
+
+
+def report_run(session: Session, state: TrainingState) -> None:
+    """history.json, training curves, and the best checkpoint's metrics and reports on the test split."""
+    config, run_dir, console, prepared = session.config, session.run_dir, session.console, session.prepared
+    report.print_history(state.history, console)
+    write_json(run_dir.history, state.history)
+    if state.history:
+        training_curves_png(run_dir.training_curves, state.history, state.best_metrics.get("epoch"))
+    best = state.best_metrics
+    console.print(f"best checkpoint: {run_dir.best} (epoch {best.get('epoch')}, {best['monitor']} "
+                  f"{best['best_value']:.4f})", highlight=False)
+    test = prepared.tokenized.get("test")
+    if not config.trainer.test_after_fit or test is None:
+        return
+    loaded = checkpoint.load(run_dir.best, session.device)
+    metrics, probs = evaluate_split(loaded.model, test, loaded.label_names, pad_id=prepared.pad_id,
+                                    device=session.device, precision=session.precision,
+                                    batch_size=config.trainer.eval_batch_size, thresholds=loaded.thresholds)
+    title = f"test ({count(test)}; best checkpoint)"
+    report.print_metrics(metrics, loaded.label_names, title, console)
+    write_json(run_dir.test_metrics, metrics)
+    write_reports(run_dir.test_report, metrics, loaded.label_names, prepared.data.splits["test"]["text"], test,
+                  probs, True, title, console)
+
+
+def class_weights(labels, num_classes: int, mode: str | None):
+    """'balanced': n / (k * count_c), scikit-learn's inverse-frequency weights; None: unweighted."""
+    if not mode:
+        return None
+    if labels.dim() == 2:
+        raise TformerError("loss.class_weights=balanced weighs single-label classes; with data.multi_label=true "
+                           "leave it null")
+    if mode != "balanced":
+        raise TformerError(f"loss.class_weights={mode} must be null or balanced")
+    counts = torch.bincount(labels, minlength=num_classes).float().clamp(min=1)
+    return counts.sum() / (num_classes * counts)

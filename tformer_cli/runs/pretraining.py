@@ -1,0 +1,210 @@
+"""The masked-language-model job of the run engine (`tformer pretrain`): the encoder learns from unlabeled text, in
+the same run directories, loop, checkpoints, progress, Ctrl-C and `resume=` as `train`. Then
+`tformer train model.init=<this run dir>` fine-tunes a classifier from it (runs/classify.py: `_from_pretraining`).
+
+Texts: the data config's train split, plus data.dir/unsupervised.parquet when present (mlm.use_unsupervised) and
+mlm.extra_files; never the test split. A text longer than model.max_len is read as consecutive windows of it
+(mlm.windows), so every token is learned from: keeping each text's first max_len tokens, pretraining at 128 tokens
+left out 62% of IMDB's tokens. The validation split's texts measure the MLM loss and masked-token accuracy each
+epoch (on masks drawn from a fixed seed, so epochs are comparable).
+"""
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import torch
+from omegaconf import OmegaConf
+from tokenizers import Tokenizer
+
+from ..store import checkpoint
+from ..store.atomic import JsonLines, write_json
+from ..data import sources, tokenization
+from ..data.tokenization import TokenizedSplit
+from ..errors import ConfigError, TformerError
+from ..evaluation import report
+from ..model.encoder import EncoderConfig
+from ..model.mlm import MaskedLM
+from ..store.layout import PRETRAINING, CheckpointDir, RunDir
+from ..safe_text import markup
+from ..training.loop import Run
+from ..training.objectives import MaskedLanguageModeling
+from ..training.state import TrainingState
+from ..typed_config import build
+from .classify import build_tokenizer_and_embeddings, configure
+from .resume import find_resumable
+from .session import Session, execute
+
+
+@dataclass
+class MlmOptions:
+    """The `mlm:` keys of configs/pretrain.yaml (their defaults and comments live there)."""
+
+    mask_prob: float
+    use_unsupervised: bool
+    extra_files: list
+    max_texts: int | None
+    windows: bool
+
+    RANGES = {"mask_prob": (0, 1, "()"), "max_texts": (1, None, "[)")}
+
+
+def pretrain(tree: dict, run_dir: RunDir, overrides=(), model_name: str | None = None) -> float:
+    """Pretrain into run_dir (or continue the run named by resume=); returns the best validation MLM loss.
+    model_name: the `model=` preset, named in the closing fine-tune command."""
+    tree = copy.deepcopy(tree)
+    if isinstance(tree.get("mlm"), dict) and tree["mlm"].get("extra_files"):  # found again from any directory
+        tree["mlm"]["extra_files"] = [str(Path(f).expanduser().resolve()) for f in tree["mlm"]["extra_files"]]
+    options = build(MlmOptions, tree.get("mlm") or {}, "mlm")
+    config, located = configure({k: v for k, v in tree.items() if k != "mlm"})  # (data paths made absolute)
+    tree.update(located)
+    if config.model_options.pretrained or config.model_options.init:
+        raise TformerError("tformer pretrain trains a from-scratch encoder (model=tiny|small|base); a pretrained "
+                           "encoder (model.pretrained / model.init) is fine-tuned with tformer train")
+    resume_from = find_resumable(config.resume, "pretrain") if config.resume else None
+    return execute(PretrainJob(options, model_name), config, tree, run_dir, overrides, resume_from).best_value
+
+
+class PretrainJob:
+    task = "pretrain"
+
+    def __init__(self, options: MlmOptions, model_name: str | None):
+        self.options, self.model_name = options, model_name
+
+    def load(self, ckpt: CheckpointDir):
+        loaded = checkpoint.load_pretraining(ckpt, with_training_state=True)
+        if loaded.training is None:
+            raise TformerError(f"checkpoint {ckpt} has no training state to resume from; pass the run directory")
+        return loaded, loaded.training
+
+    def build(self, session: Session) -> tuple[Run, str]:
+        config, resume, console, tree = session.config, session.resume, session.console, session.tree
+        if session.dist.enabled:
+            raise TformerError("tformer pretrain runs in one process; pass trainer.devices=1")
+        train_texts, val_texts = pretraining_texts(config, self.options, console)
+        max_len = int(config.model["max_len"])
+        if resume is not None:
+            tok, pre = tokenization.load_tokenizer(resume.loaded.tokenizer_file, max_len), None
+        else:
+            tok, pre = build_tokenizer_and_embeddings(config, train_texts)
+        tokenization.configure(tok, max_len)  # (cut: the first max_len tokens; the saved tokenizer stays so)
+        before_windows = resume is not None and "windows" not in (resume.config.get("mlm") or {})
+        windows = self.options.windows and not before_windows
+        if before_windows:  # its batches are cut texts, on this resume and every later one: the key stays out of
+            tree.get("mlm", {}).pop("windows", None)  # the config it saves
+            console.print(f"this run began before mlm.windows: it goes on reading each text's first {max_len} tokens",
+                          highlight=False)
+        encode = lambda texts: TokenizedSplit.from_ids(text_windows(tok, texts, max_len, windows))  # noqa: E731
+        pad = tokenization.pad_id(tok)
+        if resume is not None:
+            model_cfg = EncoderConfig.from_dict(resume.loaded.model_config)
+        else:
+            model_cfg = config.encoder_config(
+                vocab_size=pre.weight.shape[0] if pre is not None else tok.get_vocab_size(), num_classes=2,
+                embedding_dim=pre.weight.shape[1] if pre is not None else 0, pad_id=pad)
+        model = MaskedLM(model_cfg)
+        if resume is not None:
+            model.load_state_dict(resume.loaded.state)
+        elif pre is not None:
+            with torch.no_grad():
+                model.encoder.token_embedding.weight.copy_(pre.weight)
+        specials = sorted({tok.token_to_id(t) for t in tokenization.SPECIAL_TOKENS
+                           if tok.token_to_id(t) is not None and t not in ("[MASK]", "[UNK]")})
+        objective = MaskedLanguageModeling(mask_id=tok.token_to_id("[MASK]"), vocab_size=model_cfg.vocab_size,
+                                           special_ids=specials, seed=config.seed, mask_prob=self.options.mask_prob)
+        val_split, train_split = encode(val_texts), encode(train_texts)
+        read_as = (f"{len(train_split):,} windows of at most {max_len} tokens" if windows else
+                   f"{len(train_split):,} texts cut at {max_len} tokens")
+        metrics_log = JsonLines(session.run_dir.metrics_log)
+        if resume is not None:
+            metrics_log.truncate_after(resume.step)
+        run = Run(model=model, train=train_split, validation=val_split, objective=objective, pad_id=pad,
+                  device=session.device, precision=session.precision, trainer=config.trainer,
+                  optimizer=config.optimizer, schedule=config.schedule,
+                  save_checkpoint=self._saver(session, model, model_cfg, tok),
+                  resume=(resume.tensors, resume.state) if resume is not None else None, log_metrics=metrics_log)
+        return run, (f"[bold]model[/] {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, vocabulary "
+                     f"{model_cfg.vocab_size:,}, {sum(p.numel() for p in model.parameters()):,} parameters with the "
+                     f"MLM head (output layer tied to the token table); texts read as {read_as}")
+
+    @staticmethod
+    def _saver(session: Session, model: MaskedLM, model_cfg: EncoderConfig, tok):
+        config_yaml, tokenizer_json = OmegaConf.to_yaml(OmegaConf.create(session.tree)), tok.to_str()
+
+        def save(which: str, metrics: dict, training_state=None) -> None:
+            checkpoint.save(session.run_dir.checkpoint(which), model, model_config=model_cfg.to_dict(),
+                            tokenizer_json=tokenizer_json, label_names=[], config_yaml=config_yaml,
+                            metrics=metrics, training_state=training_state,
+                            meta={"kind": PRETRAINING, "epoch": metrics.get("epoch"), "step": metrics.get("step")})
+        return save
+
+    def report(self, session: Session, state: TrainingState) -> float:
+        config, run_dir, console = session.config, session.run_dir, session.console
+        report.print_history(state.history, console)  # (its pretraining columns)
+        write_json(run_dir.history, state.history)
+        best = state.best_metrics
+        same = [o for o in session.overrides if o.split("=", 1)[0] in ("data", "data.dir", "model", "model.max_len",
+                                                                         "seed")]
+        if self.model_name and not any(o.startswith("model=") for o in same):
+            same.append(f"model={self.model_name}")  # (pretrain's default preset may not be train's)
+        if not any(o.startswith("data=") for o in same):
+            same.append(f"data={config.data.name}")
+        console.print(f"best checkpoint: {run_dir.best} (epoch {best.get('epoch')}, val_mlm_loss "
+                      f"{best.get('val_mlm_loss', float('nan')):.4f}); fine-tune it with: tformer train "
+                      f"model.init={run_dir} {' '.join(same)}", highlight=False)
+        return float(best.get("val_mlm_loss", float("nan")))
+
+
+def pretraining_texts(config, options: MlmOptions, console) -> tuple[list[str], list[str]]:
+    """(train texts, validation texts): the labelled splits' texts (labels unused) and any unlabeled files."""
+    data = sources.load(config.data, seed=config.seed)
+    train, validation = list(data.splits["train"]["text"]), list(data.splits["validation"]["text"])
+    extra = [Path(f).expanduser() for f in options.extra_files]
+    folder = sources.resolve_dir(config.data)
+    if options.use_unsupervised and folder is not None and (folder / "unsupervised.parquet").is_file():
+        extra.append(folder / "unsupervised.parquet")
+    for path in extra:
+        train += read_texts(path)
+    if options.max_texts is not None and len(train) > options.max_texts:
+        train = random.Random(config.seed).sample(train, options.max_texts)
+    train = [t for t in train if t and t.strip()]
+    console.print(f"[bold]texts[/] {len(train):,} to pretrain on ({markup(config.data.name)} train split"
+                  + "".join(f" + {markup(p.name)}" for p in extra) + f"), {len(validation):,} to validate on",
+                  highlight=False)
+    return train, validation
+
+
+def read_texts(path: Path) -> list[str]:
+    """The `text` column of a parquet / csv / tsv / json / jsonl file."""
+    kinds = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
+    if not path.is_file() or path.suffix not in kinds:
+        raise TformerError(f"mlm.extra_files: {path} is not a readable {'/'.join(kinds)} file")
+    extra = {"delimiter": "\t"} if path.suffix == ".tsv" else {}
+    ds = datasets.load_dataset(kinds[path.suffix], data_files=str(path), split="train", **extra)
+    if "text" not in ds.column_names:
+        raise TformerError(f"{path} has no `text` column (it has {', '.join(ds.column_names)})")
+    return [t for t in ds["text"] if isinstance(t, str)]
+
+
+def text_windows(tok, texts: list[str], max_len: int, windows: bool) -> list[list[int]]:
+    """Token ids to pretrain on: each text's first max_len tokens, or (windows) all of them, in consecutive windows
+    of max_len tokens, each [CLS] part [SEP], sharing none (a mask draws from every token once per epoch).
+    Only the ids are kept, a chunk of texts at a time (tokenization.encodings)."""
+    if windows and max_len < 3:
+        raise ConfigError(f"model.max_len={max_len} leaves no room for a token between [CLS] and [SEP]; pretrain "
+                          f"with model.max_len >= 3")
+    if windows:
+        tok = Tokenizer.from_str(tok.to_str())
+        tok.no_truncation()
+    width, out = max_len - 2, []
+    for e in tokenization.encodings(tok, texts):
+        ids = e.ids  # [CLS] body [SEP]
+        if not windows:
+            out.append(ids)
+            continue
+        body = ids[1:-1]
+        out += [ids[:1] + body[a:a + width] + ids[-1:] for a in range(0, max(len(body), 1), width)]
+    return out

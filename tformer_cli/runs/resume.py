@@ -1,0 +1,148 @@
+"""Resuming a run, for every task: which checkpoint `resume=` names, whether the run may go on (finished runs are
+only extended, the config must be the same, the data too), and what a job of a resumed `-m` sweep does."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import TformerError
+from ..store.layout import CheckpointDir, RunDir, newest_checkpoints, resolve_resumable
+from ..console import output
+from ..data.sources import fingerprint_changes
+
+# Keys that may differ between a run and its resumption (where data comes from, how fast, how loud).
+RESUME_IGNORED = ("resume", "resume_ignore_data_change", "trainer.keep_optimizer_state", "trainer.device",
+                  "trainer.num_workers", "trainer.log_every_steps", "trainer.checkpoint_every_steps",
+                  "trainer.eval_batch_size", "trainer.test_after_fit", "data.dir", "trainer.compile", "trainer.devices",
+                  "trainer.micro_batches", "logger")
+
+
+def find_resumable(resume, task: str, outputs_dir: str | Path = "outputs") -> CheckpointDir:
+    """resume=true: the newest unfinished run's last checkpoint (of this task: train or pretrain);
+    resume=<run dir or checkpoint dir>: that one."""
+    pretraining = task == "pretrain"
+    what = "pretraining run" if pretraining else "run"
+    if resume is True:  # (resume=true/yes/...: parsed by TrainConfig, yesno.bool_or_path)
+        found = [c for c in newest_checkpoints(outputs_dir, "last", pretraining=pretraining)
+                 if c.has_training_state() and not RunDir.of_checkpoint(c).finished]
+        if not found:
+            raise TformerError(f"resume=true but no unfinished {what} with a last checkpoint under {outputs_dir}/ "
+                               f"(finished runs are never resumed implicitly; a run killed before its first "
+                               f"checkpoint has nothing to resume); start a new run or pass resume=<run dir>")
+        return found[-1]
+    found = resolve_resumable(resume)
+    if found is not None and found.path.parent.name != RunDir(".").checkpoints.name:
+        raise TformerError(f"resume={resume}: a checkpoint outside its run directory cannot be continued (the run "
+                           f"writes next to it); pass the run directory (outputs/{task}/<date>/<time>)")
+    if found is None and RunDir(resume).last.existing() is not None:
+        raise TformerError(f"resume={resume}: its last checkpoint holds no optimizer state (the run was trained "
+                           f"with trainer.keep_optimizer_state=false), so it cannot be continued; start a new run")
+    if found is None:
+        raise TformerError(f"resume={resume}: no last checkpoint with training state there; pass the run directory "
+                           f"(outputs/{task}/<date>/<time>)")
+    if found.is_pretraining() != pretraining:
+        other = "pretrain" if found.is_pretraining() else "train"
+        raise TformerError(f"resume={resume}: that is a `tformer {other}` run; continue it with tformer {other} "
+                           f"... resume={resume}")
+    return found
+
+
+def check_finished(run: RunDir, saved: dict, tree: dict, task: str) -> bool:
+    """Refuses a finished run unless it is asked to train longer; returns whether it is being extended."""
+    saved_epochs = get(saved, "trainer.epochs")
+    extending = isinstance(saved_epochs, int) and int(get(tree, "trainer.epochs")) > saved_epochs
+    if run.finished and not extending:
+        what = "pretraining run" if task == "pretrain" else "run"
+        raise TformerError(f"{what} {run} has already finished (its history is written), so there is nothing to "
+                           f"resume and it is left as it is; start a new run, or pass trainer.epochs=<more than "
+                           f"{saved_epochs}> with resume= to train it longer")
+    return extending
+
+
+def check_same_run(run: RunDir, saved: dict, tree: dict, training: dict, extending: bool) -> None:
+    """The same config as the run's (its place in an epoch depends on data, model and batches), and no extension of
+    a run that stopped early (it would stop again at once)."""
+    stopper = training.get("early_stopping", {})
+    if extending and stopper.get("patience", 0) > 0 and stopper.get("bad_epochs", 0) >= stopper["patience"]:
+        raise TformerError(f"run {run} stopped early ({stopper.get('monitor')} did not improve for "
+                           f"{stopper['patience']} epochs); more epochs would stop again at once; start a new run")
+    diff = [k for k in config_diff(saved, tree) if not (extending and k == "trainer.epochs")]
+    if diff:
+        shown = ", ".join(f"{k} ({get(saved, k)!r} -> {get(tree, k)!r})" for k in diff[:6])
+        raise TformerError(f"cannot resume {run}: the config differs in {shown}; resume with the run's original "
+                           f"overrides{_as_it_was(saved, diff)} or start a new run")
+
+
+def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two plain (resolved) config dicts: `a` the saved run's, `b` the
+    new one. A key the saved config lacks came with a newer tformer (the run used its default): not a change."""
+    keys = []
+    for k in sorted(set(a) | set(b), key=str):
+        dotted = f"{prefix}{k}"
+        if dotted in RESUME_IGNORED or k not in a:
+            continue
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            keys += config_diff(va, vb, dotted + ".")
+        elif va != vb:
+            keys.append(dotted)
+    return keys
+
+
+def _as_it_was(saved: dict, keys: list[str]) -> str:
+    """' (add: data.long_text=truncate ...)': the overrides that put back the run's values, which is also what a
+    run from an older tformer needs when a default has changed since (where the values are plain scalars)."""
+    values = [get(saved, k) for k in keys]
+    if not all(v is None or isinstance(v, (str, int, float, bool)) for v in values):
+        return ""
+    return " (add: " + " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in zip(keys, values)) + ")"
+
+
+def get(d, dotted: str):
+    """A dotted key of a nested dict (None where a part is missing)."""
+    for part in dotted.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
+
+
+def check_same_data(run: RunDir, saved: dict | None, label_names: list[str], fingerprint: dict, ignore: bool,
+                    console) -> None:
+    """Refuse to continue a run on data that differs from what it trained on (its history would mix two datasets),
+    unless resume_ignore_data_change=true; a different label set is always refused (the classifier's shape)."""
+    labels_now = fingerprint["label_names"]
+    if labels_now != list(label_names):
+        raise TformerError(f"cannot resume {run}: " + "; ".join(fingerprint_changes(
+            {"label_names": list(label_names)}, {"label_names": labels_now})) + "; resume on the run's data or "
+            "start a new run")
+    changes = fingerprint_changes(saved, fingerprint) if isinstance(saved, dict) else []
+    if changes and not ignore:
+        raise TformerError(f"cannot resume {run}: the data changed since the run began ("
+                           f"{'; '.join(changes)}); resume on the same data, start a new run, or pass "
+                           f"resume_ignore_data_change=true to go on anyway")
+    if changes:
+        console.print(f"[yellow]warning[/]: resuming on changed data ({'; '.join(changes)})", highlight=False,
+                      markup=True)
+
+
+def sweep_job_plan(run_dir: RunDir, task: str) -> tuple[float | None, CheckpointDir | None]:
+    """(its best value, None) for a job of a resumed sweep that had finished (read, not retrained); (None, its
+    `last`) for one interrupted after a checkpoint (resumed); (None, None) for one that never got that far
+    (trained afresh in its folder)."""
+    if run_dir.finished:
+        best = run_dir.best.existing()
+        value = None
+        if best is not None:
+            monitor, _ = best.early_stopping()
+            value = json.loads(best.metrics.read_text()).get(monitor)
+        line = (f"job {run_dir.root.name} had finished ({monitor} {value:.4f}); not retrained" if value is not None
+                else f"job {run_dir.root.name} had finished; not retrained")
+        output().print(line, highlight=False)
+        with open(run_dir.log(task), "a", encoding="utf-8") as f:
+            f.write(f"===== resumed sweep: {line}\n")
+        return (float(value) if value is not None else float("nan")), None
+    last = run_dir.last.existing()
+    if last is not None and last.has_training_state():
+        return None, last
+    for leftover in (run_dir.metrics_log, run_dir.metrics_csv):  # a job killed before its first checkpoint
+        leftover.unlink(missing_ok=True)
+    return None, None

@@ -1,0 +1,261 @@
+"""The run engine's shell, the same for every training task: where the run writes (a resumed run goes on in its own
+folder), its lock and log, the checks before it goes on, device, precision and seeds, the stop handlers, the one
+interruption message that says how to resume, and the loggers. A task plugs in as a `Job` (runs/classify.py,
+runs/pretraining.py): what it loads, how it builds the `Run` for the loop, and what it reports at the end.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import yaml
+
+from ..store import checkpoint
+from ..console import Output, output
+from ..errors import TformerError
+from ..hardware import keep_freed_host_memory, pick_device, pick_precision
+from ..store.layout import CheckpointDir, RunDir
+from ..training import distributed
+from ..training.loggers import build_logger
+from ..training.loop import Interrupted, Run, fit
+from ..training.state import TrainingState
+from .resume import check_finished, check_same_run
+
+
+@dataclass
+class Trained:
+    run_dir: RunDir  # where the run was written (a resumed run's own directory)
+    best_value: float  # the monitored metric's best value (what a sweeper optimises)
+
+
+@dataclass
+class Resume:
+    """A `last` checkpoint to continue from, checked: the run's saved config and training state, and what the
+    job loaded from it (the model, or its weights)."""
+
+    run_dir: RunDir
+    checkpoint: CheckpointDir
+    config: dict
+    tensors: dict
+    state: dict
+    loaded: Any
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+
+class Job(Protocol):
+    """What one training task adds to the engine."""
+
+    task: str  # "train" | "pretrain": the log's name, the command in the resume line
+
+    def load(self, ckpt: CheckpointDir) -> tuple[Any, tuple[dict, dict]]:
+        ...  # (what the task keeps of a resumable checkpoint, its training state (tensors, JSON))
+
+    def build(self, session: "Session") -> tuple[Run, str]:
+        ...  # data, tokenizer, model: the Run for the loop, and the line that describes it
+
+    def report(self, session: "Session", state: TrainingState) -> float:
+        ...  # history, plots, test metrics; the best value
+
+
+@dataclass
+class Session:
+    """One run as it happens: what every job's `build` and `report` read."""
+
+    job: Job
+    config: Any  # TrainConfig
+    tree: dict  # the composed config as plain containers, saved with every checkpoint
+    run_dir: RunDir
+    overrides: list[str]
+    console: Output
+    resume: Resume | None = None
+    device: torch.device | None = None
+    precision: Any = None
+    dist: distributed.Dist | None = None
+    logger: Any = None
+    prepared: Any = None  # what the job's build made (data, tokenizer, model), for its report
+    allocator: str | None = None  # "retain" where freed host memory is kept for reuse (hardware.py)
+
+
+def execute(job: Job, config, tree: dict, run_dir: RunDir, overrides=(), resume_from: CheckpointDir | None = None
+            ) -> Trained:
+    """Run `job` into run_dir, or on in the run that resume_from belongs to (Hydra's fresh folder is dropped)."""
+    dist = distributed.from_env()
+    if dist.enabled and not dist.is_main:
+        return _execute_worker(job, config, tree, run_dir, dist, resume_from)
+    console = output()
+    if resume_from is not None:
+        run_dir.discard_if_empty()  # the folder Hydra made for this invocation: the run goes on in its own
+        run_dir = RunDir.of_checkpoint(resume_from)
+    session = Session(job, config, tree, run_dir, list(overrides), console, dist=dist)
+    with run_dir.lock():  # before reading `last`: another process may be writing it
+        # a resume's log lines wait in memory until its checks pass: a refused resume leaves the run as it was
+        console.open_log(run_dir.log(job.task), log_header(job.task, overrides, tree, resumed=resume_from is not None),
+                         defer=resume_from is not None)
+        if resume_from is not None:
+            console.print(f"[bold]resuming[/] {run_dir}", highlight=False)
+            session.resume = load_resume(job, resume_from, tree)
+        best = _run_locked(session)
+    console.close_log()
+    return Trained(run_dir, best)
+
+
+def load_resume(job: Job, ckpt: CheckpointDir, tree: dict) -> Resume:
+    """The checked training state of a run's `last` checkpoint (resume.py says what is checked)."""
+    run = RunDir.of_checkpoint(ckpt)
+    saved = checkpoint.read_config(ckpt) if ckpt.config.is_file() else {}
+    extending = check_finished(run, saved, tree, job.task)
+    loaded, (tensors, state) = job.load(ckpt)
+    check_same_run(run, saved, tree, state, extending)
+    return Resume(run, ckpt, saved, tensors, state, loaded)
+
+
+def start(session: Session) -> None:
+    """Device (joining a torchrun group), seeds and precision, in that order: joining draws random numbers."""
+    config, dist = session.config, session.dist
+    device = pick_device(config.trainer.device)
+    allocator = keep_freed_host_memory(device)
+    if dist.enabled:
+        device = distributed.init(dist, device)
+        session.console.print(f"[bold]distributed[/] {dist.world} processes (DDP, "
+                              f"{'NCCL' if device.type == 'cuda' else 'gloo'}), global batch "
+                              f"{config.trainer.batch_size}; rank 0 writes", highlight=False)
+    seed_everything(config.seed)
+    session.device, session.precision = device, pick_precision(config.trainer.precision, device)
+    session.allocator = allocator
+    torch.set_float32_matmul_precision("high")
+
+
+def _run_locked(session: Session) -> float:
+    config, run_dir, console, resume = session.config, session.run_dir, session.console, session.resume
+    start(session)
+    run, description = session.job.build(session)
+    console.commit_log()
+    if resume is not None and run_dir.finished:  # being trained longer: unfinished again until it ends, so an
+        run_dir.history.unlink()                  # interruption of the extension can itself be resumed
+    console.print(f"{description}; [bold]device[/] {session.device}"
+                  f"{' (freed host memory reused)' if session.allocator == 'retain' else ''}, precision "
+                  f"{session.precision.name}; run dir {run_dir}", highlight=False)
+    session.logger = build_logger(config.logger, run_dir)
+    session.logger.start(session.tree, resume.step if resume is not None else None)
+    metrics_log = run.log_metrics
+    run.log_metrics = lambda record: (metrics_log(record), session.logger.log(record))
+    run.dist, run.say = session.dist, console.print
+    status = "FAILED"
+    try:
+        restore = install_signal_handlers(run)
+        try:
+            state = fit(run)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise _out_of_memory(config, session.dist) from exc
+        except Interrupted as exc:
+            status = "KILLED"
+            raise Interrupted(f"{exc}; {resume_hint(session)}") from None
+        finally:
+            restore()  # Ctrl-C while reporting: the generic one-line stop (the checkpoints are complete)
+            distributed.shutdown()  # (the other ranks are done: rank 0 reports alone)
+        best = session.job.report(session, state)
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        session.logger.finish(status)
+    if not config.trainer.keep_optimizer_state:
+        checkpoint.drop_training_state(run_dir.last)
+    return best
+
+
+def resume_hint(session: Session) -> str:
+    """How to pick an interrupted run up: the whole sweep for a job of a `-m` sweep, else the same command."""
+    sweep = session.run_dir.sweep()
+    if sweep is not None:
+        return f"resume the sweep with the same `tformer {session.job.task} -m ...` command plus resume={sweep}"
+    command = " ".join(["tformer", session.job.task, *[o for o in session.overrides if not o.startswith("resume=")],
+                        *([f"trainer.devices={session.dist.world}"] if session.dist.enabled else []),
+                        f"resume={session.run_dir}"])
+    return f"resume with: {command}"
+
+
+def _out_of_memory(config, dist) -> TformerError:
+    micro, rows = config.trainer.micro_batches, config.trainer.batch_size // dist.world
+    slices = f"trainer.micro_batches={micro * 2} (the same updates in slices; it may be added to resume=), " \
+        if micro * 2 <= rows else ""
+    return TformerError(f"out of GPU memory with trainer.batch_size={config.trainer.batch_size} and "
+                        f"model.max_len={config.model['max_len']}; try {slices}a lower model.max_len, or "
+                        f"trainer.eval_batch_size={max(1, config.trainer.eval_batch_size // 2)} if it was "
+                        f"validating (the last checkpoint is kept)")
+
+
+def _execute_worker(job: Job, config, tree: dict, run_dir: RunDir, dist, resume_from) -> Trained:
+    """A torchrun rank other than 0: the same data, model, optimizer state and steps as rank 0, writing nothing
+    (its Hydra folder is a throwaway one; rank 0 writes checkpoints, logs and reports)."""
+    console = output()
+    console.screen.quiet = True  # one voice: rank 0's (its warnings too)
+    warnings.simplefilter("ignore")
+    session = Session(job, config, tree, run_dir, [], console, dist=dist)
+    if resume_from is not None:
+        session.resume = load_resume(job, resume_from, tree)
+    start(session)
+    run, _ = job.build(session)
+    run.save_checkpoint, run.log_metrics, run.dist = (lambda *args: None), None, dist
+    run.say = lambda *args, **kwargs: None
+    restore = install_signal_handlers(run, quiet=True)
+    try:
+        state = fit(run)
+    except Interrupted:  # rank 0 says it (and saved the checkpoint)
+        raise SystemExit(130) from None
+    finally:
+        restore()
+        distributed.shutdown()
+    return Trained(run_dir, float(state.best_metrics["best_value"]))
+
+
+def log_header(task: str, overrides, tree: dict, resumed: bool = False) -> str:
+    """The top of a run log: the command, when, and the composed config."""
+    command = " ".join(["tformer", task, *overrides])
+    if resumed:
+        return f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} resumed: {command}\n"
+    return (f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {command}\n"
+            + yaml.safe_dump(tree, sort_keys=False, allow_unicode=True) + "=====\n")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def install_signal_handlers(run: Run, quiet: bool = False):
+    """First SIGINT/SIGTERM: finish the step, save, stop. Second: exit at once (checkpoints are atomic). A second
+    signal within a second is the same stop (Ctrl-C under torchrun: the terminal's SIGINT, then torchrun's
+    SIGTERM). Returns what puts the previous handlers back."""
+    first = []
+
+    def handler(signum, frame):
+        if run.stop_requested and first and time.monotonic() - first[0] < 1.0:
+            return
+        if run.stop_requested:
+            print("\n[tformer] second interrupt: exiting now", flush=True)
+            os._exit(130)
+        run.stop_requested = True
+        first.append(time.monotonic())
+        if quiet:
+            return
+        print(f"\n[tformer] {signal.Signals(signum).name}: finishing this step and saving the last checkpoint "
+              f"(again to exit at once)", flush=True)
+
+    if threading.current_thread() is not threading.main_thread():  # e.g. a library caller's worker thread
+        return lambda: None
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    return lambda: [signal.signal(sig, h) for sig, h in previous.items()]

@@ -1,0 +1,122 @@
+"""What a `checkpoint=` argument names, as a local directory: the step every command and `Classifier.load` take
+before reading anything.
+
+    None (no checkpoint=)        the newest run's best checkpoint under outputs_dir (a sweep's best job)
+    <run dir>                    its best checkpoint (or the previous one, when a crash hit mid-swap)
+    <checkpoint dir>             itself
+    hf://<owner>/<name>[@rev]    a pushed checkpoint (deploy/hub_repo.py), downloaded or from the Hub cache
+
+`locate_export` does the same for `predict runtime=onnx`, ending at an export dir. No torch here: the ONNX
+runtime's start imports this module.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import hub
+from ..errors import TformerError
+from .layout import HUB_ONNX_FOLDER, CheckpointDir, ExportDir, RunDir, newest_best, resolve_checkpoint
+from .manifest import stale_export
+
+PREFIX = "hf://"
+
+
+def is_ref(path) -> bool:
+    return isinstance(path, str) and path.startswith(PREFIX)
+
+
+def parse_ref(ref: str) -> tuple[str, str | None]:
+    """hf://owner/name[@revision] -> (repo id, revision or None)."""
+    body = ref[len(PREFIX):].strip("/")
+    repo, _, revision = body.partition("@")
+    parts = repo.split("/")
+    if len(parts) != 2 or not all(parts) or any(c in repo for c in " \\:"):
+        raise TformerError(f"checkpoint={ref} is not a Hub reference; use hf://<owner>/<name> or "
+                           f"hf://<owner>/<name>@<revision>")
+    return repo, revision or None
+
+
+def download(ref: str, *, onnx: bool = False) -> Path:
+    """The local folder of a Hub checkpoint (its onnx/ export with onnx=True), downloaded or from the cache."""
+    repo, revision = parse_ref(ref)
+    offline = hub.offline()
+    from huggingface_hub import snapshot_download  # only for hf:// references, and slow to import
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    patterns = [f"{HUB_ONNX_FOLDER}/*"] if onnx else None
+    try:
+        folder = Path(snapshot_download(repo, revision=revision, allow_patterns=patterns,
+                                        ignore_patterns=None if onnx else [f"{HUB_ONNX_FOLDER}/*"],
+                                        local_files_only=offline))
+    except (LocalEntryNotFoundError, FileNotFoundError):
+        raise TformerError(f"{ref} is not in the local Hub cache and {hub.why_unavailable()}; connect to the "
+                           f"network once, or copy the repository into a folder and pass checkpoint=<folder>") from None
+    except RepositoryNotFoundError:
+        raise TformerError(f"{ref}: no such model repository on the Hub (or it is private: log in with `hf auth "
+                           f"login` or set HF_TOKEN)") from None
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise TformerError(f"could not download {ref}: {str(exc).splitlines()[0][:200]}") from None
+    found = folder / HUB_ONNX_FOLDER if onnx else folder
+    if onnx and not found.is_dir():
+        raise TformerError(f"{ref} has no ONNX export ({HUB_ONNX_FOLDER}/); predict with runtime=torch or push a run "
+                           f"that was exported (`tformer export` before `tformer push`)")
+    return found
+
+
+def newest(outputs_dir: str | Path = "outputs", instead: str = "<path>") -> CheckpointDir:
+    """The newest run's best checkpoint (a sweep's best job, see `layout.newest_best`); `instead` is what the
+    message suggests passing as checkpoint= when there is none."""
+    found = newest_best(outputs_dir)
+    if found is None:
+        raise TformerError(f"no trained checkpoint under {Path(outputs_dir).resolve()}/; run `tformer train` first or "
+                           f"pass checkpoint={instead}")
+    return found
+
+
+def locate(checkpoint: str | Path | CheckpointDir | None = None, outputs_dir: str | Path = "outputs") -> CheckpointDir:
+    """The checkpoint dir a `checkpoint=` argument names (see the module's docstring); refused by name when there
+    is none."""
+    if isinstance(checkpoint, CheckpointDir):
+        return checkpoint
+    if checkpoint is None:
+        return newest(outputs_dir)
+    if is_ref(str(checkpoint)):
+        return CheckpointDir(download(str(checkpoint)))
+    found = resolve_checkpoint(checkpoint)
+    if found is None:
+        raise TformerError(f"checkpoint {checkpoint} does not exist; pass checkpoint=<run dir> (its best checkpoint) "
+                           f"or a checkpoint directory")
+    return found
+
+
+def locate_export(checkpoint: str | Path | None = None, outputs_dir: str | Path = "outputs") -> ExportDir:
+    """An export dir; a run dir (-> the export of its best checkpoint); a checkpoint dir of a run (-> that
+    checkpoint's export); hf://...: the repository's onnx/; None: the newest run's (a sweep's best job). An export
+    found through a run must have been made from the checkpoint's current weights: a newer best saved after
+    `tformer export` is refused, not served as the old model."""
+    if checkpoint is None:
+        ckpt = newest(outputs_dir, instead="<export dir>")
+    elif is_ref(str(checkpoint)):
+        return ExportDir(download(str(checkpoint), onnx=True))
+    else:
+        p = Path(checkpoint).expanduser()
+        if ExportDir(p).is_export() or ExportDir(p).model.is_file() or ExportDir(p).info.is_file():
+            return ExportDir(p)  # (an incomplete one is refused by name when it is verified)
+        if not p.exists():
+            raise TformerError(f"checkpoint {checkpoint} does not exist; pass an export dir (`tformer export` prints "
+                               f"it) or the run dir it was exported from")
+        if RunDir(p).checkpoints.is_dir():
+            ckpt = RunDir(p).best
+        elif CheckpointDir(p).weights.is_file():
+            ckpt = CheckpointDir(p)
+        else:
+            raise TformerError(f"checkpoint={checkpoint} is neither an export dir nor a run dir; pass the folder "
+                               f"`tformer export` wrote (<run dir>/export/onnx) or its run dir")
+    found = RunDir.of_checkpoint(ckpt).export_of(ckpt)
+    if not found.is_export():
+        raise TformerError(f"{ckpt} has no ONNX export; run `tformer export checkpoint={ckpt.path}` first (or "
+                           f"predict with the torch runtime)")
+    stale = stale_export(found, ckpt)
+    if stale:
+        raise TformerError(stale)
+    return found
