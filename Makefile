@@ -37,8 +37,9 @@ demo: $(STAMP)
 	$(BIN)/tformer predict "not bad at all, honestly" "the acting was good but the plot was painfully dull" \
 	    "i have never seen a film so boring" "the film was never boring"
 
+# -n auto: one pytest worker per core (tests that share a module fixture stay on one worker: --dist loadscope)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadscope
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py

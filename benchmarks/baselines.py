@@ -42,7 +42,7 @@ def main() -> None:
     from sklearn.linear_model import LogisticRegression
     from sklearn.svm import LinearSVC
 
-    from tformer_cli.commands.config import TrainConfig
+    from tformer_cli.runs.config import TrainConfig
     from tformer_cli.data import sources
     from tformer_cli.store.layout import RunDir
 

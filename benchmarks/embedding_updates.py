@@ -49,7 +49,7 @@ def sentences(data_dir: Path, n: int) -> list[str]:
 def build(model_name: str):
     """The model `tformer train model=<name> [embedding_init=minilm]` builds (fresh head), its config and the
     tokenizer file."""
-    from tformer_cli.commands.config import TrainConfig
+    from tformer_cli.runs.config import TrainConfig
     from tformer_cli.model import pretrained
     from tformer_cli.model.encoder import TransformerClassifier
 

@@ -31,7 +31,7 @@ def child(n: int, args) -> dict:
     sys.path.insert(0, str(ROOT))
     from tformer_cli.hardware import keep_freed_host_memory, own_host_allocator, pick_device, pick_precision
     from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier
-    from tformer_cli.commands.config import TrainConfig
+    from tformer_cli.runs.config import TrainConfig
     from tformer_cli.training.loop import Optimization, train_step
 
     torch.manual_seed(0)

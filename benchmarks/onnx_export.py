@@ -52,7 +52,7 @@ def main() -> None:
     import numpy as np
 
     from tformer_cli.classifier import Classifier
-    from tformer_cli.commands.config import data_config
+    from tformer_cli.runs.config import data_config
     from tformer_cli.data import sources
     from tformer_cli.deploy.export import export_onnx
     from tformer_cli.deploy.onnx_classifier import OnnxClassifier

@@ -37,7 +37,7 @@ from tformer_cli.training.loop import Optimization, train_step  # noqa: E402
 
 
 def train_config(*overrides):
-    from tformer_cli.commands.config import TrainConfig
+    from tformer_cli.runs.config import TrainConfig
 
     return TrainConfig.compose(overrides)
 

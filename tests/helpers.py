@@ -94,7 +94,7 @@ def compose_config(name="train", *overrides):
 
 def train_config(*overrides):
     """The typed TrainConfig of `tformer train <overrides>`."""
-    from tformer_cli.commands.config import TrainConfig
+    from tformer_cli.runs.config import TrainConfig
 
     return TrainConfig.compose(overrides)
 

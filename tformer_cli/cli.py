@@ -160,7 +160,9 @@ def _hydra_main(task: str, args: list[str]) -> None:
     from .hydra_setup import config_dir
     from .sweeps.summary import discard_unstarted_sweep
 
-    fn = _entry(task)
+    def fn(cfg):  # the command's module (torch, the data libraries) is imported once the config has composed: a
+        return _entry(task)(cfg)  # mistyped override is refused in the time Hydra takes, not torch's import
+
     own_host_allocator()  # this process is ours: on CPU the commands keep freed memory for reuse
     sys.argv = [f"tformer {task}"] + args
     for module in ("optuna", "hydra_plugins"):  # Hydra's Optuna sweeper still speaks optuna 2 (its deprecations)

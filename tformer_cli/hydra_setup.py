@@ -1,6 +1,6 @@
 """Hydra set-up in one place: where the configs are (`config_dir`), the resolvers they use (`tformer_dirname`),
 composing a config without running a command (`compose_config` / `compose_tree`), the defaults the YAML files
-hold that code outside a composed config needs (`default_early_stopping`), and shell completion.
+hold that code outside a composed config needs, and shell completion.
 
 Imported only by what composes configs: `tformer predict`, `serve`, `export`, `--help` and `--version` never load
 Hydra (cli.py imports this module when a Hydra command runs)."""
@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from functools import lru_cache
 from pathlib import Path
 
 import hydra
@@ -68,14 +67,6 @@ def group_defaults(group: str, option: str = "_base") -> dict:
     tree = yaml.safe_load((Path(config_dir()) / group / f"{option}.yaml").read_text()) or {}
     tree.pop("defaults", None)
     return tree
-
-
-@lru_cache(maxsize=None)
-def default_early_stopping() -> tuple[str, str]:
-    """(monitor, mode) of configs/trainer/default.yaml's early stopping: what a run whose saved config cannot be
-    read was most likely watching (the default lives in the YAML, not in code)."""
-    stopping = group_defaults("trainer", "default")["early_stopping"]
-    return str(stopping["monitor"]), str(stopping["mode"])
 
 
 def shell_completion(args: list[str], commands) -> None:

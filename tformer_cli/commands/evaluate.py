@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..store.atomic import write_json
 from ..errors import TformerError
 from ..store.layout import RunDir
-from .config import EvaluateConfig, data_config
+from ..runs.config import EvaluateConfig, data_config
 from ..runs.session import log_header
 
 

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from ..store import checkpoint
 from ..store.atomic import JsonLines, write_json
-from ..commands.config import TrainConfig
+from .config import TrainConfig
 from ..data import sources, tokenization
 from ..data.tokenization import TokenizedSplit
 from ..errors import TformerError
@@ -58,7 +58,7 @@ def train(config: TrainConfig, run_dir: RunDir, tree: dict, overrides: list[str]
 
 
 class ClassifierJob:
-    task = "train"
+    task, resumes_sweeps = "train", True
 
     def load(self, ckpt: CheckpointDir):
         state = checkpoint.load_training_state(ckpt)

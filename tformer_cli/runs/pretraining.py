@@ -69,7 +69,7 @@ def pretrain(tree: dict, run_dir: RunDir, overrides=(), model_name: str | None =
 
 
 class PretrainJob:
-    task = "pretrain"
+    task, resumes_sweeps = "pretrain", False  # (a job of a pretrain -m sweep is resumed by its run dir)
 
     def __init__(self, options: MlmOptions, model_name: str | None):
         self.options, self.model_name = options, model_name

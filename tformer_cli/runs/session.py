@@ -57,6 +57,7 @@ class Job(Protocol):
     """What one training task adds to the engine."""
 
     task: str  # "train" | "pretrain": the log's name, the command in the resume line
+    resumes_sweeps: bool  # whether `tformer <task> -m ... resume=<sweep dir>` picks up an interrupted sweep
 
     def load(self, ckpt: CheckpointDir) -> tuple[Any, tuple[dict, dict]]:
         ...  # (what the task keeps of a resumable checkpoint, its training state (tensors, JSON))
@@ -178,7 +179,7 @@ def _run_locked(session: Session) -> float:
 
 def resume_hint(session: Session) -> str:
     """How to pick an interrupted run up: the whole sweep for a job of a `-m` sweep, else the same command."""
-    sweep = session.run_dir.sweep()
+    sweep = session.run_dir.sweep() if session.job.resumes_sweeps else None
     if sweep is not None:
         return f"resume the sweep with the same `tformer {session.job.task} -m ...` command plus resume={sweep}"
     command = " ".join(["tformer", session.job.task, *[o for o in session.overrides if not o.startswith("resume=")],

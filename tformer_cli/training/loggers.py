@@ -1,7 +1,7 @@
 """Where a run's metrics go besides metrics.jsonl (which every run writes): the `logger` config group.
 
 A logger receives the records the training loop emits (`{"kind": "step", "step", "loss", "lr",
-"samples_per_s"}` every log_every_steps, `{"kind": "epoch", "step", "epoch", "val_...": ...}` every epoch), the
+"samples_per_s"}` every log_every_steps, `mlm_loss` instead of `loss` when pretraining, `{"kind": "epoch", "step", "epoch", "val_...": ...}` every epoch), the
 composed config once at the start, the test metrics at the end, and how the run ended. Each optional library
 is imported only when its logger is chosen; a missing one is a one-line error naming the extra to install.
 

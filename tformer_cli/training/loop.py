@@ -36,6 +36,7 @@ class Objective(Protocol):
     """A training task plugged into `fit` (training/objectives.py has classification and masked-LM)."""
 
     loss_name: str  # the loss's metric names: "loss" logs loss / train_loss, "mlm_loss" train_mlm_loss
+    loss_label: str  # the loss in messages: "loss", "MLM loss"
     bar_prefix: str  # before "epoch k/n" on the progress bar
 
     def loss_options(self) -> dict: ...  # extra Optimization(...) arguments (class weights, smoothing)
@@ -315,7 +316,7 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
                 running = total / window_n
             else:
                 running = float(window) / window_n  # the one host sync, every log_every_steps
-            check_finite(running, run.objective.loss_name, f"near step {state.step} (epoch {epoch + 1})")
+            check_finite(running, run.objective.loss_label, f"near step {state.step} (epoch {epoch + 1})")
             bar.set_postfix(loss=f"{running:.4f}", lr=f"{opt.lr:.2e}")
             if run.log_metrics is not None:
                 now = time.perf_counter()
@@ -349,7 +350,7 @@ def _end_epoch(run: Run, state: TrainingState, opt: Optimization) -> dict:
     """Validate, record, save `best` (if it is) and `last`, print the epoch line."""
     epoch, seen, name = state.epoch + 1, state.epoch_seen, run.objective.loss_name
     train_loss = state.epoch_loss_sum / max(seen, 1)
-    check_finite(train_loss, name, f"in epoch {epoch} (step {state.step})")
+    check_finite(train_loss, run.objective.loss_label, f"in epoch {epoch} (step {state.step})")
     metrics = {"epoch": epoch, "step": state.step, f"train_{name}": train_loss, **run.objective.validate(run),
                "lr": opt.lr, "epoch_seconds": state.epoch_seconds, "train_samples_per_s": state.samples_per_s()}
     state.history.append(metrics)
@@ -368,8 +369,8 @@ def _end_epoch(run: Run, state: TrainingState, opt: Optimization) -> dict:
     return metrics
 
 
-def check_finite(loss: float, name: str, where: str) -> None:
+def check_finite(loss: float, label: str, where: str) -> None:
     """The one NaN/inf guard of every objective's loss (read at log steps and at the end of each epoch)."""
     if not math.isfinite(loss):
-        raise TformerError(f"the {name.replace('_', ' ')} became {loss} {where}; the best and last checkpoints "
-                           f"are kept; try a lower learning rate (optimizer.lr) or trainer.grad_clip=1.0")
+        raise TformerError(f"the {label} became {loss} {where}; the best checkpoint is kept; try a lower learning "
+                           f"rate (optimizer.lr) or trainer.grad_clip=1.0")

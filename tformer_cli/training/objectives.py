@@ -1,6 +1,6 @@
 """What differs between training tasks, plugged into the one loop (`loop.fit`): how a batch becomes a loss and an
 optimizer step, how validation scores an epoch, and what the epoch's line says. A new task (e.g. distillation) is
-one more class here with the same five members; the loop, checkpoints, resume and Ctrl-C come with it.
+one more class here with the members of `loop.Objective`; the loop, checkpoints, resume and Ctrl-C come with it.
 """
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import torch
 
 from ..data.batching import BatchLoader
 from ..data.tokenization import TokenizedSplit
-from ..errors import TformerError
 from ..evaluation.evaluate import validation_metrics
 from ..model.mlm import IGNORE, mask_tokens
 from .loop import Optimization, Run, sliced_update, train_step
@@ -17,7 +16,7 @@ from .loop import Optimization, Run, sliced_update, train_step
 class Classification:
     """Cross-entropy (or per-label binary cross-entropy) on labelled texts; validation loss, accuracy and F1."""
 
-    loss_name, bar_prefix = "loss", ""
+    loss_name, loss_label, bar_prefix = "loss", "loss", ""
 
     def __init__(self, label_names: list[str], loss_weight: torch.Tensor | None = None, label_smoothing: float = 0.0):
         self.label_names, self.loss_weight, self.label_smoothing = label_names, loss_weight, label_smoothing
@@ -50,7 +49,7 @@ class MaskedLanguageModeling:
     """Masked-token prediction (model/mlm.py) on unlabeled text. The masks come from a seed per step, so a resumed
     run draws the same ones; validation uses masks that are the same every epoch, so epochs are comparable."""
 
-    loss_name, bar_prefix = "mlm_loss", "pretrain "
+    loss_name, loss_label, bar_prefix = "mlm_loss", "MLM loss", "pretrain "
 
     def __init__(self, *, mask_id: int, vocab_size: int, special_ids: list[int], seed: int, mask_prob: float):
         self.mask_id, self.vocab_size, self.special_ids = mask_id, vocab_size, special_ids
@@ -82,7 +81,7 @@ class MaskedLanguageModeling:
         return sliced_update(opt, labels.shape[0], micro_batches, slice_loss, share)
 
     def share(self, split: TokenizedSplit, rows: torch.Tensor, whole: torch.Tensor, world: int) -> float:
-        raise TformerError("tformer pretrain runs in one process; pass trainer.devices=1")
+        raise NotImplementedError("masked-LM pretraining runs in one process (launch.py refuses trainer.devices>1)")
 
     def validate(self, run: Run) -> dict:
         """MLM loss and masked-token accuracy on the validation texts."""
