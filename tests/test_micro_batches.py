@@ -78,14 +78,18 @@ def _whole_batch_step(opt, batch) -> torch.Tensor:
 
 
 def _record_gradients(opt, model) -> list[dict]:
-    """Every optimizer step's gradients (dense), taken just before the step."""
-    seen = []
+    """Every optimizer step's gradients (dense), taken just before the step. (The optimizer's own step hooks are
+    not used: torch wraps an optimizer class's step once per class, and what the process built before, e.g. an
+    Adam subclass, can make a class's step run its instance hooks twice.)"""
+    seen, step = [], opt.optimizer.step
 
-    def recording(optimizer, args, kwargs):
+    def recording(*args, **kwargs):
         seen.append({n: (p.grad.to_dense() if p.grad.is_sparse else p.grad).clone()
                      for n, p in model.named_parameters() if p.grad is not None})
+        return step(*args, **kwargs)
 
-    opt.optimizer.register_step_pre_hook(recording)
+    recording._wrapped_by_lr_sched = True  # (it wraps the schedule's own wrapper, which still counts the steps)
+    opt.optimizer.step = recording
     return seen
 
 
