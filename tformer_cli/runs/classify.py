@@ -61,8 +61,7 @@ class ClassifierJob:
     task, resumes_sweeps = "train", True
 
     def load(self, ckpt: CheckpointDir):
-        state = checkpoint.load_training_state(ckpt)
-        return state.checkpoint, (state.tensors, state.state)
+        return checkpoint.load(ckpt), checkpoint.read_training_state(ckpt)
 
     def build(self, session: Session) -> tuple[Run, str]:
         prepared = prepare(session.config, session.resume, session.console)

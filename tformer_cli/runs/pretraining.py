@@ -75,10 +75,7 @@ class PretrainJob:
         self.options, self.model_name = options, model_name
 
     def load(self, ckpt: CheckpointDir):
-        loaded = checkpoint.load_pretraining(ckpt, with_training_state=True)
-        if loaded.training is None:
-            raise TformerError(f"checkpoint {ckpt} has no training state to resume from; pass the run directory")
-        return loaded, loaded.training
+        return checkpoint.load_pretraining(ckpt), checkpoint.read_training_state(ckpt)
 
     def build(self, session: Session) -> tuple[Run, str]:
         config, resume, console, tree = session.config, session.resume, session.console, session.tree

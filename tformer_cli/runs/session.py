@@ -42,7 +42,6 @@ class Resume:
     job loaded from it (the model, or its weights)."""
 
     run_dir: RunDir
-    checkpoint: CheckpointDir
     config: dict
     tensors: dict
     state: dict
@@ -118,7 +117,7 @@ def load_resume(job: Job, ckpt: CheckpointDir, tree: dict) -> Resume:
     extending = check_finished(run, saved, tree, job.task)
     loaded, (tensors, state) = job.load(ckpt)
     check_same_run(run, saved, tree, state, extending)
-    return Resume(run, ckpt, saved, tensors, state, loaded)
+    return Resume(run, saved, tensors, state, loaded)
 
 
 def start(session: Session) -> None:

@@ -220,41 +220,20 @@ def drop_training_state(ckpt: CheckpointDir) -> None:
 
 
 @dataclass
-class ResumeState:
-    """A `last` checkpoint ready to continue from: the model (loaded and checked by `load`), the run's saved
-    config, and the training state as saved by the loop (tensors + JSON)."""
-
-    run_dir: RunDir
-    checkpoint: Loaded
-    config: dict  # the run's saved config, resolved
-    tensors: dict[str, torch.Tensor]
-    state: dict
-
-    @property
-    def epoch(self) -> int:
-        return int(self.state["epoch_index"])
-
-    @property
-    def step(self) -> int:
-        return int(self.state["step"])
-
-
-@dataclass
 class Pretrained:
-    """A `tformer pretrain` checkpoint: its encoder shape, weights (MaskedLM names), tokenizer and training state."""
+    """A `tformer pretrain` checkpoint: its encoder shape, weights (MaskedLM names) and tokenizer."""
 
     files: CheckpointDir
     model_config: dict
     state: dict  # tensors, named as in model/mlm.py's MaskedLM
     meta: dict
-    training: tuple[dict, dict] | None  # (tensors, JSON) when it is a resumable `last`
 
     @property
     def tokenizer_file(self) -> Path:
         return self.files.tokenizer
 
 
-def load_pretraining(path: str | Path | CheckpointDir, with_training_state: bool = False) -> Pretrained:
+def load_pretraining(path: str | Path | CheckpointDir) -> Pretrained:
     """A pretraining checkpoint, checked as any checkpoint is (manifest), refused by name if it is a classifier;
     `path` as any `checkpoint=` argument (see locate.py)."""
     ckpt = locate(path)
@@ -270,23 +249,17 @@ def load_pretraining(path: str | Path | CheckpointDir, with_training_state: bool
     manifest.verify_checkpoint(ckpt)
     try:
         state = safetensors.torch.load_file(str(ckpt.weights))
-        training = None
-        if with_training_state and ckpt.has_training_state():
-            training = (safetensors.torch.load_file(str(ckpt.training_tensors)),
-                        json.loads(ckpt.training_json.read_text()))
     except (SafetensorError, OSError, json.JSONDecodeError) as exc:
         raise TformerError(f"checkpoint {ckpt.path} is unreadable ({exc}); pretrain again") from None
-    return Pretrained(ckpt, model_config, state, meta, training)
+    return Pretrained(ckpt, model_config, state, meta)
 
 
-def load_training_state(ckpt: CheckpointDir, device: str | torch.device = "cpu") -> ResumeState:
-    loaded = load(ckpt, device)
+def read_training_state(ckpt: CheckpointDir) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, JSON) of a `last` checkpoint's training state, as the loop saved them (any task's)."""
     if not ckpt.has_training_state():
         raise TformerError(f"checkpoint {ckpt} has no training state to resume from; pass the run directory")
     try:
-        tensors = safetensors.torch.load_file(str(ckpt.training_tensors))
-        state = json.loads(ckpt.training_json.read_text())
+        return (safetensors.torch.load_file(str(ckpt.training_tensors)),
+                json.loads(ckpt.training_json.read_text()))
     except (SafetensorError, OSError, json.JSONDecodeError) as exc:
         raise TformerError(f"the training state in {ckpt} is unreadable ({exc}); start a new run") from exc
-    config = read_config(ckpt) if ckpt.config.is_file() else {}
-    return ResumeState(RunDir.of_checkpoint(ckpt), loaded, config, tensors, state)

@@ -147,11 +147,18 @@ def micro_slices(rows: int, n: int) -> list[slice]:
 
 def _loss_share(opt: Optimization, labels: torch.Tensor, part: slice) -> torch.Tensor | float:
     """The part of the whole batch's (mean) loss that a slice of rows carries: its rows' share, or with class
-    weights its rows' weight over the batch's (cross-entropy divides by the summed weight of the targets)."""
+    weights its rows' weight over the batch's."""
     if opt.loss_weight is not None and labels.dim() == 1:
-        w = opt.loss_weight.to(labels.device)
-        return w[labels[part]].sum() / w[labels].sum()
+        return class_weight_share(opt.loss_weight, labels, part, slice(None))
     return (part.stop - part.start) / labels.shape[0]  # (micro_slices gives explicit bounds)
+
+
+def class_weight_share(weight: torch.Tensor, labels: torch.Tensor, part, whole) -> torch.Tensor:
+    """Rows `part`'s share of the class-weighted loss of rows `whole` (single-label): cross-entropy with class
+    weights divides by the summed weight of the targets, so a part carries its weight over the whole's. Used for
+    micro-batch slices and for DDP ranks' parts of a global batch."""
+    w = weight.to(labels.device)
+    return w[labels[part]].sum() / w[labels[whole]].sum()
 
 
 def backward(opt: Optimization, loss: torch.Tensor) -> None:

@@ -10,7 +10,7 @@ from ..data.batching import BatchLoader
 from ..data.tokenization import TokenizedSplit
 from ..evaluation.evaluate import validation_metrics
 from ..model.mlm import IGNORE, mask_tokens
-from .loop import Optimization, Run, sliced_update, train_step
+from .loop import Optimization, Run, class_weight_share, sliced_update, train_step
 
 
 class Classification:
@@ -31,8 +31,7 @@ class Classification:
         """The weight of a rank's loss so that DDP's gradient average is the gradient of the global batch's loss:
         its rows' share of the global batch (by class weight when the loss is class-weighted: Σw over Σw)."""
         if self.loss_weight is not None and split.labels.dim() == 1:
-            w = self.loss_weight.cpu()
-            return world * float(w[split.labels[rows]].sum() / w[split.labels[whole]].sum())
+            return world * float(class_weight_share(self.loss_weight, split.labels, rows, whole))
         return world * len(rows) / len(whole)
 
     def validate(self, run: Run) -> dict:
