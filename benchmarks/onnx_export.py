@@ -36,7 +36,7 @@ def cold_start(run: Path, runtime: str, repeat: int) -> float:
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        subprocess.run([str(tformer), "predict", f"runtime={runtime}", f"checkpoint={run}", "--json",
+        subprocess.run([str(tformer), "predict", f"--runtime={runtime}", f"--checkpoint={run}", "--json",
                         "a gripping, beautifully shot film"], check=True, capture_output=True)
         times.append(time.perf_counter() - start)
     return statistics.median(times)

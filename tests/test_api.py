@@ -47,7 +47,7 @@ def test_classifier_predicts_in_order_with_empty_texts_marked(result):
 def test_the_cli_and_the_api_give_the_same_answers(result, tmp_path):
     from helpers import run_tformer
 
-    r = run_tformer("predict", f"checkpoint={result.run_dir}", "--json", "--top-k", "2", "the film was great",
+    r = run_tformer("predict", f"--checkpoint={result.run_dir}", "--json", "--top-k", "2", "the film was great",
                     cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {k: v for k, v in result.classifier().predict(["the film was great"], top_k=2)[0]

@@ -65,7 +65,7 @@ def test_evaluate_prints_tables_and_writes_metrics(trained):
 def test_predict_texts_json_topk_and_stdin(trained):
     work, run_dir, _ = trained
     best = run_dir / "checkpoints" / "best"
-    r = run_tformer("predict", "--json", f"checkpoint={best}", "not bad at all", "the plot was dull", cwd=work)
+    r = run_tformer("predict", "--json", f"--checkpoint={best}", "not bad at all", "the plot was dull", cwd=work)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert [x["text"] for x in rows] == ["not bad at all", "the plot was dull"]
@@ -80,9 +80,9 @@ def test_predict_texts_json_topk_and_stdin(trained):
     r = run_tformer("predict", "the cast was superb", cwd=work)
     assert r.returncode == 0 and "the cast was superb" in r.stdout and "probability" in r.stdout
     r = run_tformer("predict", "--topk", "3", "some text", cwd=work)
-    assert r.returncode == 2 and "unknown flag '--topk'; predict knows --top-k" in r.stderr
-    r = run_tformer("predict", "batch_size=0", "some text", cwd=work)
-    assert r.returncode == 2 and "batch_size=0 must be at least 1" in r.stderr
+    assert r.returncode == 2 and "unknown flag '--topk'; predict knows --checkpoint, --top-k" in r.stderr
+    r = run_tformer("predict", "--batch-size=0", "some text", cwd=work)
+    assert r.returncode == 2 and "--batch-size=0 must be at least 1" in r.stderr
 
 
 def test_bad_input_gets_one_line_and_no_traceback(tmp_path):
@@ -132,7 +132,7 @@ def test_a_whole_pretrained_encoder_trains_and_predicts_without_transformers(tmp
     model = json.loads((best / "model.json").read_text())
     assert (model["embedding_norm"], model["scale_embeddings"], model["norm_eps"]) == (True, False, 1e-12)
     code = ("import sys; from tformer_cli.cli import main; sys.argv = ['tformer', 'predict', '--json', "
-            f"'checkpoint={best}', 'a fine film']\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+            f"'--checkpoint={best}', 'a fine film']\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
             "print('transformers' in sys.modules)")
     import subprocess
     import sys

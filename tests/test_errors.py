@@ -71,9 +71,12 @@ def test_overrides_hydra_cannot_apply_get_one_line_with_the_nearest_real_names(t
     resumed = tmp_path / "sweep"  # a sweep dir that was there before (a sweep being resumed) is never removed
     resumed.mkdir()
     (resumed / "multirun.yaml").write_text("{}\n")
-    check(run_tformer("train", "-m", "optimizer.lrr=1e-3,1e-4", f"hydra.sweep.dir={resumed}", cwd=tmp_path),
+    check(run_tformer("train", "-m", "optimizer.lrr=1e-3,1e-4", f"resume={resumed}", cwd=tmp_path),
           "did you mean optimizer.lr?")
     assert (resumed / "multirun.yaml").is_file()
+    check(run_tformer("train", "-m", "optimizer.lr=1e-3,1e-4", f"hydra.sweep.dir={resumed}", cwd=tmp_path),
+          "is not empty")  # a new sweep never starts in another sweep's folder
+    assert [p.name for p in resumed.iterdir()] == ["multirun.yaml"]
 
 
 def test_nan_loss_stops_and_says_where(tmp_path):
@@ -86,13 +89,14 @@ def test_checkpoint_and_predict_input_errors(files, tiny_run, tmp_path):
     incomplete = tmp_path / "ckpt"
     incomplete.mkdir()
     (incomplete / "model.safetensors").write_bytes(b"")
-    check(run_tformer("predict", f"checkpoint={incomplete}", "hi", cwd=tmp_path), "is incomplete (missing model.json")
+    check(run_tformer("predict", f"--checkpoint={incomplete}", "hi", cwd=tmp_path), "is incomplete (missing model.json")
     copy_run(tiny_run.run_dir, tmp_path / "outputs" / "train" / "2000-01-01" / "00-00-00")  # predict's newest run
-    check(run_tformer("predict", f"file={files / 'latin1.txt'}", cwd=tmp_path), "line 2 is not valid UTF-8")
+    check(run_tformer("predict", f"--file={files / 'latin1.txt'}", cwd=tmp_path), "line 2 is not valid UTF-8")
     check(run_tformer("predict", "--top-k", "zero", "x", cwd=tmp_path), "must be integers")
-    check(run_tformer("predict", "file=" + str(files / "ok.csv"), "max_lines=5", cwd=tmp_path), "more than max_lines=5")
-    r = run_tformer("predict", "max_chars=10", "--json", "a very long text that goes on and on", cwd=tmp_path)
+    check(run_tformer("predict", "--file=" + str(files / "ok.csv"), "--max-lines=5", cwd=tmp_path),
+          "more than --max-lines=5")
+    r = run_tformer("predict", "--max-chars=10", "--json", "a very long text that goes on and on", cwd=tmp_path)
     assert r.returncode == 0 and "were cut" in r.stderr and '"text": "a very lon"' in r.stdout
     meta = next(tmp_path.glob("outputs/train/*/*/checkpoints/best/meta.json"))
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "format_version": 99}))
-    check(run_tformer("predict", f"checkpoint={meta.parent}", "x", cwd=tmp_path), "format version 99")
+    check(run_tformer("predict", f"--checkpoint={meta.parent}", "x", cwd=tmp_path), "format version 99")

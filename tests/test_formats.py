@@ -116,6 +116,6 @@ def test_a_whole_pretrained_encoder_end_to_end_from_the_original_files(tmp_path,
     assert r.returncode == 0, r.stderr[-2000:]
     evaluated = json.loads(next((tmp_path / "outputs" / "evaluate").glob("*/*/metrics.json")).read_text())
     assert evaluated["n"] == n_test
-    r = run_tformer("predict", "--json", f"checkpoint={run_dir}", "a new text", cwd=tmp_path)
+    r = run_tformer("predict", "--json", f"--checkpoint={run_dir}", "a new text", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.splitlines()[0])["label"] in labels

@@ -37,7 +37,7 @@ def as_hub_cache(staged, cache):
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(COMMIT)
     snapshot = repo / "snapshots" / COMMIT
-    for f in sorted(p for p in staged.rglob("*") if p.is_file()):
+    for f in sorted(p for p in staged.rglob("*") if p.is_file() and p.name != ".tformer"):  # (push skips it)
         digest = hashlib.sha256(f.read_bytes()).hexdigest()
         (repo / "blobs" / digest).write_bytes(f.read_bytes())
         link = snapshot / f.relative_to(staged)
@@ -73,7 +73,7 @@ def test_predict_loads_hf_references_from_the_hub_cache(run, cache, tmp_path):
     expected = Classifier.load(run).predict(["never boring"])[0]
     for runtime in ("torch", "onnx"):
         for ref in (f"hf://{REPO}", f"hf://{REPO}@main"):
-            r = run_tformer("predict", f"runtime={runtime}", f"checkpoint={ref}", "--json", "never boring",
+            r = run_tformer("predict", f"--runtime={runtime}", f"--checkpoint={ref}", "--json", "never boring",
                             cwd=tmp_path, env=hub_env(cache))
             assert r.returncode == 0, r.stderr
             got = json.loads(r.stdout)
@@ -92,7 +92,7 @@ def test_classifier_load_of_an_hf_reference(run, cache, tmp_path):
 
 def test_missing_or_malformed_references_and_offline_push_are_one_line(run, cache, tmp_path):
     for ref, words in ((f"hf://{REPO}-nope", "not in the local Hub cache"), ("hf://just-a-name", "hf://<owner>")):
-        r = run_tformer("predict", f"checkpoint={ref}", "hello", cwd=tmp_path, env=hub_env(cache))
+        r = run_tformer("predict", f"--checkpoint={ref}", "hello", cwd=tmp_path, env=hub_env(cache))
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
     r = run_tformer("push", f"checkpoint={run}", f"repo={REPO}", cwd=tmp_path, env=hub_env(cache))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot push" in r.stderr, r.stderr

@@ -98,7 +98,7 @@ def test_predict_returns_label_sets(result):
 def test_cli_predict_and_evaluate_on_the_multi_label_run(result, files, tmp_path):
     from helpers import run_tformer
 
-    r = run_tformer("predict", f"checkpoint={result.run_dir}", "--json", "the senate vote on the new chip policy",
+    r = run_tformer("predict", f"--checkpoint={result.run_dir}", "--json", "the senate vote on the new chip policy",
                     cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert set(json.loads(r.stdout)["labels"]) == {"politics", "tech"}

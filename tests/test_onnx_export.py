@@ -59,8 +59,8 @@ def test_onnx_runtime_gives_the_torch_answers(exported, run):
 
 
 def test_predict_runtime_onnx_never_imports_torch(exported, run, tmp_path):
-    code = ("import sys\nfrom tformer_cli.cli import main\nsys.argv = ['tformer', 'predict', 'runtime=onnx', "
-            f"'checkpoint={run}', '--json', 'never boring']\n"
+    code = ("import sys\nfrom tformer_cli.cli import main\nsys.argv = ['tformer', 'predict', '--runtime=onnx', "
+            f"'--checkpoint={run}', '--json', 'never boring']\n"
             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
             "print('torch imported' if 'torch' in sys.modules else 'no torch', file=sys.stderr)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
@@ -78,7 +78,7 @@ def test_cli_export_prints_parity_and_predict_uses_it(run, tmp_path):
     assert r.returncode == 0, r.stderr
     diff = float(re.search(r"max \|logit difference\| vs PyTorch ([0-9.e+-]+)", r.stdout).group(1))
     assert diff <= 1e-4
-    r = run_tformer("predict", "runtime=onnx", f"checkpoint={out}", "--json", "never boring", cwd=tmp_path)
+    r = run_tformer("predict", "--runtime=onnx", f"--checkpoint={out}", "--json", "never boring", cwd=tmp_path)
     assert r.returncode == 0 and json.loads(r.stdout)["label"] in ("negative", "positive")
     r = run_tformer("export", f"checkpoint={run}", "format=tflite", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "format=" in r.stderr
@@ -110,7 +110,7 @@ def test_damaged_or_missing_exports_are_refused_in_one_line(exported, run, tmp_p
     shutil.copytree(run / "checkpoints", other / "checkpoints")
     with pytest.raises(TformerError, match="tformer export checkpoint="):
         OnnxClassifier.load(other)
-    r = run_tformer("predict", "runtime=onnx", f"checkpoint={copy}", "hello", cwd=tmp_path)
+    r = run_tformer("predict", "--runtime=onnx", f"--checkpoint={copy}", "hello", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
@@ -140,9 +140,11 @@ def test_an_export_older_than_its_checkpoint_is_refused_until_re_exported(export
     staged = hub_repo.stage(copy, tmp_path / "stage")
     assert json.loads((staged / "onnx" / "export.json").read_text())["source_checkpoint"] == ".."
     assert OnnxClassifier.load(staged / "onnx").labels  # its manifest still holds
-    (staged / "stale.txt").write_text("left from an earlier stage")
-    hub_repo.stage(copy, staged)  # a previous stage is replaced, not merged
-    assert not (staged / "stale.txt").exists()
+    hub_repo.stage(copy, staged)  # a previous stage (by its marker) is replaced whole
+    (staged / "mine.txt").write_text("a file the user put in the stage")
+    with pytest.raises(TformerError, match="did not write there"):  # replacing it would delete the user's file
+        hub_repo.stage(copy, staged)
+    assert (staged / "mine.txt").read_text() == "a file the user put in the stage"
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     with pytest.raises(TformerError, match="not empty"):

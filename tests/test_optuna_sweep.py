@@ -59,4 +59,5 @@ def test_killed_optuna_search_resumes_where_it_stopped(tmp_path):
     assert (sweep / "optimization_results.yaml").is_file()
     assert len([p for p in (tmp_path / "outputs" / "multirun").glob("*/*") if p.is_dir()]) == 1
     r = run_tformer(*SEARCH, f"hydra.sweep.dir={sweep}", cwd=tmp_path)  # the same dir without resume=: refused
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "already holds Optuna study" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is not empty" in r.stderr
+    assert f"resume={sweep}" in r.stderr  # the command that continues it

@@ -104,7 +104,7 @@ def test_a_classifier_starts_from_the_pretrained_encoder(pretrained, tmp_path):
 
 @pytest.mark.slow
 def test_pretraining_checkpoints_are_refused_where_a_classifier_is_needed(pretrained, tmp_path):
-    r = run_tformer("predict", f"checkpoint={pretrained.root}", "hello", cwd=tmp_path)
+    r = run_tformer("predict", f"--checkpoint={pretrained.root}", "hello", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "model.init=" in r.stderr
     with pytest.raises(TformerError, match="not a `tformer pretrain` checkpoint"):
         train_classifier = train(PRETRAIN, run_dir=tmp_path / "clf")

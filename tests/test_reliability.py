@@ -189,10 +189,10 @@ def test_malicious_pickles_are_never_loaded(tiny_run_copy, tmp_path):
     marker = tmp_path / "pwned"
     for name in ("pytorch_model.bin", "model.pt", "optimizer.pt", "training_args.bin"):
         (best / name).write_bytes(pickle.dumps(Payload(marker)))
-    r = run_tformer("predict", f"checkpoint={best}", "--json", "fine film", cwd=work)
+    r = run_tformer("predict", f"--checkpoint={best}", "--json", "fine film", cwd=work)
     assert r.returncode == 0 and json.loads(r.stdout)["label"] in ("negative", "positive")
     (best / "model.safetensors").write_bytes(pickle.dumps(Payload(marker)))  # weights replaced by a pickle
-    for cmd in (["predict", f"checkpoint={best}", "x"], ["evaluate", f"checkpoint={best}"]):
+    for cmd in (["predict", f"--checkpoint={best}", "x"], ["evaluate", f"checkpoint={best}"]):
         r = run_tformer(*cmd, cwd=work)
         assert r.returncode == 2 and "Traceback" not in r.stderr
         assert "changed after it was written" in r.stderr  # the manifest catches it before safetensors reads it

@@ -198,9 +198,10 @@ def test_a_folder_in_use_is_never_discarded_and_a_copied_checkpoint_is_not_resum
 
     from test_checkpoint_integrity import make_checkpoint
     from tformer_cli.runs.resume import find_resumable
+    from tformer_cli.store.ownership import new_run_dir
 
     run = RunDir(tmp_path / "run")
-    run.root.mkdir()
+    new_run_dir(run.root, "train", resume=None)  # made (and marked) by tformer
     with run.lock():  # another process starting a run in the same folder
         assert run.discard_if_empty() is False and run.root.is_dir()
     assert run.discard_if_empty() is True and not run.root.exists()

@@ -186,3 +186,160 @@ def test_a_failing_model_is_a_500_with_one_line_and_no_traceback(run, tmp_path):
     assert s.stop() == 0
     err = s.proc.stderr.read()
     assert "Traceback" not in err and "[tformer serve] POST /predict: internal error (RuntimeError" in err, err
+
+
+def test_serve_limits_are_options_refused_in_one_line_when_not_a_positive_number(tmp_path):
+    from tformer_cli.commands.serve import DEFAULTS, parse_args
+    from tformer_cli.deploy.serve import ConnectionLimits
+    from tformer_cli.errors import TformerError
+
+    defaults = ConnectionLimits()  # the --help page and the library state the same defaults
+    assert {k: float(DEFAULTS[k]) for k in ("header_timeout_s", "body_timeout_s", "keep_alive_s")} == {
+        "header_timeout_s": defaults.header_timeout_s, "body_timeout_s": defaults.body_timeout_s,
+        "keep_alive_s": defaults.keep_alive_s}
+    assert int(DEFAULTS["max_connections"]) == defaults.max_connections
+    assert parse_args(["header_timeout_s=0.5", "--max-connections=7"])["header_timeout_s"] == 0.5
+    for bad in ("header_timeout_s=nan", "body_timeout_s=-1", "keep_alive_s=0", "keep_alive_s=inf",
+                "body_timeout_s=soon", "max_connections=0", "max_connections=1.5"):
+        with pytest.raises(TformerError, match=bad.split("=")[0]):
+            parse_args([bad])
+    r = subprocess.run([TFORMER, "serve", "header_timeout_s=nan"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "header_timeout_s=nan" in r.stderr
+    r = subprocess.run([TFORMER, "serve", "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    for option in ("header_timeout_s=10", "body_timeout_s=30", "keep_alive_s=5", "max_connections=512"):
+        assert option in r.stdout
+
+
+class GuardedServer(Server):
+    """A server whose stderr lines are collected as they come (a thread), so a test can wait for one."""
+
+    def __init__(self, *args, cwd):
+        super().__init__(*args, cwd=cwd)
+        self.port = int(self.url.rsplit(":", 1)[1])
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True)
+        self.reader.start()
+
+    def connect(self):
+        import socket
+
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=30)
+        return sock
+
+    def wait_for_line(self, words: str, after: int = 0) -> list[str]:
+        import time
+
+        for _ in range(300):  # a generous 30 s
+            new = self.lines[after:]
+            if any(words in line for line in new):
+                return new
+            time.sleep(0.1)
+        pytest.fail(f"no stderr line with {words!r} within 30 s: {self.lines}")
+
+    def finish(self) -> str:
+        """Stopped; all it wrote to stderr."""
+        assert self.stop() == 0
+        self.reader.join(timeout=20)
+        err = "".join(self.lines)
+        assert "Traceback" not in err and "Exception in ASGI application" not in err, err
+        return err
+
+
+def read_until_closed(sock) -> bytes:
+    """All the server sends until it closes the connection (a reset counts as closed); the socket's 30 s timeout
+    fails the test if it never does."""
+    got = b""
+    try:
+        while chunk := sock.recv(65536):
+            got += chunk
+    except ConnectionResetError:
+        pass
+    return got
+
+
+def post(sock, body: bytes, *, length: int | None = None, close: bool = True) -> None:
+    sock.sendall(b"POST /predict HTTP/1.1\r\nHost: tformer\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                 b"%s\r\n" % (len(body) if length is None else length, b"Connection: close\r\n" if close else b"")
+                 + body)
+
+
+@pytest.fixture(scope="module")
+def guarded(run, tmp_path_factory):
+    s = GuardedServer(f"checkpoint={run}", "header_timeout_s=1", "body_timeout_s=1", "keep_alive_s=1",
+                      "max_connections=100", cwd=tmp_path_factory.mktemp("guarded_cwd"))
+    yield s
+    if s.proc.poll() is None:
+        s.finish()
+
+
+def test_stalled_clients_are_closed_after_header_timeout_while_others_are_answered(guarded):
+    stalled = [guarded.connect() for _ in range(50)]
+    for sock in stalled:  # a request line and one header, then nothing (slowloris)
+        sock.sendall(b"POST /predict HTTP/1.1\r\nHost: tformer\r\n")
+    with guarded.connect() as sock:  # the server still answers while they stall
+        post(sock, json.dumps(["a gripping film"]).encode())
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 200") and b'"label"' in answer
+    for sock in stalled:  # each one answered 408 and closed by the server (a test timeout if not)
+        with sock:
+            got = read_until_closed(sock)
+        assert got.startswith(b"HTTP/1.1 408") and b"header_timeout_s=1" in got, got
+    silent = guarded.connect()  # a connection that sends nothing is closed too, without an answer
+    with silent:
+        assert read_until_closed(silent) == b""
+    guarded.wait_for_line("no complete request headers within header_timeout_s=1; connection closed")
+
+
+def test_a_body_that_stops_half_way_gets_408_and_is_closed(guarded):
+    with guarded.connect() as sock:
+        post(sock, b'["half a re', length=200, close=False)
+        got = read_until_closed(sock)
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower()
+    assert "body_timeout_s=1" in json.loads(body)["error"]
+    guarded.wait_for_line("POST /predict from 127.0.0.1:")
+    with guarded.connect() as sock:  # a kept-alive connection idle after its answer is closed (keep_alive_s)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: tformer\r\n\r\n")
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 200")
+
+
+def test_a_client_disconnecting_mid_body_is_one_log_line(guarded):
+    before = len(guarded.lines)
+    with guarded.connect() as sock:
+        post(sock, b'["the client goes aw', length=200, close=False)
+    new = guarded.wait_for_line("the client disconnected while sending its body", after=before)
+    with guarded.connect() as sock:  # (the server has handled what followed the disconnect)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: tformer\r\nConnection: close\r\n\r\n")
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 200")
+    new = guarded.lines[before:]
+    assert len(new) == 1 and "POST /predict from 127.0.0.1:" in new[0], new
+    for _ in range(20):  # clients gone before their answer: no traceback, the server goes on
+        with guarded.connect() as sock:
+            post(sock, json.dumps(["gone before the answer"] * 8).encode(), close=False)
+    assert guarded.request("/health")[0] == 200
+    err = guarded.finish()  # (no Traceback, no "Exception in ASGI application": asserted there)
+    assert err.count("disconnected") <= 2, err  # a flood of them is a line or two, not one per client
+
+
+def test_connections_over_max_connections_get_503_at_once(run, tmp_path):
+    s = GuardedServer(f"checkpoint={run}", "max_connections=4", "header_timeout_s=60", cwd=tmp_path)
+    held = [s.connect() for _ in range(4)]
+    for sock in held:
+        sock.sendall(b"GET /hea")  # open, unfinished: each holds one of the 4 places
+    for _ in range(3):
+        with s.connect() as extra:
+            extra.sendall(b"GET /health HTTP/1.1\r\nHost: tformer\r\n\r\n")
+            head, _, body = read_until_closed(extra).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503") and "max_connections=4" in json.loads(body)["error"]
+    for sock in held:
+        sock.close()
+    for _ in range(300):  # the places free once they close (within a generous 30 s)
+        with s.connect() as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: tformer\r\nConnection: close\r\n\r\n")
+            if read_until_closed(sock).startswith(b"HTTP/1.1 200"):
+                break
+    else:
+        pytest.fail("a connection was still refused 30 s after the others closed")
+    err = s.finish()
+    assert err.count("max_connections=4 reached") == 1, err

@@ -41,9 +41,9 @@ def test_every_yes_no_goes_through_it(monkeypatch):
     assert train_config("trainer.compile=OFF").trainer.compile is False
     with pytest.raises(ConfigError, match="trainer.compile='maybe' must be true or false"):
         train_config("trainer.compile=maybe")
-    assert predict.parse_args(["json=on", "text"])[0]["json"] is True  # a command option
-    with pytest.raises(TformerError, match=f"json='sure' {REFUSED[:22]}"):
-        predict.parse_args(["json=sure", "text"])
+    assert predict.parse_args(["--json=on", "text"])[0]["json"] is True  # a command option
+    with pytest.raises(TformerError, match=f"--json='sure' {REFUSED[:22]}"):
+        predict.parse_args(["--json=sure", "text"])
     assert serve.parse_args(["access_log=yes"])["access_log"] is True
     with pytest.raises(TformerError, match="access_log='y' must be"):
         serve.parse_args(["access_log=y"])

@@ -39,8 +39,17 @@ def train(overrides: list[str] | tuple[str, ...] = (), *, run_dir: str | Path | 
     from .runs.classify import configure
     from .runs.classify import train as train_run
     from .store.layout import RunDir
+    from .store.ownership import new_run_dir
 
-    overrides = list(overrides)
+    from .errors import ArgumentTypeError
+
+    given = overrides
+    overrides = [] if isinstance(given, (str, bytes)) else list(given)
+    if isinstance(given, (str, bytes)) or not all(isinstance(o, str) for o in overrides):
+        raise ArgumentTypeError(f"train() takes a list of key=value strings, e.g. train(['model=small']), not "
+                                f"{given!r:.80}")
+    if run_dir is not None and not isinstance(run_dir, (str, Path)):
+        raise ArgumentTypeError(f"run_dir={run_dir!r:.80} must be a path (str or pathlib.Path)")
     if any(o.startswith("-") for o in overrides):
         from .errors import TformerError
 
@@ -51,7 +60,7 @@ def train(overrides: list[str] | tuple[str, ...] = (), *, run_dir: str | Path | 
         stamp = time.strftime("%Y-%m-%d/%H-%M-%S") + f"-{time.time_ns() // 1000 % 1_000_000:06d}"
         run_dir = Path("outputs") / "train" / stamp
     start = RunDir(Path(run_dir).resolve())
-    start.root.mkdir(parents=True, exist_ok=True)
+    new_run_dir(start.root, "train", config.resume, key="run_dir")  # never over another run
     try:
         done = train_run(config, start, tree, overrides)
     except BaseException:

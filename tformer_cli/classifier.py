@@ -6,14 +6,26 @@
     clf.predict_proba(["..."])          # (n, classes) numpy array, columns in clf.labels order
 
 Imports only torch, safetensors and tokenizers (no Hydra, datasets, scikit-learn or transformers), like the CLI's
-`predict`; `OnnxClassifier` (deploy/onnx_classifier.py) answers the same calls from an exported model without torch. Every text gets an answer in input order; an empty or blank text is marked `"empty": True` (and a row
-of NaN in `predict_proba`) rather than given a confident label it has no grounds for.
+`predict`; `OnnxClassifier` (deploy/onnx_classifier.py) answers the same calls from an exported model without torch. Every text gets an answer in input order; a text with no visible character (empty, spaces, zero-width
+or combining characters only: data/sanity.has_visible, the rule training drops such texts by) is marked
+`"empty": True` (and a row of NaN in `predict_proba`) rather than given a confident label it has no grounds for.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import TformerError
+from .data.sanity import has_visible
+from .errors import ArgumentTypeError, ConfigError, TformerError
+from .safe_text import valid_unicode
+
+
+def whole_number(value, name: str, low: int = 1) -> int:
+    """A caller's count (top_k, batch_size): an int >= low. 1.5, "2" and True are refused, not rounded or read as 1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(f"{name}={value!r} must be a whole number (an int), not {type(value).__name__}")
+    if value < low:
+        raise ConfigError(f"{name}={value} must be at least {low}")
+    return value
 
 
 class TextPredictor:
@@ -46,8 +58,9 @@ class TextPredictor:
         texts = list(texts)
         if not all(isinstance(t, str) for t in texts):
             raise TformerError("texts must be strings")
-        filled = [i for i, t in enumerate(texts) if t.strip()]
-        windows = encode_batch(self._tok, [texts[i] for i in filled], self._max_len,
+        filled = [i for i, t in enumerate(texts) if has_visible(t)]
+        # a lone surrogate (an undecodable byte kept by surrogateescape) is U+FFFD: tokenizers cannot encode one
+        windows = encode_batch(self._tok, [valid_unicode(texts[i]) for i in filled], self._max_len,
                                self._long_text)  # one window per text unless long_text=chunks
         return texts, filled, windows
 
@@ -63,8 +76,7 @@ class TextPredictor:
         """(len(texts), len(labels)) class probabilities (multi-label: each label's own); empty texts get NaN."""
         import numpy as np
 
-        if batch_size < 1:
-            raise TformerError(f"batch_size={batch_size} must be at least 1")
+        whole_number(batch_size, "batch_size")
         texts, filled, windows = self._encode(texts)
         out = np.full((len(texts), len(self.labels)), np.nan, dtype=np.float32)
         if filled:
@@ -78,10 +90,8 @@ class TextPredictor:
         probable first) and probabilities ({label: p} of that set) instead of label and probability."""
         import numpy as np
 
-        if top_k < 1:
-            raise TformerError(f"top_k={top_k} must be at least 1")
-        if batch_size < 1:
-            raise TformerError(f"batch_size={batch_size} must be at least 1")
+        whole_number(top_k, "top_k")
+        whole_number(batch_size, "batch_size")
         if explain and not hasattr(self, "_attention"):
             raise TformerError(f"explain needs the model's attention weights, which the {self.runtime} runtime does "
                                f"not give; use the torch runtime (the checkpoint) to explain")

@@ -14,7 +14,8 @@ import sys
 import warnings
 
 from . import __version__
-from .errors import TformerError, hydra_error_line
+from .errors import Refused, TformerError, hydra_error_line
+from .safe_text import terminal
 from .yesno import parse_bool
 
 USAGE = """usage: tformer {train,evaluate,predict,pretrain,export,serve,push,report} [overrides ...]
@@ -23,7 +24,7 @@ USAGE = """usage: tformer {train,evaluate,predict,pretrain,export,serve,push,rep
   tformer pretrain [key=value ...]        masked-LM pretraining on unlabeled text; then train model.init=RUN_DIR
   tformer evaluate [checkpoint=PATH ...]  metrics of a checkpoint on a split (default: newest run, test split)
   tformer predict "text" [...]            label texts with a checkpoint (see tformer predict --help)
-  tformer export [checkpoint=PATH]        the checkpoint as ONNX, checked against PyTorch (predict runtime=onnx)
+  tformer export [checkpoint=PATH]        the checkpoint as ONNX, checked against PyTorch (predict --runtime onnx)
   tformer serve [checkpoint=PATH]         an HTTP server: POST /predict, GET /labels, GET /health
   tformer push checkpoint=PATH repo=ID    upload to the Hugging Face Hub; load with checkpoint=hf://ID
   tformer report RUN_DIR                  config, per-epoch metrics, test metrics and plots of a run
@@ -176,7 +177,18 @@ def _hydra_main(task: str, args: list[str]) -> None:
         discard_unstarted_sweep()  # a -m sweep refused at its first job: no empty sweep dir left behind
         if full_error or _debug():
             raise
-        print(f"error: {hydra_error_line(task, exc)}", file=sys.stderr)  # before any run dir exists
+        print(f"error: {terminal(hydra_error_line(task, exc))}", file=sys.stderr)  # before any run dir exists
+        sys.exit(2)
+    except Refused as refused:  # a callback refused the run or sweep folder, before Hydra wrote into it
+        print(f"error: {terminal(refused.error)}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as exc:  # Hydra's own writes (the run dir, .hydra/*.yaml) on a read-only or full disk
+        if _job_started or full_error or _debug():  # (inside a job, an OSError is the job's, not Hydra's set-up)
+            raise
+        from .store.atomic import write_problem
+
+        where = f" {exc.filename}" if getattr(exc, "filename", None) else " the run dir"
+        print(f"error: could not write{terminal(where)}: {write_problem(exc)}", file=sys.stderr)
         sys.exit(2)
     finally:
         if full_error is None:
@@ -185,12 +197,17 @@ def _hydra_main(task: str, args: list[str]) -> None:
             os.environ["HYDRA_FULL_ERROR"] = full_error
 
 
+_job_started = False  # Hydra has handed over to a job: its set-up writes (run dir, .hydra) are done
+
+
 def _job(fn):
     """A Hydra command's entry point, guarded; a job of a `-m` sweep records how it ended (sweeps/job_status.py):
     `_fail` writes a failure, and a job that returns is recorded done."""
     guarded = _guarded(fn)
 
     def job(cfg):
+        global _job_started
+        _job_started = True
         from .sweeps import job_status
 
         hydra_job = _hydra_job()

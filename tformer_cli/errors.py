@@ -12,6 +12,19 @@ class ConfigError(TformerError, ValueError):
     """A configuration value that cannot work (also a ValueError for library callers)."""
 
 
+class ArgumentTypeError(TformerError, TypeError):
+    """A Python API argument of the wrong type (top_k=1.5, batch_size="2"): a TypeError for library callers."""
+
+
+class Refused(BaseException):
+    """A TformerError raised in a Hydra callback, carried out of Hydra to the CLI's one line: Hydra turns an
+    Exception raised there into a warning and goes on, which would start the very run the callback refused."""
+
+    def __init__(self, error: TformerError):
+        super().__init__(str(error))
+        self.error = error
+
+
 def hydra_error_line(task: str, exc: Exception) -> str:
     """One line for an override Hydra could not apply. Hydra's own message is six lines ending in advice to write
     `+key=value`, which for a typo would add a new key that nothing reads and train on without the intended

@@ -14,9 +14,13 @@ from pathlib import Path
 import hydra
 import yaml
 from hydra import compose, initialize_config_dir
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from .errors import Refused, TformerError
+from .store.ownership import new_run_dir
 from .typed_config import plain
+from .yesno import bool_or_path
 
 MAX_JOB_DIRNAME = 150  # characters of a sweep job's folder name from its overrides (file names stop at 255 bytes)
 
@@ -67,6 +71,20 @@ def group_defaults(group: str, option: str = "_base") -> dict:
     tree = yaml.safe_load((Path(config_dir()) / group / f"{option}.yaml").read_text()) or {}
     tree.pop("defaults", None)
     return tree
+
+
+class NewRunDir(Callback):
+    """A run starts only in a new or empty folder (store/ownership.py), checked before Hydra writes its `.hydra`
+    record into the folder: `hydra.run.dir=<a finished or busy run>` leaves that run exactly as it was."""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        try:
+            resume = bool_or_path(config.get("resume"), "resume")  # train and pretrain; evaluate has none
+            new_run_dir(Path(str(config.hydra.run.dir)), str(config.hydra.job.config_name), resume)
+        except TformerError as exc:
+            raise Refused(exc) from None
+        except Exception as exc:  # (Hydra would turn it into a warning and start the run unchecked)
+            raise Refused(TformerError(f"could not check hydra.run.dir: {exc}")) from None
 
 
 def shell_completion(args: list[str], commands) -> None:

@@ -4,10 +4,13 @@ library below (training/, data/, model/) never sees OmegaConf.
 Defaults live in the YAML files only: a dataclass field has no default unless the key is optional by nature,
 so a key missing from a YAML file, an unknown key (a typo added with `+`), a value of the wrong type and a number
 outside its range (a class's `RANGES`) each fail here with one line naming the dotted key, before any data is read.
+NaN and infinities are refused for every number here, in one place (`finite`): a NaN compares false with every
+bound, so without this rule it would pass each range check and silently act as 0 or as "off".
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Union
@@ -53,15 +56,34 @@ def build(cls, node: Any, where: str = ""):
     return cls(**kwargs)
 
 
+def finite(value: Any, key: str) -> Any:
+    """`value` with every number in it (nested lists and mappings too) checked finite: NaN and +-inf refused."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}={value} must be a finite number (NaN and infinity are not allowed)")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            finite(v, _dotted(key, str(k)))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            finite(v, f"{key}[{i}]")
+    return value
+
+
 def check_ranges(cls, values: dict, where: str = "") -> None:
     """A class's RANGES = {field: (low, high, bounds)}: bounds "[]", "[)", "(]" or "()" say whether low and high
-    are allowed; None means unbounded on that side. A None value (an optional key left unset) is not checked."""
+    are allowed; None means unbounded on that side. A None value (an optional key left unset) is not checked; a
+    NaN or infinite one is always refused (no field of tformer means anything by them)."""
+    for name, value in values.items():
+        if isinstance(value, float):
+            finite(value, _dotted(where, name))
     for name, (low, high, bounds) in getattr(cls, "RANGES", {}).items():
         value = values.get(name)
         if value is None:
             continue
         too_low = low is not None and (value < low if bounds[0] == "[" else value <= low)
         too_high = high is not None and (value > high if bounds[1] == "]" else value >= high)
+        if too_low and high is not None and high >= 1024:  # a size's sanity cap is no news to who gave 0
+            raise ConfigError(f"{_dotted(where, name)}={value} must be {_describe(low, None, bounds)}")
         if too_low or too_high:
             raise ConfigError(f"{_dotted(where, name)}={value} must be {_describe(low, high, bounds)}")
 
@@ -95,7 +117,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 errors.append(exc)
         raise errors[0] if len(errors) == 1 else ConfigError(f"{key}={value!r} has the wrong type; see its YAML file")
     if tp is Any:
-        return value
+        return finite(value, key)
     if dataclasses.is_dataclass(tp):
         if hasattr(tp, "from_mapping"):
             if not isinstance(value, dict):
@@ -111,7 +133,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}={value!r} must be a mapping, e.g. {key}={{a: 1}}")
-        return dict(value)
+        return finite(dict(value), key)
     if tp is bool:
         return parse_bool(value, key)  # true/yes/1/on or false/no/0/off, as every yes/no of tformer
     if tp is int:
@@ -122,7 +144,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(f"{key}={value!r} must be a whole number")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            return finite(float(value), key)
         raise ConfigError(f"{key}={value!r} must be a number")
     if tp is str:
         if isinstance(value, str):

@@ -57,7 +57,7 @@ def run(cfg) -> float:
 
 def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, overrides=()) -> float:
     from ..console import output
-    from ..data import sources, tokenization
+    from ..data import sanity, sources, tokenization
     from ..evaluation import report
     from ..evaluation.evaluate import count, evaluate_split, write_reports
     from ..hardware import keep_freed_host_memory, pick_device, pick_precision
@@ -94,6 +94,7 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
     if list(data.label_names) != list(loaded.label_names):
         raise TformerError(f"the data's labels {data.label_names[:5]} differ from the checkpoint's "
                            f"{loaded.label_names[:5]}; evaluate on the dataset the model was trained on")
+    sanity.check(data, run_dir.data_report, evaluated=config.split)
     tok = tokenization.load_tokenizer(loaded.tokenizer_file, max_len, long_text, side)
     texts = data.splits[config.split]
     split = tokenization.TokenizedSplit.from_dataset(
@@ -106,7 +107,7 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
     title = f"{data_cfg.name} {config.split} ({count(split)})"
     report.print_metrics(metrics, loaded.label_names, title, console)
     write_json(run_dir.eval_metrics, metrics)
-    console.print(f"metrics written to {run_dir.eval_metrics}", highlight=False)
+    console.print(f"metrics written to {markup(run_dir.eval_metrics)}", highlight=False)
     write_reports(run_dir.root, metrics, loaded.label_names, texts["text"], split, probs, config.normalize, title,
                   console)
     return float(metrics["accuracy"])

@@ -8,7 +8,7 @@ USAGE = """usage: tformer export [checkpoint=PATH] [format=onnx] [quantize=none|
 
 Writes the checkpoint (default: the newest run's best) as an ONNX model with its tokenizer and labels, checked
 against PyTorch (max logit difference printed; fp32 exports over 1e-4 are refused). Default out:
-<run dir>/export/onnx (onnx-int8 when quantized). Then: tformer predict runtime=onnx checkpoint=<run dir>."""
+<run dir>/export/onnx (onnx-int8 when quantized). Then: tformer predict --runtime onnx --checkpoint <run dir>."""
 
 DEFAULTS = {"checkpoint": None, "format": "onnx", "quantize": None, "out": None, "opset": "17",
             "outputs_dir": "outputs"}
@@ -46,6 +46,6 @@ def main(argv: list[str]) -> int:
              + f", same top label on {done.label_agreement:.1%} of the parity sequences")
     console.print(f"wrote {markup(done.path)} ({done.bytes / 1e6:.1f} MB, {done.seconds:.1f} s); {check}",
                   highlight=False)
-    console.print(f"predict with it: tformer predict runtime=onnx checkpoint={markup(done.path)} \"some text\"",
+    console.print(f"predict with it: tformer predict --runtime onnx --checkpoint {markup(done.path)} \"some text\"",
                   highlight=False)
     return 0

@@ -6,77 +6,56 @@ runtime=onnx (an exported model, `tformer export`) not even torch: onnxruntime, 
 """
 from __future__ import annotations
 
-import json
-import re
+import codecs
 import sys
 
+from ..data.sanity import has_visible
 from ..errors import TformerError
 from ..evaluation import answers
+from ..safe_text import json_line, terminal
 from ..yesno import parse_bool
-from .options import KEY_VALUE
+from .options import flag_name, parse_flags
 
-USAGE = """usage: tformer predict [TEXT ...] [checkpoint=PATH] [top_k=N] [file=PATH|-] [json=true]
-                       [explain=true] [batch_size=N] [device=auto|cpu|cuda] [max_chars=N] [max_lines=N]
-                       [runtime=torch|onnx]
+USAGE = """usage: tformer predict [TEXT ...] [--checkpoint PATH] [--top-k N] [--file PATH|-] [--json] [--explain]
+                       [--batch-size N] [--device auto|cpu|cuda] [--max-chars N] [--max-lines N]
+                       [--runtime torch|onnx] [--outputs-dir DIR] [--] [TEXT ...]
 
-Labels each TEXT (or each line of file=PATH, or of standard input when no TEXT is given and input is piped).
-checkpoint defaults to the best checkpoint of the newest run under outputs/. explain=true (--explain) shows which tokens
-drove each decision (last-layer attention from the pooled position, and attention rollout). runtime=onnx runs
-the run's ONNX export (`tformer export`; checkpoint= may be the export dir) with onnxruntime, without torch.
-Flags --top-k N, --file PATH, --json, --explain, --checkpoint PATH and --runtime NAME are accepted too."""
+Labels each TEXT (or each line of --file PATH, or of standard input when no TEXT is given and input is piped).
+Every argument that is not a flag is a text. One that looks like an old-style option (checkpoint=x) is refused:
+write --checkpoint=x, or put -- before it to label it as a text; after --, every argument is a text.
+Flags take their value as `--flag VALUE` or `--flag=VALUE`, spelled with - or _ (--top-k, --top_k); -k is
+--top-k, -f is --file. --checkpoint defaults to the best checkpoint of the newest run under outputs/.
+--explain shows which tokens drove each decision (last-layer attention from the pooled position, and attention
+rollout). --runtime onnx runs the run's ONNX export (`tformer export`; --checkpoint may be the export dir) with
+onnxruntime, without torch. Texts longer than --max-chars are cut (a warning says how many); a file line with
+no end in sight (over 64 MiB, or 40 x max-chars bytes) is refused. --json writes one JSON line per text, control
+characters escaped as \\uXXXX."""
 
 DEFAULTS = {"checkpoint": None, "top_k": 1, "file": None, "json": False, "explain": False, "batch_size": 64,
             "device": "auto", "runtime": "torch",
             "max_chars": 100_000, "max_lines": 1_000_000, "outputs_dir": "outputs"}
-_FLAGS = {"--top-k": "top_k", "-k": "top_k", "--file": "file", "-f": "file", "--checkpoint": "checkpoint",
-          "--batch-size": "batch_size", "--device": "device", "--runtime": "runtime"}
-_SWITCHES = ("--json", "--explain")
-_FLAG_LIKE = re.compile(r"^--?[A-Za-z][\w-]*$")  # one word after - or --: a flag, never a text
+_SHORT = {"-k": "top_k", "-f": "file"}
 
 
 def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
-    opts, texts, i, only_texts = dict(DEFAULTS), [], 0, False
-    while i < len(argv):
-        arg = argv[i]
-        m = KEY_VALUE.match(arg)
-        if only_texts:
-            texts.append(arg)
-        elif arg == "--":
-            only_texts = True
-        elif arg in ("-h", "--help"):
-            print(USAGE)
-            raise SystemExit(0)
-        elif arg in ("--json", "--explain"):
-            opts[arg[2:]] = True
-        elif arg in _FLAGS:
-            if i + 1 >= len(argv):
-                raise TformerError(f"{arg} needs a value; see `tformer predict --help`")
-            opts[_FLAGS[arg]] = argv[i + 1]
-            i += 1
-        elif m and m.group(1) in DEFAULTS:
-            opts[m.group(1)] = m.group(2)
-        elif m and " " not in m.group(1):
-            raise TformerError(f"unknown option {m.group(1)!r}; predict takes {', '.join(DEFAULTS)} "
-                               f"(put `--` before texts that contain '=')")
-        elif _FLAG_LIKE.match(arg):
-            raise TformerError(f"unknown flag {arg!r}; predict knows {', '.join([*_FLAGS, *_SWITCHES, '--help'])} "
-                               f"(put `--` before texts that start with '-')")
-        else:
-            texts.append(arg)
-        i += 1
+    opts, texts = parse_flags(argv, DEFAULTS, USAGE, "predict", short=_SHORT, switches=("json", "explain"))
     counts = ("top_k", "batch_size", "max_chars", "max_lines")
     try:
         opts.update({key: int(opts[key]) for key in counts})
     except ValueError as exc:
-        raise TformerError(f"top_k, batch_size, max_chars and max_lines must be integers ({exc})") from exc
-    opts.update({key: parse_bool(opts[key], key) for key in ("json", "explain") if isinstance(opts[key], str)})
+        raise TformerError(f"--top-k, --batch-size, --max-chars and --max-lines must be integers "
+                           f"({terminal(exc)})") from exc
+    opts.update({key: parse_bool(opts[key], flag_name(key)) for key in ("json", "explain")
+                 if isinstance(opts[key], str)})
     for key in counts:
         if opts[key] < 1:
-            raise TformerError(f"{key}={opts[key]} must be at least 1")
+            raise TformerError(f"{flag_name(key)}={opts[key]} must be at least 1")
     if opts["runtime"] not in ("torch", "onnx"):
-        raise TformerError(f"runtime={opts['runtime']!r} must be torch (the checkpoint) or onnx (its export)")
+        raise TformerError(f"--runtime={terminal(opts['runtime'])!r} must be torch (the checkpoint) or onnx (its "
+                           f"export)")
     if opts["runtime"] == "onnx" and opts["device"] not in ("auto", "cpu"):
-        raise TformerError(f"runtime=onnx runs on the CPU; drop device={opts['device']} or use runtime=torch")
+        raise TformerError(f"--runtime=onnx runs on the CPU; drop --device={terminal(opts['device'])} or use "
+                           f"--runtime=torch")
     return opts, texts
 
 
@@ -89,52 +68,72 @@ def load_predictor(opts: dict):
 
         clf = OnnxClassifier.load(opts["checkpoint"], outputs_dir=opts["outputs_dir"])
         if not opts["checkpoint"]:
-            print(f"[tformer] using the newest run's export: {clf.path}", file=sys.stderr)
+            print(f"[tformer] using the newest run's export: {terminal(clf.path)}", file=sys.stderr)
         return clf
     from ..classifier import Classifier
 
     path = opts["checkpoint"] or newest(opts["outputs_dir"])
     if not opts["checkpoint"]:
-        print(f"[tformer] using the newest checkpoint: {path}", file=sys.stderr)
+        print(f"[tformer] using the newest checkpoint: {terminal(path)}", file=sys.stderr)
     return Classifier.load(path, device=opts["device"])
 
 
-def read_lines(source: str, max_lines: int) -> list[str]:
+def read_lines(source: str, max_lines: int, max_chars: int) -> list[str]:
+    """The lines of a file (or stdin for "-"), read as a stream: at most max_chars + 1 characters of a line are
+    kept (main cuts and counts the longer ones), at most max_lines lines are read, so neither an endless line
+    (/dev/zero, a binary file) nor an endless stream ever fills memory. A line that goes on for more than 64 MiB
+    (or 40 x max_chars bytes, when more) without an end is refused: it is not text."""
+    keep = 4 * (max_chars + 1)  # bytes that hold max_chars + 1 characters (UTF-8: 4 bytes at most each)
+    give_up = max(10 * keep, 1 << 26)  # (64 MiB at least: a long document is cut, not refused)
     stream = sys.stdin.buffer if source == "-" else None
     try:
         fh = stream or open(source, "rb")
     except OSError as exc:
-        raise TformerError(f"cannot read {source}: {exc.strerror}; check the path") from exc
-    lines = []
+        raise TformerError(f"cannot read {terminal(source)}: {exc.strerror}; check the path") from exc
+    lines, shown = [], terminal(source)
     with fh:
-        for n, raw in enumerate(fh, start=1):
+        for n in range(1, max_lines + 2):
+            raw = fh.readline(keep)
+            if not raw:
+                break
             if n > max_lines:
-                raise TformerError(f"{source} has more than max_lines={max_lines} lines; split the file or raise "
-                                   f"max_lines")
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
+                raise TformerError(f"{shown} has more than --max-lines={max_lines} lines; split the file or raise "
+                                   f"--max-lines")
+            cut = len(raw) == keep and not raw.endswith(b"\n")
+            seen = len(raw)
+            while cut:  # the rest of a long line: read in pieces and dropped
+                piece = fh.readline(1 << 16)
+                seen += len(piece)
+                if not piece or piece.endswith(b"\n"):
+                    break
+                if seen > give_up:
+                    raise TformerError(f"{shown} line {n} runs past {give_up:,} bytes without a line end "
+                                       f"(--max-chars={max_chars} keeps the start of long lines); pass a text "
+                                       f"file with one text per line")
+            try:  # a cut line may end inside a character: the incremental decoder leaves that part out
+                line = codecs.getincrementaldecoder("utf-8")().decode(raw, final=not cut)
             except UnicodeDecodeError as exc:
-                raise TformerError(f"{source} line {n} is not valid UTF-8 (byte {exc.start}); convert the file, "
+                raise TformerError(f"{shown} line {n} is not valid UTF-8 (byte {exc.start}); convert the file, "
                                    f"e.g. `iconv -f latin1 -t utf-8`") from exc
-            lines.append(line)  # blank lines too: the answers line up with the input lines
+            lines.append(line[: max_chars + 1] if cut else line.rstrip("\r\n"))  # blank ones too: answers line up
     return lines
 
 
 def main(argv: list[str]) -> int:
     opts, texts = parse_args(argv)
     if opts["file"]:
-        texts += read_lines(str(opts["file"]), opts["max_lines"])
+        texts += read_lines(str(opts["file"]), opts["max_lines"], opts["max_chars"])
     elif not texts and not sys.stdin.isatty():
-        texts = read_lines("-", opts["max_lines"])
+        texts = read_lines("-", opts["max_lines"], opts["max_chars"])
     if not texts:
-        raise TformerError("no text to label; pass texts as arguments, file=PATH, or pipe lines on stdin")
+        raise TformerError("no text to label; pass texts as arguments, --file PATH, or pipe lines on stdin")
     truncated = sum(len(t) > opts["max_chars"] for t in texts)
     if truncated:
-        print(f"[tformer] {truncated} text(s) longer than max_chars={opts['max_chars']} were cut", file=sys.stderr)
+        print(f"[tformer] {truncated} text(s) longer than --max-chars={opts['max_chars']} were cut", file=sys.stderr)
         texts = [t[: opts["max_chars"]] for t in texts]
 
     clf = load_predictor(opts)
-    blank = sum(not t.strip() for t in texts)
+    blank = sum(not has_visible(t) for t in texts)
     if blank:
         print(f"[tformer] {blank} empty text(s) have no label (marked empty)", file=sys.stderr)
     results = clf.predict(texts, top_k=opts["top_k"], explain=opts["explain"], batch_size=opts["batch_size"])
@@ -143,7 +142,7 @@ def main(argv: list[str]) -> int:
         for r in results:
             if k == 1:
                 r.pop("top_k")
-            print(json.dumps(r, ensure_ascii=False, allow_nan=False))
+            print(json_line(r))
         return 0
     answers.print_table(results, k, opts["explain"])
     return 0

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from ..deploy import hub_repo
 from ..errors import TformerError
+from ..safe_text import terminal
 from ..store.locate import newest
 from ..yesno import parse_bool
 from .options import parse_key_values
@@ -25,11 +26,12 @@ def main(argv: list[str]) -> int:
     source = opts["checkpoint"] or newest(opts["outputs_dir"], instead="<run dir>")
     if opts["stage"]:
         folder = hub_repo.stage(source, Path(opts["stage"]))
-        print(f"[tformer] staged {source} in {folder} (nothing uploaded)")
+        print(f"[tformer] staged {terminal(source)} in {terminal(folder)} (nothing uploaded)")
         return 0
     if not opts["repo"]:
         raise TformerError("push needs repo=<owner>/<name> (the Hub model repository to upload to)")
     url = hub_repo.push(source, opts["repo"], private=parse_bool(opts["private"], "private"),
                         message=opts["message"])
-    print(f"[tformer] pushed {source} to {url}; load it with checkpoint=hf://{opts['repo']}")
+    print(f"[tformer] pushed {terminal(source)} to {terminal(url)}; load it with "
+          f"checkpoint=hf://{terminal(opts['repo'])}")
     return 0

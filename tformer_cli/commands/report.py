@@ -5,7 +5,51 @@ import json
 from pathlib import Path
 
 from ..errors import TformerError
+from ..store import manifest
 from ..store.layout import RunDir, SweepDir, newest_checkpoints
+
+RUN_FILE_CAP = 64 << 20  # history.json and test_metrics.json: kilobytes when written
+
+
+def read_run_json(path: Path, kind: type):
+    """A run's JSON file, its size bounded before it is read and its shape checked: one line naming it otherwise."""
+    try:
+        if path.stat().st_size > RUN_FILE_CAP:
+            raise ValueError(f"{path.stat().st_size:,} bytes")
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise TformerError(f"{path} is damaged ({str(exc).splitlines()[0][:100]}); the run's other files are "
+                           f"intact, retrain or evaluate its checkpoint again to rewrite it") from None
+    if not isinstance(value, kind) or (kind is list and not all(isinstance(v, dict) for v in value)):
+        raise TformerError(f"{path} is damaged (not a {'list of epoch records' if kind is list else 'mapping'}); "
+                           f"retrain or evaluate its checkpoint again to rewrite it")
+    return value
+
+
+def saved_history(state) -> list:
+    """The epoch records a `last` checkpoint's trainer_state.json keeps (none when it is not a mapping of them)."""
+    history = state.get("history") if isinstance(state, dict) else None
+    return history if isinstance(history, list) else []
+
+
+def print_best(best: dict, console) -> None:
+    nan = float("nan")
+    if "val_mlm_loss" in best:  # a `tformer pretrain` run
+        console.print(f"best epoch {best.get('epoch')}: val_mlm_loss {best['val_mlm_loss']:.4f}, val_mlm_accuracy "
+                      f"{best.get('val_mlm_accuracy', nan):.4f}", highlight=False)
+    else:
+        console.print(f"best epoch {best.get('epoch')}: val_accuracy {best.get('val_accuracy', nan):.4f}, "
+                      f"val_f1 {best.get('val_f1', nan):.4f}, val_loss {best.get('val_loss', nan):.4f}",
+                      highlight=False)
+
+
+def shown(path: Path, show, *args) -> None:
+    """`show(*args)` of a file's values, a value of the wrong type or a missing key being one line naming it."""
+    try:
+        show(*args)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise TformerError(f"{path} is damaged ({type(exc).__name__}: {str(exc)[:80]}); retrain or evaluate its "
+                           f"checkpoint again to rewrite it") from None
 
 
 def main(argv: list[str]) -> int:
@@ -40,9 +84,15 @@ def main(argv: list[str]) -> int:
     from ..evaluation.report import print_history, print_metrics
 
     console = screen_console()
-    cfg = yaml.safe_load(ckpts[0].config.read_text())
-    model, data, opt, sched, emb, trainer = (cfg.get(k, {}) for k in ("model", "data", "optimizer", "schedule",
-                                                                      "embedding_init", "trainer"))
+    try:
+        cfg = yaml.safe_load(manifest.read_text(ckpts[0], ckpts[0].config))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise TformerError(f"{ckpts[0].config} is unreadable ({type(exc).__name__}); use another checkpoint") from None
+    if not isinstance(cfg, dict):
+        raise TformerError(f"{ckpts[0].config} is not a mapping of settings; use another checkpoint")
+    model, data, opt, sched, emb, trainer = (cfg.get(k) if isinstance(cfg.get(k), dict) else {}
+                                             for k in ("model", "data", "optimizer", "schedule", "embedding_init",
+                                                       "trainer"))
     from ..safe_text import markup, rich
 
     summary = Table(title=markup(f"run {run_dir}"), show_header=False)
@@ -63,28 +113,27 @@ def main(argv: list[str]) -> int:
         summary.add_row(key, rich(value))  # values come from a file: shown as written, never as markup
     console.print(summary)
     last = run_dir.last.existing()
-    history = json.loads(run_dir.history.read_text()) if run_dir.finished else \
-        json.loads(last.training_json.read_text()).get("history", []) if last and last.training_json.is_file() else []
+    source = run_dir.history if run_dir.finished else last.training_json if last else None
+    history = read_run_json(run_dir.history, list) if run_dir.finished else \
+        saved_history(manifest.read_json(last, last.training_json, allow_nan=True)) \
+        if last and last.training_json.is_file() else []
     if history:
-        print_history(history, console)
+        shown(source, print_history, history, console)
     best_ckpt = run_dir.best.existing()
-    best = json.loads(best_ckpt.metrics.read_text()) if best_ckpt and best_ckpt.metrics.is_file() else {}
-    if best and "val_mlm_loss" in best:  # a `tformer pretrain` run
-        console.print(f"best epoch {best.get('epoch')}: val_mlm_loss {best['val_mlm_loss']:.4f}, val_mlm_accuracy "
-                      f"{best.get('val_mlm_accuracy', float('nan')):.4f}", highlight=False)
-    elif best:
-        console.print(f"best epoch {best.get('epoch')}: val_accuracy {best.get('val_accuracy', float('nan')):.4f}, "
-                      f"val_f1 {best.get('val_f1', float('nan')):.4f}, val_loss {best.get('val_loss', float('nan')):.4f}",
-                      highlight=False)
+    best = manifest.read_json(best_ckpt, best_ckpt.metrics, allow_nan=True) \
+        if best_ckpt and best_ckpt.metrics.is_file() else {}
+    if best:
+        shown(best_ckpt.metrics, print_best, best, console)
     if not run_dir.finished:
         task = "pretrain" if best_ckpt is not None and best_ckpt.is_pretraining() else "train"
         console.print(f"[yellow]the run did not finish[/]; resume it with `tformer {task} <its overrides> "
-                      f"resume={run_dir}`", highlight=False)
+                      f"resume={markup(run_dir)}`", highlight=False)
     if run_dir.test_metrics.is_file():
-        labels = json.loads(ckpts[0].labels.read_text())
-        print_metrics(json.loads(run_dir.test_metrics.read_text()), labels, "test (best checkpoint)", console)
+        labels = manifest.read_json(ckpts[0], ckpts[0].labels)
+        shown(run_dir.test_metrics, print_metrics, read_run_json(run_dir.test_metrics, dict), labels,
+              "test (best checkpoint)", console)
     files = [p for p in (run_dir.training_curves, *artifacts.report_paths(run_dir.test_report).values(),
                          run_dir.best.path) if p.exists()]
     for p in files:
-        console.print(f"  {p}", highlight=False)
+        console.print(f"  {markup(p)}", highlight=False)
     return 0

@@ -43,5 +43,5 @@ class DataConfig:
 
     RANGES = {"validation_fraction": (0, 1, "()"), "test_fraction": (0, 1, "()"), "label_offset": (0, None, "[)"),
               "max_train_samples": (1, None, "[)"), "max_eval_samples": (1, None, "[)"),
-              "head_tokens": (0, None, "[)"), "chunk_overlap": (0, None, "[)"), "n_train": (4, None, "[)"),
-              "n_validation": (2, None, "[)"), "n_test": (2, None, "[)")}
+              "head_tokens": (0, None, "[)"), "chunk_overlap": (0, None, "[)"), "n_train": (4, 10_000_000, "[]"),
+              "n_validation": (2, 10_000_000, "[]"), "n_test": (2, 10_000_000, "[]")}

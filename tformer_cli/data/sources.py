@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +24,7 @@ from ..store.atomic import sha256_file
 from . import demo
 from .config import DataConfig
 from .newsgroups import clean
+from .sanity import check_label_names, has_visible
 
 SPLIT_ALIASES = {"train": ["train"], "validation": ["validation", "valid", "val", "dev"], "test": ["test"]}
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
@@ -34,6 +35,8 @@ class LoadedData:
     splits: Any  # datasets.DatasetDict with train / validation / test, columns text (str) and label (ClassLabel)
     label_names: list[str]
     source: str  # where it came from, for the log
+    files: dict = field(default_factory=dict)  # split -> the local file it was read from (data/sanity.py compares)
+    dropped: dict = field(default_factory=dict)  # split -> texts dropped for having no visible character
 
 
 def resolve_dir(cfg: DataConfig) -> Path | None:
@@ -83,7 +86,15 @@ def _find_split_file(folder: Path, split: str, cfg: DataConfig) -> Path | None:
     return None
 
 
-def _load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[str] | None = None):
+def _text_columns(cfg: DataConfig) -> list[str]:
+    return [cfg.text_column] if isinstance(cfg.text_column, str) else list(cfg.text_column)
+
+
+def _load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[str] | None = None,
+                text_columns: list[str] = ()):
+    """{split: Dataset} of local files. CSV/TSV cells are read as written: pandas would read a class named `None`
+    or `NA` and a text `null` as missing values (and a text column of numbers as numbers), so only an empty cell
+    is missing and the text columns stay strings. (JSON and parquet keep their own nulls and types.)"""
     out = {}
     for split, path in files.items():
         path = Path(path)
@@ -97,6 +108,7 @@ def _load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list
         kwargs: dict[str, Any] = {}
         if fmt == "csv":
             kwargs["delimiter"] = "\t" if path.suffix.lower() == ".tsv" else ","
+            kwargs.update(keep_default_na=False, na_values=[""], converters={c: str for c in text_columns})
             if path.suffix.lower() == ".tsv":
                 kwargs["quoting"] = 3  # csv.QUOTE_NONE: TSV corpora (GLUE) keep quote characters as text
             if not csv_header:
@@ -204,7 +216,7 @@ def _load_listed_files(cfg: DataConfig):
         raise TformerError("data=files needs data.train_file=<path> (and optionally data.validation_file, "
                            "data.test_file)")
     train = Path(os.path.expanduser(str(cfg.train_file)))
-    return _load_files({"train": train}, cfg.header, cfg.column_names), None, "local files"
+    return _load_files({"train": train}, cfg.header, cfg.column_names, _text_columns(cfg)), None, "local files"
 
 
 def _load_folder(cfg: DataConfig, folder: Path):
@@ -213,7 +225,8 @@ def _load_folder(cfg: DataConfig, folder: Path):
     if "train" not in files:
         raise TformerError(f"no train file in {folder}; expected train.parquet, train.csv, train.tsv, "
                            f"train.json or train.jsonl")
-    return _load_files(files, cfg.header, cfg.column_names), _read_label_names(folder), str(folder)
+    return (_load_files(files, cfg.header, cfg.column_names, _text_columns(cfg)), _read_label_names(folder),
+            str(folder))
 
 
 def _load_from_hub(cfg: DataConfig):
@@ -241,8 +254,18 @@ def _located(name, folder: Path | None) -> Path:
     return path
 
 
-def _raw_splits(cfg: DataConfig) -> tuple[dict, list[str] | None, str]:
-    """{split: Dataset} with the configured columns, label names if known, and a description of the source."""
+def _local_files(cfg: DataConfig, folder: Path | None) -> dict[str, Path]:
+    """The files the splits are read from (none for generated, fetched or Hub data)."""
+    if cfg.name == "files" and cfg.train_file:
+        return {"train": Path(os.path.expanduser(str(cfg.train_file)))}
+    if cfg.name in LOADERS or folder is None:
+        return {}
+    return {s: f for s in SPLIT_ALIASES if (f := _find_split_file(folder, s, cfg)) is not None}
+
+
+def _raw_splits(cfg: DataConfig) -> tuple[dict, list[str] | None, str, dict]:
+    """{split: Dataset} with the configured columns, label names if known, a description of the source, and
+    {split: file} of the local files read."""
     folder = None if cfg.name in LOADERS else resolve_dir(cfg)
     raw, names, source = (LOADERS[cfg.name](cfg) if cfg.name in LOADERS else _load_folder(cfg, folder)
                           if folder is not None else FETCHERS.get(cfg.name, _load_from_hub)(cfg))
@@ -253,7 +276,9 @@ def _raw_splits(cfg: DataConfig) -> tuple[dict, list[str] | None, str]:
                            f"came from the Hub: download it and pass data.dir=<folder>")
     # data.validation_file / data.test_file: given splits of data=files, or replacements in any local dataset
     # (e.g. `tformer evaluate test_file=new.csv` scores a new file with the training run's data settings)
-    return {**raw, **_load_files(listed, cfg.header, cfg.column_names)}, names, source
+    files = {**_local_files(cfg, folder), **listed}
+    return ({**raw, **_load_files(listed, cfg.header, cfg.column_names, _text_columns(cfg))}, names, source,
+            {s: str(p) for s, p in files.items()})
 
 
 def _from_hub(source: str) -> bool:
@@ -282,6 +307,10 @@ def _to_text_label(ds, cfg, split: str, from_hub: bool = False):
     if label_column != "__label":
         ds = ds.rename_column(label_column, "__label")
     ds = ds.select_columns(["__text", "__label"]).rename_columns({"__text": "text", "__label": "label"})
+    if getattr(ds.features["text"], "dtype", "string") not in ("string", "large_string"):  # e.g. parquet numbers
+        ds = ds.map(lambda b: {"text": [None if t is None else str(t) for t in b["text"]]}, batched=True,
+                    features=datasets.Features({**ds.features, "text": datasets.Value("string")}),
+                    desc=f"reading texts as strings ({split})")
     return ds
 
 
@@ -300,8 +329,23 @@ def _as_int(x):
     return value if not isinstance(x, float) or float(x).is_integer() else None
 
 
-def _encode_labels(splits: dict, names: list[str] | None) -> tuple[dict, list[str]]:
-    """Map string labels to ids (sorted names) or validate integer ids against 0..K-1."""
+def _named_by_source(where: str) -> bool:
+    """Names a dataset publishes with itself (a Hub dataset's class names) may list classes no row has; names the
+    user wrote (labels.txt, data.label_names) must not."""
+    return where.startswith("the label names of")
+
+
+def _classes_used(splits: dict, names, where: str) -> int:
+    """The highest class id any split uses, plus one (what user-written names are checked against)."""
+    if _named_by_source(where):
+        return len(names)
+    ids = [int(x) for ds in splits.values() for x in ds["label"] if x is not None and not isinstance(x, str)]
+    return max(ids) + 1 if ids else 0
+
+
+def _encode_labels(splits: dict, names: list[str] | None, where: str) -> tuple[dict, list[str]]:
+    """Map string labels to ids (sorted names) or validate integer ids against 0..K-1 (K: the names given in
+    `where`, if any)."""
     train_labels = splits["train"]["label"]
     kinds = {type(x).__name__ for x in train_labels if x is not None}
     if any(x is None for x in train_labels):
@@ -332,6 +376,8 @@ def _encode_labels(splits: dict, names: list[str] | None) -> tuple[dict, list[st
                                    desc=f"encoding labels ({split})")
     else:
         values = sorted({int(x) for x in train_labels})
+        if names:
+            check_label_names(list(names), where, _classes_used(splits, names, where))
         k = len(names) if names else len(values)
         if values and (values[0] < 0 or values[-1] >= k):
             shown = ", ".join(map(str, values[:8])) + (", ..." if len(values) > 8 else "")
@@ -362,7 +408,7 @@ def _label_set(value, separator: str, split: str) -> list:
                        f"give each row a list of labels or a string like 'a{separator}b'")
 
 
-def _encode_label_sets(splits: dict, names: list[str] | None, separator: str) -> tuple[dict, list[str]]:
+def _encode_label_sets(splits: dict, names: list[str] | None, separator: str, where: str) -> tuple[dict, list[str]]:
     """Multi-label: every row's label set as a sorted list of ids (a row may have none). String labels are named
     in sorted order; integer labels are checked against 0..K-1 (K from labels.txt / data.label_names if given)."""
     sets = {s: [_label_set(v, separator, s) for v in ds["label"]] for s, ds in splits.items()}
@@ -381,6 +427,9 @@ def _encode_label_sets(splits: dict, names: list[str] | None, separator: str) ->
         index = {n: i for i, n in enumerate(names)}
     else:
         values = sorted({int(x) for x in seen})
+        if names and values:
+            used = [int(x) for rows in sets.values() for row in rows for x in row]
+            check_label_names(list(names), where, len(names) if _named_by_source(where) else max(used) + 1)
         k = len(names) if names else (values[-1] + 1 if values else 0)
         if values and (values[0] < 0 or values[-1] >= k):
             raise TformerError(f"labels must be 0..{k - 1} for {k} classes, found {values[0]}..{values[-1]}; "
@@ -431,8 +480,10 @@ def _carve(ds, fraction: float, seed: int, name: str):
 def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
     """Load, clean, validate and split the dataset named by the `data` config."""
     datasets.disable_progress_bars()  # its per-step bars (casting, filtering) would spam terminals and logs
-    raw, names, source = _raw_splits(cfg)
+    raw, names, source, files = _raw_splits(cfg)
     from_hub = _from_hub(source)
+    where = ("data.label_names" if names is None else f"{Path(source) / 'labels.txt'}" if files else
+             f"the label names of {source}")  # for the one line that refuses names that do not fit the labels
     splits = {s: _to_text_label(ds, cfg, s, from_hub) for s, ds in raw.items() if s in SPLIT_ALIASES}
     offset = 0 if from_hub else cfg.label_offset
     if offset and cfg.multi_label:
@@ -450,21 +501,25 @@ def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
     if remove:
         splits = {s: ds.map(lambda b: {"text": [clean(t, remove) for t in b["text"]]}, batched=True,
                             desc=f"removing {'/'.join(remove)} ({s})") for s, ds in splits.items()}
+    dropped = {}
     for split in list(splits):
         ds = splits[split]
         before = len(ds)
-        ds = ds.filter(lambda b: [isinstance(t, str) and t.strip() != "" for t in b["text"]], batched=True,
+        ds = ds.filter(lambda b: [isinstance(t, str) and has_visible(t) for t in b["text"]], batched=True,
                        desc=f"dropping empty texts ({split})")
         if len(ds) == 0:
-            raise TformerError(f"the {split} split is empty after dropping empty texts ({before} rows before); "
-                               f"check data.text_column")
+            raise TformerError(f"the {split} split is empty after dropping empty texts (none of its {before} rows has "
+                               f"a visible character); check data.text_column")
         if len(ds) < before:
-            output().print(f"{split}: skipped {before - len(ds)} empty or whitespace-only texts")
+            dropped[split] = before - len(ds)
+            n = dropped[split]
+            output().print(f"{split}: skipped {n} text{'s' if n != 1 else ''} with no visible character (empty, or "
+                           f"only spaces, zero-width or combining characters)")
         splits[split] = ds
     if cfg.multi_label:
-        splits, names = _encode_label_sets(splits, names, cfg.label_separator)
+        splits, names = _encode_label_sets(splits, names, cfg.label_separator, where)
     else:
-        splits, names = _encode_labels(splits, names)
+        splits, names = _encode_labels(splits, names, where)
     if "test" not in splits and cfg.test_fraction:  # datasets without an official split
         splits["train"], splits["test"] = _carve(splits["train"], cfg.test_fraction, seed, "test")
     if "validation" not in splits:
@@ -474,4 +529,4 @@ def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
         limit = getattr(cfg, limit_key)
         if split in splits and limit and len(splits[split]) > int(limit):
             splits[split] = splits[split].shuffle(seed=seed).select(range(int(limit)))
-    return LoadedData(datasets.DatasetDict(splits), names, source)
+    return LoadedData(datasets.DatasetDict(splits), names, source, files, dropped)

@@ -8,6 +8,8 @@ tensor plus offsets: no Python lists of lists on the training path.
 from __future__ import annotations
 
 import hashlib
+import itertools
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,29 +26,97 @@ if TYPE_CHECKING:  # torch is imported where tensors are made: the ONNX predict 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def train_wordpiece(texts, vocab_size: int, max_len: int):
-    """A BERT-style uncased WordPiece tokenizer learned from the training texts."""
+def train_wordpiece(texts, vocab_size: int, max_len: int, min_frequency: int = 2):
+    """A BERT-style uncased WordPiece tokenizer learned from the training texts; the same texts give the same
+    tokenizer.json in every process (runs, their token caches and their accuracy are reproducible).
+
+    Not `trainers.WordPieceTrainer`: it breaks ties between equally frequent merges by the pieces' ids, and gives
+    the `##c` pieces their ids in hash-map order, random per process, so two runs learned different pieces. A plain
+    BPE trainer numbers every starting symbol in code-point order: a character that continues a word is spelled as
+    a private-use character of its own while learning (`learn_wordpiece_vocab`), so the same Rust merges run, ties
+    break the same way every time, and the pieces are read back as WordPiece (`##`) pieces."""
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True, clean_text=True, strip_accents=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=2,
-                                        show_progress=False)
-    texts = list(texts)
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
-    # The trainer breaks ties between equally frequent merges in hash-map order, which changes from process to
-    # process: the intermediate pieces it keeps, and so every id, differ between two runs on the same texts.
-    # Keep what is deterministic (the characters, and the pieces that segmenting the training texts uses) and
-    # number it in sorted order, so the same texts always give the same tokenizer and runs are reproducible.
-    learned = tok.get_vocab()
-    used = {t for enc in encodings(tok, texts) for t in enc.tokens}
-    alphabet = {t for t in learned if len(t.removeprefix("##")) == 1}
-    ordered = SPECIAL_TOKENS + sorted((used | alphabet) - set(SPECIAL_TOKENS))
-    tok.model = models.WordPiece({t: i for i, t in enumerate(ordered)}, unk_token="[UNK]")
+    vocab = learn_wordpiece_vocab(word_counts(tok, texts), vocab_size, min_frequency)
+    tok.model = models.WordPiece(vocab, unk_token="[UNK]")
+    tok.add_special_tokens(SPECIAL_TOKENS)  # as a trainer adds them: never split, skipped by decode
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))]
     )
     return configure(tok, max_len)
+
+
+# What BertNormalizer does to ASCII text, as a str.translate table: control characters go, tab/newline/CR become spaces
+_ASCII_CLEAN = {**dict.fromkeys([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F]), 0x09: " ", 0x0A: " ",
+                0x0D: " "}
+
+
+def word_counts(tok, texts) -> Counter:
+    """How often each word occurs, the words being what tok's normalizer and pre-tokenizer make of the texts.
+
+    Calling those per text costs ~1 ms a review (their offset bookkeeping), so: ASCII texts are cleaned and
+    lowercased in Python (what BertNormalizer does to ASCII), the others go through the normalizer; the text is
+    split at whitespace, and only the distinct chunks that are not plain letters and digits are pre-tokenized
+    (BertPreTokenizer splits off punctuation). Same counts as the per-text calls (tested)."""
+    chunks: Counter = Counter()
+    for text in texts:
+        clean = text.translate(_ASCII_CLEAN).lower() if text.isascii() else tok.normalizer.normalize_str(text)
+        chunks.update(clean.split())
+    words: Counter = Counter()
+    for chunk, n in chunks.items():
+        if chunk.isalnum():  # no punctuation or whitespace: one word
+            words[chunk] += n
+        else:
+            for word, _ in tok.pre_tokenizer.pre_tokenize_str(chunk):
+                words[word] += n
+    return words
+
+
+def _unused_characters(taken: set[str]):
+    """Characters for continuation symbols: private-use first, never one the corpus has, never whitespace (the
+    BPE trainer's words are split at whitespace)."""
+    private = itertools.chain(range(0xE000, 0xF900), range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE))
+    others = itertools.chain(range(0x80, 0xD800), range(0xF900, 0xF0000))  # a corpus with over 137,000 characters
+    return (chr(c) for c in itertools.chain(private, others) if chr(c) not in taken and not chr(c).isspace())
+
+
+def learn_wordpiece_vocab(words: dict[str, int], vocab_size: int, min_frequency: int = 2) -> dict[str, int]:
+    """WordPiece vocabulary (piece -> id) learned by BPE merges from word counts, as WordPieceTrainer learns it:
+    the special tokens (ids 0..4), every character of the words, every `##` character that continues one,
+    then merged pieces, most frequent pair first, until vocab_size pieces (the characters are always all kept,
+    even past vocab_size); a pair seen fewer than min_frequency times is never merged.
+
+    The word's first character is itself, every other character c is spelled as its own unused character (the
+    same for every occurrence of c): the BPE trainer then learns WordPiece's pieces, but its starting symbols are
+    numbered in code-point order (no `##c` numbered in hash-map order) and its ties break the same every run."""
+    taken = set("".join(words))
+    inner = sorted(set("".join(word[1:] for word in words)))
+    spell = dict(zip(inner, _unused_characters(taken)))
+    continuation = set(spell.values())
+    encode, decode = str.maketrans(spell), str.maketrans({v: k for k, v in spell.items()})
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # every character also as a piece of its own, even one that only ever continues words (as WordPieceTrainer)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=sorted(taken), show_progress=False)
+    # The trainer takes texts, not counts: each word once per occurrence, one text per distinct word (made as read)
+    block = 10_000  # repeats per string: the most frequent word of a big corpus is not one string of its count
+
+    def feed():
+        for word, n in words.items():
+            piece = word[0] + word[1:].translate(encode)
+            for start in range(0, n, block):
+                yield " ".join([piece] * min(block, n - start))
+
+    bpe.train_from_iterator(feed(), trainer=trainer, length=len(words))
+    vocab = {}
+    for piece, i in sorted(bpe.get_vocab().items(), key=lambda item: item[1]):
+        if piece not in SPECIAL_TOKENS:
+            piece = ("##" if piece[0] in continuation else "") + piece.translate(decode)
+        vocab[piece] = i
+    return vocab
 
 
 LONG_TEXT_MODES = ("truncate", "head_tail", "chunks")
@@ -205,7 +275,7 @@ class TokenizedSplit:
     @property
     def doc_labels(self) -> torch.Tensor:
         """(n_docs,) the label of each document (what metrics are computed on)."""
-        import torch  # deferred: predict runtime=onnx imports this module and never loads torch
+        import torch  # deferred: predict --runtime onnx imports this module and never loads torch
 
         if self.docs is None:
             return self.labels
@@ -220,7 +290,7 @@ class TokenizedSplit:
     @classmethod
     def from_dataset(cls, ds) -> "TokenizedSplit":
         import pyarrow as pa  # deferred: predict's cold start (~150 ms, and predict never reads Arrow)
-        import torch  # deferred: predict runtime=onnx imports this module and never loads torch
+        import torch  # deferred: predict --runtime onnx imports this module and never loads torch
 
         column = ds.data.column("input_ids")  # ChunkedArray of list<int32>, memory-mapped from the cache
         if ds._indices is not None:  # a select()/shuffle() view: materialise the rows it points at
@@ -245,7 +315,7 @@ class TokenizedSplit:
 
     @classmethod
     def from_ids(cls, ids: list[list[int]], labels=None, docs: list[int] | None = None) -> "TokenizedSplit":
-        import torch  # deferred: predict runtime=onnx imports this module and never loads torch
+        import torch  # deferred: predict --runtime onnx imports this module and never loads torch
 
         lengths = torch.tensor([len(x) for x in ids], dtype=torch.int64)
         offsets = torch.zeros(len(ids) + 1, dtype=torch.int64)

@@ -1,5 +1,5 @@
 """`tformer export`: a checkpoint as an ONNX model plus what reading texts needs (tokenizer, labels, long-text
-settings), so it runs under onnxruntime without torch (`OnnxClassifier`, `tformer predict runtime=onnx`).
+settings), so it runs under onnxruntime without torch (`OnnxClassifier`, `tformer predict --runtime onnx`).
 
 The graph is traced with dynamic batch and sequence axes and keeps the padding mask. Every export is checked
 before it is kept: onnxruntime and PyTorch run the same padded batches of shapes the trace never saw, and an fp32
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TformerError
-from ..store import manifest
-from ..store.atomic import json_text, sha256_file, staged_dir, write_problem
+from ..store import manifest, ownership
+from ..store.atomic import json_text, sha256_file, write_problem
 from ..store.layout import ExportDir, RunDir
 from ..store.locate import is_ref, locate
 
@@ -74,18 +74,21 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
                            f"download cache, which is no place to write (its repository may already have onnx/)")
     start = time.perf_counter()
     source = locate(checkpoint)
+    target = (ExportDir(Path(out).expanduser()) if out is not None
+              else RunDir.of_checkpoint(source).export_of(source, quantized=quantize is not None))
+    # before anything is loaded: a folder of the user's, or another checkpoint's export, is never replaced
+    ownership.check_replaceable(target.path, "export", "out", legacy=_legacy_export_files)
+    other = _exported_from(target)
+    if other is not None and other != source.path.resolve():
+        raise TformerError(f"out={target} holds the export of another checkpoint ({other}); pass a new folder, or "
+                           f"remove that export first")
     loaded = ckpt.load(source, "cpu")
     model, cfg = loaded.model.eval(), loaded.model.cfg
     long_text = LongText.from_meta(loaded.meta)
     pad = pad_id(load_tokenizer(loaded.tokenizer_file, cfg.max_len, long_text))
-    target = (ExportDir(Path(out).expanduser()) if out is not None
-              else RunDir.of_checkpoint(source).export_of(source, quantized=quantize is not None))
-    if target.path.exists() and not target.path.is_dir():
-        raise TformerError(f"out={target} is a file; pass a folder (new, empty, or an earlier export to replace)")
-    if target.path.is_dir() and not target.is_export() and any(target.path.iterdir()):
-        raise TformerError(f"out={target} exists and is not an export dir; choose an empty or new folder")
     try:
-        with staged_dir(target.path) as staging:  # swapped in whole, and only once checked and complete
+        # written whole in a temporary sibling, swapped in only once checked and complete, and marked as ours
+        with ownership.replacing(target.path, "export", "out", legacy=_legacy_export_files) as staging:
             tmp = ExportDir(staging)
             ids, mask = parity_batches(cfg.vocab_size, cfg.max_len, pad)[2]
             with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
@@ -109,7 +112,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
                         logging.disable(logging.NOTSET)
                 fp32.unlink()
             worst, same, total = _parity(model, session(tmp.model, threads=0), cfg, pad)
-            if quantize is None and not worst <= PARITY_TOLERANCE:
+            if not worst <= (PARITY_TOLERANCE if quantize is None else float("inf")):  # NaN: never kept
                 raise TformerError(f"the ONNX export of {source} differs from PyTorch by {worst:.2e} in the logits "
                                    f"(allowed {PARITY_TOLERANCE:.0e}); nothing was written. Report this with the "
                                    f"checkpoint's model config")
@@ -141,11 +144,36 @@ def _parity(model, session, cfg, pad: int) -> tuple[float, int, int]:
     with torch.no_grad():
         for ids, mask in parity_batches(cfg.vocab_size, cfg.max_len, pad, seed=1):
             ref = model(ids, mask).numpy()
+            if not np.isfinite(ref).all():  # (max() over NaN differences would report 0 and pass)
+                raise TformerError("the checkpoint's model gives NaN or infinite logits (its weights are not "
+                                   "finite); nothing was exported. Export a checkpoint of a run that trained well")
             got = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
-            worst = max(worst, float(np.abs(ref - got).max()))
+            diff = float(np.abs(ref - got).max())
+            if worst == worst and not diff <= worst:  # a NaN difference (a broken export) sticks: max() hides it
+                worst = diff
             same += int((ref.argmax(1) == got.argmax(1)).sum())
             total += len(ref)
     return worst, same, total
+
+
+def _legacy_export_files(folder: Path) -> set[str] | None:
+    """The files of an export written before folders were marked: those its manifest lists, when it is one."""
+    export = ExportDir(folder)
+    listed = manifest.entries(export) if export.is_export() else None
+    return None if listed is None else {*listed, export.manifest.name}
+
+
+def _exported_from(target: ExportDir) -> Path | None:
+    """The checkpoint an existing export was made from (its export.json), resolved; None when unknown."""
+    import json
+
+    try:
+        if not target.is_export() or target.info.stat().st_size > manifest.MANIFEST_CAP:
+            return None
+        source = json.loads(target.info.read_text())["source_checkpoint"]
+        return (target.path / source).resolve() if isinstance(source, str) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _relative_or_absolute(source: Path, export: Path) -> str:

@@ -5,7 +5,7 @@ The repository's layout (written here; its names are in store/layout.py):
     <checkpoint files>      model.safetensors model.json tokenizer.json labels.json meta.json metrics.json
                             config.yaml manifest.json, exactly as in checkpoints/best (the manifest is checked
                             on load like any local checkpoint's)
-    onnx/                   the run's ONNX export, when it has one (`predict runtime=onnx checkpoint=hf://...`)
+    onnx/                   the run's ONNX export, when it has one (`predict --runtime onnx --checkpoint hf://...`)
     README.md               a model card: labels, test metrics, how to use it
 
 A downloaded repository is just a checkpoint dir in the Hub's cache, so everything a local checkpoint gets
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from .. import hub
 from ..errors import TformerError
-from ..store import manifest
+from ..store import manifest, ownership
 from ..store.atomic import write_json
-from ..store.layout import HUB_ONNX_FOLDER, CheckpointDir, ExportDir, RunDir
+from ..store.layout import HUB_ONNX_FOLDER, MARKER, CheckpointDir, ExportDir, RunDir
 from ..store.locate import PREFIX, locate, parse_ref
 
 
@@ -38,32 +38,28 @@ def stage(checkpoint: str | Path, folder: Path) -> Path:
     stale = manifest.stale_export(export, source) if export.is_export() else None
     if stale:
         raise TformerError(f"{stale} (before pushing)")
-    if folder.exists() and not folder.is_dir():
-        raise TformerError(f"stage={folder} is a file; pass a new or empty folder")
     inside = folder.resolve()
     if inside == source.path.resolve() or source.path.resolve().is_relative_to(inside) or \
             inside.is_relative_to(source.path.resolve()):
         raise TformerError(f"stage={folder} is, holds or lies inside the checkpoint being staged; pass another folder")
-    if folder.is_dir() and any(folder.iterdir()):
-        if not (CheckpointDir(folder).manifest.is_file() and (folder / "README.md").is_file()):
-            raise TformerError(f"stage={folder} is not empty; pass a new or empty folder (a previous stage is "
-                               f"replaced, anything else is left alone)")
-        shutil.rmtree(folder)  # an earlier stage: a fresh copy, not a merge of two checkpoints
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in [*manifest.entries(source), source.manifest.name]:
-        if name in (source.training_tensors.name, source.training_json.name):
-            raise TformerError(f"checkpoint {source} holds optimizer state; push the run's best checkpoint "
-                               f"(pass the run dir)")
-        shutil.copy2(source.path / name, folder / name)
-    if export.is_export():
-        _stage_export(export, folder / HUB_ONNX_FOLDER)
-    (folder / "README.md").write_text(model_card(source, export.is_export()))
+    names = [*manifest.entries(source), source.manifest.name]
+    if source.training_tensors.name in names or source.training_json.name in names:
+        raise TformerError(f"checkpoint {source} holds optimizer state; push the run's best checkpoint "
+                           f"(pass the run dir)")
+    # a new or empty folder, or an earlier stage (by its marker) holding only what was staged: written whole in
+    # a temporary sibling and swapped in, so a refusal or a full disk leaves the folder as it was
+    with ownership.replacing(folder, "stage", "stage") as tmp:
+        for name in names:
+            shutil.copy2(source.path / name, tmp / name)
+        if export.is_export():
+            _stage_export(export, tmp / HUB_ONNX_FOLDER)
+        (tmp / "README.md").write_text(model_card(source, export.is_export()))
     return folder
 
 
 def _stage_export(export, into: Path) -> None:
     """The export as published: its source is the repository's root checkpoint (not a path on this machine)."""
-    shutil.copytree(export.path, into)
+    shutil.copytree(export.path, into, ignore=shutil.ignore_patterns(MARKER))  # the stage has its own
     staged = ExportDir(into)
     info = json.loads(staged.info.read_text())
     info["source_checkpoint"] = ".."
@@ -91,8 +87,8 @@ def model_card(source: CheckpointDir, has_onnx: bool) -> str:
         lines += ["Validation at the saved epoch: "
                   + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.startswith("val_")
                               and isinstance(v, (int, float))) + ".", ""]
-    lines += ["```", "tformer predict checkpoint=hf://<this repo> \"some text\"",
-              *(["tformer predict runtime=onnx checkpoint=hf://<this repo> \"some text\"   # no torch"]
+    lines += ["```", "tformer predict --checkpoint hf://<this repo> \"some text\"",
+              *(["tformer predict --runtime onnx --checkpoint hf://<this repo> \"some text\"   # no torch"]
                 if has_onnx else []),
               "```", "", "```python", "from tformer_cli import Classifier",
               "clf = Classifier.load(\"hf://<this repo>\")", "clf.predict([\"some text\"])", "```", ""]
@@ -115,7 +111,7 @@ def push(checkpoint: str | Path, repo: str, *, private: bool = False, message: s
         api = HfApi()
         try:
             url = api.create_repo(repo, private=private, exist_ok=True)
-            api.upload_folder(repo_id=repo, folder_path=str(folder),
+            api.upload_folder(repo_id=repo, folder_path=str(folder), ignore_patterns=[MARKER],
                               commit_message=message or f"tformer push of {Path(str(checkpoint)).name}")
         except HfHubHTTPError as exc:
             raise TformerError(f"could not push to {repo}: {_first_line(exc)} (log in with `hf auth login` or set "

@@ -1,5 +1,5 @@
 """An exported model (`tformer export`) as a classifier, run by onnxruntime: no torch, safetensors or Hydra, so
-`tformer predict runtime=onnx` starts in a fraction of the time `import torch` takes.
+`tformer predict --runtime onnx` starts in a fraction of the time `import torch` takes.
 
     from tformer_cli.deploy.onnx_classifier import OnnxClassifier
     clf = OnnxClassifier.load("outputs/train/<date>/<time>")    # its export/onnx, or an export dir itself
@@ -10,14 +10,13 @@ ones (the tokenizer and long-text settings travel in the export dir); no `explai
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ..classifier import TextPredictor
-from ..errors import TformerError
+from ..classifier import TextPredictor, whole_number
+from ..errors import ConfigError, TformerError
 from ..store.layout import ExportDir
 from ..store.locate import locate_export
-from ..store.manifest import verify_export
+from ..store.manifest import finite_number, read_json, verify_export
 
 EXPORT_FORMAT_VERSION = 1
 
@@ -36,28 +35,27 @@ class OnnxClassifier(TextPredictor):
     def load(cls, path: str | Path | None = None, *, outputs_dir: str | Path = "outputs",
              threads: int = 0) -> "OnnxClassifier":
         """threads: onnxruntime's intra-op threads (0: one per core)."""
-        from ..data.tokenization import LongText, load_tokenizer
+        from ..data.tokenization import load_tokenizer
 
+        whole_number(threads, "threads", low=0)
         export = locate_export(path, outputs_dir)
         verify_export(export)
-        try:
-            info = json.loads(export.info.read_text())
-            labels = json.loads(export.labels.read_text())
-            version = info["format_version"]
-            long_text = LongText.from_meta(info)
-            max_len = int(info["max_len"])
-            int(info["pad_id"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise TformerError(f"export {export} has an unreadable {export.info.name} ({type(exc).__name__}); "
-                               f"export the checkpoint again") from None
-        if version != EXPORT_FORMAT_VERSION:
+        info = read_json(export, export.info, allow_nan=True)  # (its measured parity may be NaN)
+        labels = read_json(export, export.labels)
+        if not isinstance(info, dict):
+            raise TformerError(f"export {export}: {export.info.name} is not a mapping; export the checkpoint again")
+        version = info.get("format_version")
+        long_text, max_len = checked_info(export, info)
+        if isinstance(version, bool) or version != EXPORT_FORMAT_VERSION:
             raise TformerError(f"export {export} has format version {version}, this tformer reads "
                                f"{EXPORT_FORMAT_VERSION}; export the checkpoint again with this version")
         if not (isinstance(labels, list) and labels and all(isinstance(n, str) for n in labels)):
             raise TformerError(f"export {export}: {export.labels.name} must be a list of label names; export again")
+        if len(set(labels)) < len(labels):
+            raise TformerError(f"export {export}: {export.labels.name} names a label more than once; export again")
         cuts = info.get("thresholds")
         if cuts is not None and not (isinstance(cuts, list) and len(cuts) == len(labels)
-                                     and all(isinstance(t, (int, float)) and 0 < t < 1 for t in cuts)):
+                                     and all(finite_number(t) and 0 < t < 1 for t in cuts)):
             raise TformerError(f"export {export}: {export.info.name} has invalid thresholds; export again")
         runner = session(export.model, threads)
         classes = runner.get_outputs()[0].shape[-1]
@@ -109,6 +107,37 @@ class OnnxClassifier(TextPredictor):
             return (1 / (1 + np.exp(-mean))).astype(np.float32)
         z = np.exp(mean - mean.max(axis=1, keepdims=True))
         return (z / z.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+def checked_info(export: ExportDir, info: dict):
+    """(LongText, max_len) of export.json, every value it is read by checked first: one line naming the key."""
+    from ..data.tokenization import LongText
+
+    def bad(key: str, want: str):
+        return TformerError(f"export {export}: {export.info.name} has {key}={info.get(key)!r}, not {want}; export the "
+                            f"checkpoint again")
+
+    max_len, pad_id = info.get("max_len"), info.get("pad_id")
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or not 2 <= max_len <= 1 << 20:
+        raise bad("max_len", "a whole number from 2 to 1048576")
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < 0:
+        raise bad("pad_id", "a token id (a whole number >= 0)")
+    if not isinstance(info.get("multi_label", False), bool):
+        raise bad("multi_label", "true or false")
+    for key in ("head_tokens", "chunk_overlap"):
+        value = info.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise bad(key, "a whole number or null")
+    if not isinstance(info.get("long_text", "truncate"), str):
+        raise bad("long_text", "a long-text mode")
+    try:
+        long_text = LongText.from_meta(info)
+        long_text.head(max_len) if long_text.mode == "head_tail" else None
+        long_text.overlap(max_len) if long_text.mode == "chunks" else None
+    except ConfigError as exc:
+        raise TformerError(f"export {export}: {export.info.name} is invalid ({exc}); export the checkpoint "
+                           f"again") from None
+    return long_text, max_len
 
 
 def session(model: Path, threads: int = 0):

@@ -14,10 +14,17 @@ small requests cost about one batch. The model runs one batch at a time.
 Every refusal is a 4xx with {"error": "<one line naming the problem and the fix>"}: a body that is not JSON or
 has the wrong shape, too many texts, a text too long, a body over max_body_bytes (413). An unexpected failure is
 a 500 with one line and no traceback (the server logs the same line to stderr).
+
+Slow and vanished clients (ConnectionLimits): uvicorn bounds idle keep-alive connections (timeout_keep_alive) and
+header size (h11), but not how long a client may take to send its headers or its body, nor how many connections
+may be open: a client trickling one byte at a time held a connection (and a file descriptor) for ever. Its h11
+protocol is subclassed (GuardedH11Protocol) to add those three, and to log a client that disconnects before its
+answer as one line (uvicorn logged "Exception in ASGI application" and a traceback for each).
 """
 
 import asyncio
 import json
+import math
 import socket
 import sys
 import time
@@ -26,6 +33,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from ..errors import TformerError
+from ..safe_text import terminal
 
 
 @dataclass
@@ -34,6 +42,172 @@ class ServeLimits:
     max_chars: int = 20_000  # per text
     max_body_bytes: int = 2_000_000
     max_top_k: int = 100
+
+
+@dataclass
+class ConnectionLimits:
+    """What a client may hold: without these a client that sends its request slowly, or not at all, keeps its
+    connection open for as long as it likes, and a few hundred such clients exhaust the server's file descriptors."""
+    # request line + headers complete within this, from the connection (on a kept-alive connection: from the next
+    # request's first byte, the idle time before it being keep_alive_s's); else 408 and closed
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0  # the whole body, counted from the end of the headers; else 408 and closed
+    keep_alive_s: float = 5.0  # an idle connection between requests is closed after this (uvicorn's own timer)
+    max_connections: int = 512  # open connections served at once; one more gets 503 and is closed at once
+
+
+class Notices:
+    """The server's lines about clients (timed out, disconnected, refused) on stderr: each kind at most once every
+    `every_s` seconds, the next line counting those held back, so a flood (a slow-client attack, a load balancer
+    dropping hundreds of connections) costs a few lines, not one per client."""
+
+    def __init__(self, every_s: float = 10.0):
+        self.every_s = every_s
+        self.last: dict[str, float] = {}
+        self.held: dict[str, int] = {}
+
+    def __call__(self, kind: str, line: str) -> None:
+        now = time.monotonic()
+        if now - self.last.get(kind, -math.inf) < self.every_s:
+            self.held[kind] = self.held.get(kind, 0) + 1
+            return
+        self.last[kind] = now
+        held = self.held.pop(kind, 0)
+        more = f" (and {held} more like it since the last such line)" if held else ""
+        print(f"[tformer serve] {line}{more}", file=sys.stderr, flush=True)
+
+
+def refusal(status: int, reason: str, message: str) -> bytes:
+    """A complete HTTP/1.1 response that closes the connection, written by the protocol itself where no
+    application answers (a connection over the cap, a request too slow)."""
+    body = json.dumps({"error": message}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            f"connection: close\r\n\r\n").encode() + body
+
+
+def guarded_protocol(limits: ConnectionLimits, notices: Notices):
+    """uvicorn's h11 protocol class with a header deadline, a body deadline, a connection cap and one-line
+    disconnects (uvicorn creates one protocol per connection, passing only its own config: hence a class made
+    here around `limits`)."""
+    import h11  # deferred: the optional serve extra
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    lingering = [0]  # refused connections still open for their 503 to be read: bounded too
+
+    class GuardedH11Protocol(H11Protocol):
+        timer: asyncio.TimerHandle | None = None
+        timer_kind: str | None = None  # "headers" or "body": what the running deadline waits for
+        refused = timed_out = client_closed = lingers = False
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                self.refuse()
+            else:
+                self.arm("headers")
+
+        def refuse(self) -> None:
+            """503 at once, then a lingering close: the client's request, arriving after our answer, must not
+            turn into a TCP reset that can destroy the 503 before the client reads it."""
+            self.refused = True
+            self.connections.discard(self)  # the cap counts the connections being served
+            notices("refused", f"max_connections={limits.max_connections} reached: new connections get 503 and are "
+                               f"closed (start the server with a larger max_connections if this is expected load)")
+            self.transport.write(refusal(503, "Service Unavailable", f"the server is at max_connections="
+                                         f"{limits.max_connections} open connections; retry shortly"))
+            self.transport.write_eof()
+            if lingering[0] >= limits.max_connections:  # a flood: no more open sockets for courtesy
+                self.transport.close()
+                return
+            lingering[0] += 1
+            self.lingers = True  # (counted down when the connection goes, whoever closes it)
+            self.timer = self.loop.call_later(2.0, self.transport.close)
+
+        def data_received(self, data: bytes) -> None:
+            if self.refused:  # (a refused client's request: read and dropped until it closes)
+                return
+            super().data_received(data)
+            self.watch(bytes_waiting=True)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self.watch(bytes_waiting=bool(self.conn.trailing_data[0]))
+
+        def eof_received(self):
+            self.client_closed = True
+            return super().eof_received()
+
+        def connection_lost(self, exc) -> None:
+            self.cancel()
+            if self.lingers:
+                lingering[0] -= 1
+                self.lingers = False
+            gone = exc is not None or self.client_closed
+            if gone and self.cycle is not None and not self.cycle.response_complete and not (
+                    self.timed_out or self.refused):
+                mid = "while sending its body" if self.conn.their_state is h11.SEND_BODY else "before its answer"
+                notices("disconnect", f"{self.request_name()}: the client disconnected {mid}")
+            super().connection_lost(exc)
+
+        def watch(self, bytes_waiting: bool) -> None:
+            """The deadline that fits where the request is: its headers (armed at the connection, or at the first
+            byte of a kept-alive connection's next request, idle time being keep_alive_s's), its body (from the
+            end of its headers), or none (the application has the request)."""
+            state = self.conn.their_state
+            want = None
+            if self.transport.is_closing():
+                want = None
+            elif state is h11.IDLE and (bytes_waiting or self.timer_kind == "headers"):
+                want = "headers"
+            elif state is h11.SEND_BODY:
+                want = "body"
+            if want != self.timer_kind:
+                self.cancel()
+                if want:
+                    self.arm(want)
+
+        def arm(self, kind: str) -> None:
+            seconds = limits.header_timeout_s if kind == "headers" else limits.body_timeout_s
+            self.timer, self.timer_kind = self.loop.call_later(seconds, self.late), kind
+
+        def cancel(self) -> None:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = self.timer_kind = None
+
+        def late(self) -> None:
+            kind, self.timer, self.timer_kind = self.timer_kind, None, None
+            if self.transport.is_closing():
+                return
+            self.timed_out = True
+            who = "%s:%d" % self.client if self.client else "a client"
+            if kind == "headers":
+                partial = bool(self.conn.trailing_data[0])
+                if partial:
+                    self.transport.write(refusal(408, "Request Timeout", f"the request headers did not arrive "
+                                                 f"within header_timeout_s={limits.header_timeout_s:g}"))
+                notices("headers", f"{who}: {'no complete request headers' if partial else 'no request'} within "
+                                   f"header_timeout_s={limits.header_timeout_s:g}; connection closed")
+            else:
+                answered = self.cycle is None or self.cycle.response_started
+                if not answered:
+                    self.transport.write(refusal(408, "Request Timeout", f"the request body did not arrive within "
+                                                 f"body_timeout_s={limits.body_timeout_s:g}; send it faster, or "
+                                                 f"fewer texts per request"))
+                if self.cycle is not None:  # the application, waiting for the body, is told the client is gone
+                    self.cycle.disconnected = True
+                    self.cycle.message_event.set()
+                notices("body", f"{self.request_name()}: the body did not arrive within body_timeout_s="
+                                f"{limits.body_timeout_s:g}; {'connection closed' if answered else '408, closed'}")
+            self.transport.close()
+
+        def request_name(self) -> str:
+            who = "%s:%d" % self.client if self.client else "a client"
+            if self.scope is None:
+                return who
+            return f"{self.scope['method']} {terminal(self.scope['path'][:200])} from {who}"
+
+    return GuardedH11Protocol
 
 
 class BadRequest(Exception):
@@ -147,8 +321,9 @@ def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: in
     """The ASGI app serving `classifier` (a Classifier or an OnnxClassifier)."""
     # deferred (fastapi, starlette here; uvicorn in run_server): the optional serve extra
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, Response
     from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.requests import ClientDisconnect
 
     batcher = MicroBatcher(classifier, max_batch, max_wait_ms)
     stats = {"requests": 0, "started": time.time()}
@@ -174,7 +349,8 @@ def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: in
         (Returned from the endpoint itself: Starlette's handler for Exception would log a traceback too.)"""
         text = str(exc).splitlines()[0][:300] if str(exc) else ""
         line = text if isinstance(exc, TformerError) else f"internal error ({type(exc).__name__}: {text})"
-        print(f"[tformer serve] {request.method} {request.url.path}: {line}", file=sys.stderr, flush=True)
+        print(f"[tformer serve] {request.method} {terminal(request.url.path)}: {terminal(line)}", file=sys.stderr,
+              flush=True)
         return error(line, 500)
 
     @app.get("/health")
@@ -194,10 +370,14 @@ def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: in
             return error(f"the body has {declared} bytes; at most {limits.max_body_bytes} (send fewer texts per "
                          f"request)", 413)
         body = bytearray()
-        async for chunk in request.stream():  # also bounds a body sent without a length (chunked)
-            body += chunk
-            if len(body) > limits.max_body_bytes:
-                return error(f"the body is over {limits.max_body_bytes} bytes; send fewer texts per request", 413)
+        try:
+            async for chunk in request.stream():  # also bounds a body sent without a length (chunked)
+                body += chunk
+                if len(body) > limits.max_body_bytes:
+                    return error(f"the body is over {limits.max_body_bytes} bytes; send fewer texts per request",
+                                 413)
+        except ClientDisconnect:  # gone, or its body too slow: the protocol has logged it; no one reads this
+            return Response(status_code=400)
         try:
             texts, top_k = parse_request(bytes(body), limits, len(classifier.labels))
         except BadRequest as exc:
@@ -233,11 +413,16 @@ def bind(host: str, port: int):
     return sock
 
 
-def run_server(app, sock, *, access_log: bool = False) -> None:
+def run_server(app, sock, *, access_log: bool = False, connections: ConnectionLimits = ConnectionLimits()) -> None:
     """Serve until Ctrl-C or SIGTERM (uvicorn finishes the requests in flight, then returns)."""
     import uvicorn  # deferred: the optional serve extra
 
-    config = uvicorn.Config(app, log_level="warning", access_log=access_log, timeout_graceful_shutdown=10)
+    # limit_concurrency: uvicorn's own 503 once a request's headers are in, counting connections and requests in
+    # flight; connections over the cap never get that far (refused at once), so at +1 it bounds the requests
+    # still running for clients already gone.
+    config = uvicorn.Config(app, log_level="warning", access_log=access_log, timeout_graceful_shutdown=10,
+                            http=guarded_protocol(connections, Notices()), timeout_keep_alive=connections.keep_alive_s,
+                            limit_concurrency=connections.max_connections + 1)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the signal once it has shut down: the stop it asked for

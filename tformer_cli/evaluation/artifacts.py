@@ -1,4 +1,5 @@
-"""Files people open after an evaluation: a confusion-matrix PNG, the per-class report, and the errors."""
+"""Files people open after an evaluation: a confusion-matrix PNG, the per-class report, and the errors (a CSV whose
+text and label cells go through safe_text.csv_cell: a spreadsheet shows `=HYPERLINK(...)` as text, never runs it)."""
 from __future__ import annotations
 
 import csv
@@ -10,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from ..safe_text import mathtext
+from ..safe_text import csv_row, mathtext
 from ..store.atomic import write_json, write_with
 
 
@@ -100,8 +101,8 @@ def write(out_dir: Path, metrics: dict, label_names: list[str], texts, y_true, p
             w = csv.writer(f)
             w.writerow(["index", "text", "true_label", "predicted_label", "confidence", "true_label_probability"])
             for i in wrong:
-                w.writerow([int(i), texts[int(i)], label_names[y_true[i]], label_names[pred[i]],
-                            f"{confidence[i]:.4f}", f"{probs[i, y_true[i]]:.4f}"])
+                w.writerow(csv_row([int(i), texts[int(i)], label_names[y_true[i]], label_names[pred[i]],
+                                    f"{confidence[i]:.4f}", f"{probs[i, y_true[i]]:.4f}"]))
 
     write_with(paths["errors"], errors_csv)
     return paths
@@ -123,7 +124,7 @@ def _write_multi_label(paths: dict, metrics: dict, label_names, texts, y_true, p
             w = csv.writer(f)
             w.writerow(["index", "text", "true_labels", "predicted_labels", "wrong_labels"])
             for i in wrong:
-                w.writerow([int(i), texts[int(i)], names(y_true[i]), names(pred[i]), int(wrong_count[i])])
+                w.writerow(csv_row([int(i), texts[int(i)], names(y_true[i]), names(pred[i]), int(wrong_count[i])]))
 
     write_with(paths["errors"], errors_csv)
     return {k: v for k, v in paths.items() if k != "confusion_matrix"}

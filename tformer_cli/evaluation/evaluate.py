@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..inference import predict_proba
+from ..safe_text import markup
 from . import artifacts
 from .metrics import compute, compute_multi_label, tune_thresholds
 
@@ -44,4 +45,4 @@ def write_reports(out_dir: Path, metrics, label_names, texts, split, probs, norm
                   console) -> None:
     paths = artifacts.write(out_dir, metrics, label_names, texts, split.doc_labels.numpy(), probs, normalize=normalize,
                             title=title)
-    console.print("reports: " + ", ".join(str(p) for p in paths.values()), highlight=False)
+    console.print("reports: " + ", ".join(markup(p) for p in paths.values()), highlight=False)

@@ -60,6 +60,6 @@ def print_history(history: list[dict], console=None, columns: tuple[str, ...] | 
              "epoch_seconds": lambda v: f"{v:.1f}"}
     for c in cols:
         table.add_column(names.get(c, c), justify="right")
-    for h in history:
-        table.add_row(*[shown.get(c, lambda v: f"{v:.4f}")(h[c]) for c in cols])
+    for h in history:  # a missing value, or a NaN that strict JSON wrote as null, is "-"; a wrong type raises
+        table.add_row(*["-" if h.get(c) is None else shown.get(c, lambda v: f"{v:.4f}")(h[c]) for c in cols])
     console.print(table)

@@ -53,10 +53,13 @@ class EncoderConfig:
     norm_eps: float = 1e-5  # every LayerNorm's eps (BERT-family: 1e-12)
     multi_label: bool = False  # the logits are independent per label (sigmoid), not one distribution (softmax)
 
-    RANGES = {"vocab_size": (1, None, "[)"), "num_classes": (2, None, "[)"), "d_model": (1, None, "[)"),
-              "n_layers": (0, None, "[)"), "n_heads": (1, None, "[)"), "d_ff": (1, None, "[)"),
-              "max_len": (2, None, "[)"), "dropout": (0, 1, "[)"), "attention_dropout": (0, 1, "[)"),
-              "head_hidden": (0, None, "[)"), "embedding_dim": (0, None, "[)"), "norm_eps": (0, None, "()")}
+    # Upper bounds far past any real model, so a typo or a crafted model.json fails here, not as an allocation; what
+    # fits this machine is estimated from the whole config (runs/config.py: memory_check).
+    RANGES = {"vocab_size": (1, 1 << 24, "[]"), "num_classes": (2, 1 << 20, "[]"), "d_model": (1, 1 << 16, "[]"),
+              "n_layers": (0, 1024, "[]"), "n_heads": (1, 1 << 16, "[]"), "d_ff": (1, 1 << 20, "[]"),
+              "max_len": (2, 1 << 20, "[]"), "dropout": (0, 1, "[)"), "attention_dropout": (0, 1, "[)"),
+              "head_hidden": (0, 1 << 20, "[]"), "embedding_dim": (0, 1 << 16, "[]"), "norm_eps": (0, 1, "(]"),
+              "pad_id": (0, None, "[)")}
 
     def __post_init__(self) -> None:
         check_ranges(type(self), asdict(self), "model")
@@ -79,6 +82,35 @@ class EncoderConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The name and shape of every tensor in `TransformerClassifier(self).state_dict()`, by arithmetic: a saved
+        model's weights header is compared with it, and a config's memory estimated, before anything is built (a
+        test holds it to the real model's state_dict)."""
+        D, F, E = self.d_model, self.d_ff, self.embedding_dim or self.d_model
+        out: dict[str, tuple[int, ...]] = {"token_embedding.weight": (self.vocab_size, E)}
+        if E != D:
+            out["embedding_projection.weight"] = (D, E)
+        if self.positions == "learned":
+            out["position_embedding.weight"] = (self.max_len, D)
+        norms = ["embedding_norm"] if self.embedding_norm else []
+        for i in range(self.n_layers):
+            b = f"blocks.{i}."
+            for name, rows, cols in (("attn.qkv", 3 * D, D), ("attn.out", D, D), ("ff.up", F, D), ("ff.down", D, F)):
+                out[f"{b}{name}.weight"], out[f"{b}{name}.bias"] = (rows, cols), (rows,)
+            norms += [b + "norm1", b + "norm2"]
+        norms += ["final_norm"] if self.norm == "pre" else []
+        for name in norms:
+            out[f"{name}.weight"], out[f"{name}.bias"] = (D,), (D,)
+        layers = ((("head.0", self.head_hidden, D), ("head.3", self.num_classes, self.head_hidden)) if self.head_hidden
+                  else (("head", self.num_classes, D),))
+        for name, rows, cols in layers:
+            out[f"{name}.weight"], out[f"{name}.bias"] = (rows, cols), (rows,)
+        return out
+
+    def num_parameters(self) -> int:
+        """`TransformerClassifier(self).num_parameters()` without building it."""
+        return sum(math.prod(shape) for shape in self.state_shapes().values())
 
 
 # Poolings: (hidden states (B, T, D), mask (B, T) bool, True at real tokens) -> (B, D). `explain` pools the

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ class EmbeddingInitConfig:
     path: str | None  # a local folder with model.safetensors + tokenizer.json
     freeze_epochs: int  # the table is frozen for the first k epochs, then trained
     lr_multiplier: float  # the table's lr = optimizer.lr * lr_multiplier
+
+    RANGES = {"vocab_size": (8, 1 << 24, "[]"), "freeze_epochs": (0, None, "[)"), "lr_multiplier": (0, None, "[)")}
 
     @property
     def pretrained(self) -> bool:
@@ -104,6 +107,11 @@ def load(cfg: EmbeddingInitConfig, d_model: int) -> PretrainedEmbeddings:
 # Whole BERT-family encoders
 
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# config.json's model_type of the folders whose weights and math are BERT's. DistilBERT, ELECTRA, GPT-2, ... name
+# their tensors and blocks otherwise; RoBERTa-family models (roberta, xlm-roberta, camembert) count positions from
+# pad_id + 1, so their position table would be read off by two rows: all are refused by name.
+SUPPORTED_MODEL_TYPES = ("bert",)
+CONFIG_CAP = 1 << 20  # a config.json is about a kilobyte
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
@@ -133,24 +141,70 @@ def locate_model(spec: str, package: str | None = None) -> Path:
                                                           "or model.pretrained=<local model folder>")
 
 
+def local_model(spec: str, package: str | None = None) -> Path | None:
+    """The model folder `locate_model` would use when it is on this machine (never the Hub), else None: what can be
+    checked before a run starts."""
+    path = Path(os.path.expanduser(str(spec)))
+    if path.is_dir():
+        return locate_model(spec, package)
+    found = _package_dir(package) if package else None
+    return found if found is not None and (found / "config.json").is_file() else None
+
+
+def read_model_config(folder: Path) -> dict:
+    """config.json of a model folder as a mapping, its size bounded before it is read, NaN/inf refused."""
+    path = folder / "config.json"
+    try:
+        if path.stat().st_size > CONFIG_CAP:
+            raise ValueError(f"{path.stat().st_size:,} bytes")
+        c = json.loads(path.read_text(encoding="utf-8"),
+                       parse_constant=lambda name: (_ for _ in ()).throw(ValueError(f"{name} is not a number")))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise TformerError(f"model.pretrained: {path} is unreadable ({exc}); point model.pretrained at a BERT model "
+                           f"folder") from None
+    if not isinstance(c, dict):
+        raise TformerError(f"model.pretrained: {path} is not a mapping; point model.pretrained at a BERT model folder")
+    return c
+
+
+def _config_number(c: dict, key: str, folder: Path, default=None, whole: bool = True, low: float = 1):
+    """config.json's `key` as a positive whole number (or a finite float >= low), one line naming it otherwise."""
+    value = c.get(key, default)
+    ok = (isinstance(value, int) if whole else isinstance(value, (int, float))) and not isinstance(value, bool) \
+        and math.isfinite(value) and value >= low
+    if not ok:
+        raise TformerError(f"model.pretrained: {folder / 'config.json'} has {key}={value!r}, not a "
+                           f"{'whole number' if whole else 'finite number'} >= {low}; the file is damaged or not a "
+                           f"BERT config")
+    return value
+
+
 def encoder_shape(folder: Path, max_len: int) -> dict:
     """EncoderConfig keys that make our encoder compute exactly what this BERT-family model computes."""
-    c = json.loads((folder / "config.json").read_text())
+    c = read_model_config(folder)
+    model_type = c.get("model_type", "bert")  # (configs of the first BERT releases name none)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise TformerError(f"model.pretrained={folder} is a {model_type!r} model; supported: "
+                           f"{', '.join(SUPPORTED_MODEL_TYPES)} (BERT and MiniLM checkpoints). RoBERTa-family models "
+                           f"are refused too (their positions start after the padding id)")
     if c.get("position_embedding_type", "absolute") != "absolute":
         raise TformerError(f"{folder} uses {c['position_embedding_type']} positions; only absolute (BERT-style) "
                            f"positions are supported")
     act = _ACTIVATIONS.get(str(c.get("hidden_act", "gelu")))
     if act is None:
         raise TformerError(f"{folder} uses activation {c.get('hidden_act')!r}; supported: {', '.join(_ACTIVATIONS)}")
-    positions = int(c.get("max_position_embeddings", 512))
+    positions = _config_number(c, "max_position_embeddings", folder, 512)
     if max_len > positions:
         raise TformerError(f"model.max_len={max_len} exceeds the {positions} positions {folder.name} was trained "
                            f"with; use model.max_len<={positions} (and data.long_text for longer documents)")
-    return {"d_model": int(c["hidden_size"]), "n_layers": int(c["num_hidden_layers"]),
-            "n_heads": int(c["num_attention_heads"]), "d_ff": int(c["intermediate_size"]), "activation": act,
+    return {"d_model": _config_number(c, "hidden_size", folder),
+            "n_layers": _config_number(c, "num_hidden_layers", folder),
+            "n_heads": _config_number(c, "num_attention_heads", folder),
+            "d_ff": _config_number(c, "intermediate_size", folder), "activation": act,
             "norm": "post", "positions": "learned", "scale_embeddings": False, "embedding_norm": True,
-            "norm_eps": float(c.get("layer_norm_eps", 1e-12)), "embedding_dim": 0,
-            "pad_id": int(c.get("pad_token_id") or 0), "max_len": max_len}
+            "norm_eps": float(_config_number(c, "layer_norm_eps", folder, 1e-12, whole=False, low=0)),
+            "embedding_dim": 0, "pad_id": _config_number(c, "pad_token_id", folder, 0, low=0) if c.get("pad_token_id")
+            is not None else 0, "max_len": max_len}
 
 
 def _bert_tensors(folder: Path) -> dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from ..store import checkpoint
 from ..store.atomic import JsonLines, write_json
 from .config import TrainConfig
-from ..data import sources, tokenization
+from ..data import sanity, sources, tokenization
 from ..data.tokenization import TokenizedSplit
 from ..errors import TformerError
 from ..evaluation import report
@@ -64,7 +64,9 @@ class ClassifierJob:
         return checkpoint.load(ckpt), checkpoint.read_training_state(ckpt)
 
     def build(self, session: Session) -> tuple[Run, str]:
-        prepared = prepare(session.config, session.resume, session.console)
+        writes = session.dist is None or session.dist.is_main
+        prepared = prepare(session.config, session.resume, session.console,
+                           session.run_dir.data_report if writes else None)
         session.prepared = prepared
         return build_run(session, prepared), f"[bold]model[/] {prepared.describe(session.config)}"
 
@@ -106,8 +108,9 @@ class Prepared:
                 + (f"; layer-wise lr decay {options.layer_lr_decay}" if options.layer_lr_decay != 1.0 else ""))
 
 
-def prepare(config: TrainConfig, resume, console) -> Prepared:
-    """Data, tokenizer (the run's own when resuming) and model (built, or the checkpoint's, checked on load)."""
+def prepare(config: TrainConfig, resume, console, data_report=None) -> Prepared:
+    """Data (checked by data/sanity.py, its report saved at `data_report` unless None), tokenizer (the run's own
+    when resuming) and model (built, or the checkpoint's, checked on load)."""
     data = sources.load(config.data, seed=config.seed)
     console.print(f"[bold]data[/] {markup(config.data.name)} from {markup(data.source)}: " + ", ".join(
         f"{s} {len(ds):,}" for s, ds in data.splits.items()) + f"; {len(data.label_names)} classes")
@@ -115,6 +118,7 @@ def prepare(config: TrainConfig, resume, console) -> Prepared:
     if resume is not None:
         check_same_data(resume.run_dir, resume.loaded.meta.get("data"), resume.loaded.label_names, fingerprint,
                         config.resume_ignore_data_change, console)
+    sanity.check(data, data_report)
     max_len, pre, encoder, init = int(config.model["max_len"]), None, None, None
     options = config.model_options
     if resume is not None:
@@ -249,7 +253,7 @@ def report_run(session: Session, state: TrainingState) -> None:
     if state.history:
         training_curves_png(run_dir.training_curves, state.history, state.best_metrics.get("epoch"))
     best = state.best_metrics
-    console.print(f"best checkpoint: {run_dir.best} (epoch {best.get('epoch')}, {best['monitor']} "
+    console.print(f"best checkpoint: {markup(run_dir.best)} (epoch {best.get('epoch')}, {markup(best['monitor'])} "
                   f"{best['best_value']:.4f})", highlight=False)
     test = prepared.tokenized.get("test")
     if not config.trainer.test_after_fit or test is None:

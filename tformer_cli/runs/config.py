@@ -2,13 +2,17 @@
 any data is read, so a wrong key or value costs a second, not a data load."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from typing import Any
+
+import torch
 
 from ..data.config import DataConfig
 from ..errors import ConfigError
 from ..hydra_setup import compose_tree, group_defaults
 from ..model.encoder import EncoderConfig
+from ..model import pretrained
 from ..model.pretrained import EmbeddingInitConfig
 from ..training.config import LoggerConfig, LossConfig, OptimizerConfig, ScheduleConfig, TrainerConfig
 from ..typed_config import build, plain
@@ -30,6 +34,9 @@ class ModelOptions:
     freeze_epochs: int
     init: str | None = None  # a `tformer pretrain` run dir: the encoder (and tokenizer) to start from
     long_text: str | None = None  # data.long_text's default for this model (configs/data/_base.yaml reads it)
+
+    RANGES = {"recommended_lr": (0, None, "[)"), "layer_lr_decay": (0, 1, "(]"), "freeze_layers": (0, None, "[)"),
+              "freeze_epochs": (0, None, "[)")}
 
 
 OPTION_KEYS = tuple(f.name for f in fields(ModelOptions))
@@ -60,10 +67,21 @@ class TrainConfig:
                 out.long_text.overlap(int(out.model["max_len"]))
         options = out.model_options  # checks the model's options and shape now, not after the data
         if options.pretrained is None:
-            out.encoder_config(vocab_size=1, num_classes=2)
+            vocab = out.embedding_init.vocab_size if not out.embedding_init.pretrained else None
+            shape = out.encoder_config(vocab_size=vocab or BERT_VOCAB, num_classes=2)
         elif out.embedding_init.pretrained:
             raise ConfigError(f"model.pretrained={options.pretrained} brings its own embeddings and tokenizer; "
                               f"drop embedding_init={out.embedding_init.name}")
+        else:  # a folder on this machine is checked now (its kind, its shape); one from the Hub when it is fetched
+            folder = pretrained.local_model(options.pretrained, options.pretrained_package)
+            shape = None
+            if folder is not None:
+                from_folder = pretrained.encoder_shape(folder, int(out.model["max_len"]))
+                vocab = pretrained.read_model_config(folder).get("vocab_size")
+                vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else BERT_VOCAB
+                shape = out.encoder_config(**from_folder, vocab_size=vocab, num_classes=2)
+        if shape is not None:
+            memory_check(out, shape)
         return out
 
     @classmethod
@@ -110,9 +128,70 @@ class EvaluateConfig:
     head_tokens: int | None = None
     chunk_overlap: int | None = None
 
+    RANGES = {"max_samples": (1, None, "[)"), "batch_size": (1, 1 << 20, "[]"), "head_tokens": (0, None, "[)"),
+              "chunk_overlap": (0, None, "[)")}
+
     @classmethod
     def from_hydra(cls, cfg) -> "EvaluateConfig":
         return build(cls, plain(cfg))
+
+
+BERT_VOCAB = 30522  # the vocabulary assumed for a pretrained table before it is read (BERT's)
+GiB = 1 << 30
+
+
+def available_memory(device: str, needed: int) -> tuple[int | None, str]:
+    """(bytes the run may use, where): the GPU's memory on CUDA, else the host's available memory
+    (/proc/meminfo's MemAvailable); None where it cannot be told. The GPU is asked only when `needed` could
+    exceed a small one, so a tiny run never initialises CUDA here."""
+    name = str(device)
+    cuda = name.startswith("cuda") or (name == "auto" and torch.cuda.is_available())
+    if cuda:
+        if needed < 2 * GiB or not torch.cuda.is_available():
+            return None, "the GPU"
+        index = int(name.split(":", 1)[1]) if ":" in name and name.split(":", 1)[1].isdigit() else 0
+        try:
+            return int(torch.cuda.get_device_properties(index).total_memory), f"GPU {index}"
+        except (RuntimeError, AssertionError):
+            return None, "the GPU"
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(info["MemAvailable"].split()[0]) * 1024, "this machine's available memory"
+    except (OSError, KeyError, ValueError):
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"), "this machine's available memory"
+        except (ValueError, OSError, AttributeError):
+            return None, "this machine"
+
+
+def memory_estimate(config: "TrainConfig", shape: EncoderConfig) -> dict[str, int]:
+    """Bytes a training run of this config needs whatever its data, by part: the parameters with their gradients
+    and optimizer state (4 copies in fp32) and the sinusoidal position table, for each process of a CPU DDP run.
+    Activations are left out on purpose: batches are padded to their longest text, not to max_len, and the GPU's
+    attention kernels never hold max_len^2 scores, so they depend on the data (a run out of memory stops with the
+    batch size to lower). What this refuses cannot run."""
+    t, T, D = config.trainer, shape.max_len, shape.d_model
+    processes = t.devices if not str(t.device).startswith("cuda") else 1  # CPU ranks share the host's memory
+    return {"parameters": 16 * shape.num_parameters() * processes,
+            "positions": 4 * T * D * (shape.positions != "learned") * processes}
+
+
+PART_KEYS = {"parameters": "model.d_model, model.n_layers, model.d_ff or the vocabulary",
+             "positions": "model.max_len or model.d_model"}
+
+
+def memory_check(config: "TrainConfig", shape: EncoderConfig) -> None:
+    """Refuse, before any data is read or anything allocated, a config whose model cannot fit."""
+    parts = memory_estimate(config, shape)
+    needed = sum(parts.values())
+    available, where = available_memory(config.trainer.device, needed)
+    if available is None or needed <= available:
+        return
+    biggest = max(parts, key=parts.get)
+    raise ConfigError(f"this config needs at least {needed / GiB:,.1f} GiB ({biggest}: {parts[biggest] / GiB:,.1f} "
+                      f"GiB for a {shape.num_parameters():,}-parameter model) but {where} is {available / GiB:,.1f} "
+                      f"GiB; lower {PART_KEYS[biggest]}")
 
 
 def data_config(saved: dict, **overrides) -> DataConfig:

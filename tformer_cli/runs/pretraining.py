@@ -149,9 +149,9 @@ class PretrainJob:
             same.append(f"model={self.model_name}")  # (pretrain's default preset may not be train's)
         if not any(o.startswith("data=") for o in same):
             same.append(f"data={config.data.name}")
-        console.print(f"best checkpoint: {run_dir.best} (epoch {best.get('epoch')}, val_mlm_loss "
+        console.print(f"best checkpoint: {markup(run_dir.best)} (epoch {best.get('epoch')}, val_mlm_loss "
                       f"{best.get('val_mlm_loss', float('nan')):.4f}); fine-tune it with: tformer train "
-                      f"model.init={run_dir} {' '.join(same)}", highlight=False)
+                      f"model.init={markup(run_dir)} {markup(' '.join(same))}", highlight=False)
         return float(best.get("val_mlm_loss", float("nan")))
 
 

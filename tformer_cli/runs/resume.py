@@ -9,6 +9,7 @@ from ..errors import TformerError
 from ..store.layout import CheckpointDir, RunDir, newest_checkpoints, resolve_resumable
 from ..console import output
 from ..data.sources import fingerprint_changes
+from ..safe_text import markup
 
 # Keys that may differ between a run and its resumption (where data comes from, how fast, how loud).
 RESUME_IGNORED = ("resume", "resume_ignore_data_change", "trainer.keep_optimizer_state", "trainer.device",
@@ -120,7 +121,7 @@ def check_same_data(run: RunDir, saved: dict | None, label_names: list[str], fin
                            f"{'; '.join(changes)}); resume on the same data, start a new run, or pass "
                            f"resume_ignore_data_change=true to go on anyway")
     if changes:
-        console.print(f"[yellow]warning[/]: resuming on changed data ({'; '.join(changes)})", highlight=False,
+        console.print(f"[yellow]warning[/]: resuming on changed data ({markup('; '.join(changes))})", highlight=False,
                       markup=True)
 
 
@@ -136,7 +137,7 @@ def sweep_job_plan(run_dir: RunDir, task: str) -> tuple[float | None, Checkpoint
             value = json.loads(best.metrics.read_text()).get(monitor)
         line = (f"job {run_dir.root.name} had finished ({monitor} {value:.4f}); not retrained" if value is not None
                 else f"job {run_dir.root.name} had finished; not retrained")
-        output().print(line, highlight=False)
+        output().print(markup(line), highlight=False)
         with open(run_dir.log(task), "a", encoding="utf-8") as f:
             f.write(f"===== resumed sweep: {line}\n")
         return (float(value) if value is not None else float("nan")), None

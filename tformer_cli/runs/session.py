@@ -21,6 +21,7 @@ import yaml
 from ..store import checkpoint
 from ..console import Output, output
 from ..errors import TformerError
+from ..safe_text import markup
 from ..hardware import keep_freed_host_memory, pick_device, pick_precision
 from ..store.layout import CheckpointDir, RunDir
 from ..training import distributed
@@ -103,7 +104,7 @@ def execute(job: Job, config, tree: dict, run_dir: RunDir, overrides=(), resume_
         console.open_log(run_dir.log(job.task), log_header(job.task, overrides, tree, resumed=resume_from is not None),
                          defer=resume_from is not None)
         if resume_from is not None:
-            console.print(f"[bold]resuming[/] {run_dir}", highlight=False)
+            console.print(f"[bold]resuming[/] {markup(run_dir)}", highlight=False)
             session.resume = load_resume(job, resume_from, tree)
         best = _run_locked(session)
     console.close_log()
@@ -145,7 +146,7 @@ def _run_locked(session: Session) -> float:
         run_dir.history.unlink()                  # interruption of the extension can itself be resumed
     console.print(f"{description}; [bold]device[/] {session.device}"
                   f"{' (freed host memory reused)' if session.allocator == 'retain' else ''}, precision "
-                  f"{session.precision.name}; run dir {run_dir}", highlight=False)
+                  f"{session.precision.name}; run dir {markup(run_dir)}", highlight=False)
     session.logger = build_logger(config.logger, run_dir)
     session.logger.start(session.tree, resume.step if resume is not None else None)
     metrics_log = run.log_metrics
@@ -157,7 +158,11 @@ def _run_locked(session: Session) -> float:
         try:
             state = fit(run)
         except torch.cuda.OutOfMemoryError as exc:
-            raise _out_of_memory(config, session.dist) from exc
+            raise _out_of_memory(config, session.dist, "GPU") from exc
+        except RuntimeError as exc:  # the CPU allocator's refusal of one big block (the OOM killer gives no word)
+            if "can't allocate memory" not in str(exc) and "not enough memory" not in str(exc):
+                raise
+            raise _out_of_memory(config, session.dist, "host") from exc
         except Interrupted as exc:
             status = "KILLED"
             raise Interrupted(f"{exc}; {resume_hint(session)}") from None
@@ -187,11 +192,11 @@ def resume_hint(session: Session) -> str:
     return f"resume with: {command}"
 
 
-def _out_of_memory(config, dist) -> TformerError:
+def _out_of_memory(config, dist, where: str) -> TformerError:
     micro, rows = config.trainer.micro_batches, config.trainer.batch_size // dist.world
     slices = f"trainer.micro_batches={micro * 2} (the same updates in slices; it may be added to resume=), " \
         if micro * 2 <= rows else ""
-    return TformerError(f"out of GPU memory with trainer.batch_size={config.trainer.batch_size} and "
+    return TformerError(f"out of {where} memory with trainer.batch_size={config.trainer.batch_size} and "
                         f"model.max_len={config.model['max_len']}; try {slices}a lower model.max_len, or "
                         f"trainer.eval_batch_size={max(1, config.trainer.eval_batch_size // 2)} if it was "
                         f"validating (the last checkpoint is kept)")

@@ -34,6 +34,7 @@ from .locate import locate
 
 FORMAT_VERSION = 2  # 2: manifest.json (SHA-256 of every file) written and checked
 READABLE_VERSIONS = (1, 2)
+JSON_CAP = 16 << 20  # model.json, labels.json, meta.json, metrics.json, config.yaml: kilobytes when written
 
 
 def _write_json(path: Path, obj) -> None:
@@ -98,7 +99,7 @@ def read_config(ckpt: CheckpointDir) -> dict:
     """A checkpoint's saved config as plain data: YAML's safe loader (no Python tags) and no interpolation, so a
     `${oc.env:SECRET}` planted in the file stays that literal text and is never resolved or printed resolved."""
     try:
-        data = yaml.safe_load(ckpt.config.read_text())
+        data = yaml.safe_load(manifest.read_text(ckpt, ckpt.config, JSON_CAP))
     except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
         raise TformerError(f"checkpoint {ckpt} has an unreadable saved config ({type(exc).__name__}); retrain or "
                            f"use another checkpoint") from None
@@ -117,14 +118,14 @@ def load(path: str | Path | CheckpointDir, device: str | torch.device = "cpu") -
     if missing:
         raise TformerError(f"checkpoint {p} is incomplete (missing {', '.join(missing)}); use a directory written "
                            f"by `tformer train`, or pass the run directory")
-    try:
-        meta = json.loads(ckpt.meta.read_text())
-        model_config = json.loads(ckpt.model_config.read_text())
-        label_names = json.loads(ckpt.labels.read_text())
-        metrics = json.loads(ckpt.metrics.read_text()) if ckpt.metrics.is_file() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
-        raise TformerError(f"checkpoint {p} has a corrupt JSON file ({type(exc).__name__}); retrain or use another "
-                           f"checkpoint") from None
+    meta = manifest.read_json(ckpt, ckpt.meta, cap=JSON_CAP, listed_size=False)  # (its version: how to check the rest)
+    # the others only at the size the manifest lists (manifest.read_text), so a grown file is never read
+    model_config = manifest.read_json(ckpt, ckpt.model_config, cap=JSON_CAP)
+    label_names = manifest.read_json(ckpt, ckpt.labels, cap=JSON_CAP)
+    metrics = manifest.read_json(ckpt, ckpt.metrics, allow_nan=True, cap=JSON_CAP) if ckpt.metrics.is_file() else {}
+    if not isinstance(metrics, dict):
+        raise TformerError(f"checkpoint {p}: {ckpt.metrics.name} is not a mapping of metrics; retrain or use another "
+                           f"checkpoint")
     if isinstance(meta, dict) and meta.get("kind") == PRETRAINING:
         raise TformerError(f"checkpoint {p} is a pretraining (masked-LM) checkpoint, not a classifier; fine-tune "
                            f"it with `tformer train model.init={RunDir.of_checkpoint(ckpt)} data=<name>`")
@@ -138,6 +139,7 @@ def load(path: str | Path | CheckpointDir, device: str | torch.device = "cpu") -
     _check_weights_header(ckpt, cfg)  # shapes checked against the file's header before anything is allocated
     _check_tokenizer(ckpt, cfg.vocab_size)
     _check_thresholds(ckpt, meta.get("thresholds"), cfg)
+    _check_long_text(ckpt, meta, cfg.max_len)
     try:
         state = safetensors.torch.load_file(str(ckpt.weights))
     except (SafetensorError, OSError) as exc:
@@ -162,14 +164,19 @@ def _checked_model_config(ckpt: CheckpointDir, model_config, label_names):
             and len(label_names) == cfg.num_classes):
         raise TformerError(f"checkpoint {ckpt}: {ckpt.labels.name} must list {cfg.num_classes} label names (one per "
                            f"class of {ckpt.model_config.name}); the files are from different runs or edited")
+    repeated = sorted({n for n in label_names if label_names.count(n) > 1}) if len(set(label_names)) < len(
+        label_names) else []
+    if repeated:
+        raise TformerError(f"checkpoint {ckpt}: {ckpt.labels.name} names {repeated[0]!r} more than once; each class "
+                           f"needs its own name (the file was edited)")
     return cfg
 
 
 def _check_weights_header(ckpt: CheckpointDir, cfg) -> None:
-    """Compare the tensors the config implies (a model built on the meta device: no memory) with the names and
-    shapes in the safetensors header, so a doctored model.json cannot make us allocate gigabytes first."""
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in TransformerClassifier(cfg).state_dict().items()}
+    """Compare the tensors the config implies (by arithmetic, `EncoderConfig.state_shapes`: nothing built) with the
+    names and shapes in the safetensors header, so a doctored model.json cannot make us allocate, or build for
+    minutes, first."""
+    expected = cfg.state_shapes()
     try:
         with safetensors.safe_open(str(ckpt.weights), framework="pt") as f:
             header = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -195,17 +202,45 @@ def _check_thresholds(ckpt: CheckpointDir, thresholds, cfg) -> None:
                            f"per label of a multi-label model); the files are from different runs or edited")
 
 
+def _check_long_text(ckpt: CheckpointDir, meta: dict, max_len: int) -> None:
+    """meta.json's long_text, head_tokens and chunk_overlap: what predict and evaluate read texts by."""
+    from ..data.tokenization import LongText  # (tokenizers: already imported by whoever loads a checkpoint)
+
+    values = {k: meta.get(k) for k in ("head_tokens", "chunk_overlap")}
+    wrong = [k for k, v in values.items() if v is not None and (isinstance(v, bool) or not isinstance(v, int))]
+    if not isinstance(meta.get("long_text", "truncate"), str):
+        wrong.insert(0, "long_text")
+    try:
+        if not wrong:
+            long_text = LongText.from_meta(meta)  # (each mode's own number checked, as training checks it)
+            long_text.head(max_len) if long_text.mode == "head_tail" else None
+            long_text.overlap(max_len) if long_text.mode == "chunks" else None
+    except ConfigError as exc:
+        raise TformerError(f"checkpoint {ckpt}: {ckpt.meta.name} is invalid ({exc}); the file was edited, retrain "
+                           f"or use another checkpoint") from None
+    if wrong:
+        raise TformerError(f"checkpoint {ckpt}: {ckpt.meta.name} has {wrong[0]}={meta.get(wrong[0])!r} of the wrong "
+                           f"type; the file was edited, retrain or use another checkpoint")
+
+
 def _check_tokenizer(ckpt: CheckpointDir, vocab_size: int) -> None:
     """Every id the tokenizer can produce must have a row in the embedding table."""
+    tok = manifest.read_json(ckpt, ckpt.tokenizer)
     try:
-        tok = json.loads(ckpt.tokenizer.read_text())
-        ids = [int(i) for i in tok["model"]["vocab"].values()] + [int(t["id"]) for t in tok.get("added_tokens", [])]
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        ids = [_token_id(i) for i in tok["model"]["vocab"].values()] + [_token_id(t["id"])
+                                                                       for t in tok.get("added_tokens", [])]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TformerError(f"checkpoint {ckpt}: {ckpt.tokenizer.name} is unreadable ({type(exc).__name__}); retrain "
                            f"or use another checkpoint") from None
     if ids and (max(ids) >= vocab_size or min(ids) < 0):
         raise TformerError(f"checkpoint {ckpt}: {ckpt.tokenizer.name} produces token ids up to {max(ids)}, but the "
                            f"embedding has {vocab_size} rows; the files are from different runs or edited")
+
+
+def _token_id(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"token id {value!r} is not a whole number")
+    return value
 
 
 def drop_training_state(ckpt: CheckpointDir) -> None:
@@ -237,16 +272,21 @@ def load_pretraining(path: str | Path | CheckpointDir) -> Pretrained:
     """A pretraining checkpoint, checked as any checkpoint is (manifest), refused by name if it is a classifier;
     `path` as any `checkpoint=` argument (see locate.py)."""
     ckpt = locate(path)
-    try:
-        meta = json.loads(ckpt.meta.read_text())
-        model_config = json.loads(ckpt.model_config.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
-        raise TformerError(f"checkpoint {ckpt.path} is incomplete or corrupt ({type(exc).__name__}); pass a "
-                           f"`tformer pretrain` run dir") from None
+    if not ckpt.meta.is_file() or not ckpt.model_config.is_file():
+        raise TformerError(f"checkpoint {ckpt.path} is incomplete (no {ckpt.meta.name} or {ckpt.model_config.name}); "
+                           f"pass a `tformer pretrain` run dir")
+    meta = manifest.read_json(ckpt, ckpt.meta, cap=JSON_CAP)
+    model_config = manifest.read_json(ckpt, ckpt.model_config, cap=JSON_CAP)
     if not isinstance(meta, dict) or meta.get("kind") != PRETRAINING:
         raise TformerError(f"{ckpt.path} is not a `tformer pretrain` checkpoint; model.init takes a pretraining run "
                            f"dir (outputs/pretrain/<date>/<time>); to continue a classifier use resume=")
     manifest.verify_checkpoint(ckpt)
+    if not isinstance(model_config, dict):
+        raise TformerError(f"checkpoint {ckpt}: {ckpt.model_config.name} is not a mapping; pretrain again")
+    try:
+        build(EncoderConfig, model_config, ckpt.model_config.name)
+    except (ConfigError, TypeError) as exc:
+        raise TformerError(f"checkpoint {ckpt} is invalid: {exc}") from None
     try:
         state = safetensors.torch.load_file(str(ckpt.weights))
     except (SafetensorError, OSError, json.JSONDecodeError) as exc:
@@ -258,8 +298,11 @@ def read_training_state(ckpt: CheckpointDir) -> tuple[dict[str, torch.Tensor], d
     """(tensors, JSON) of a `last` checkpoint's training state, as the loop saved them (any task's)."""
     if not ckpt.has_training_state():
         raise TformerError(f"checkpoint {ckpt} has no training state to resume from; pass the run directory")
+    saved = manifest.read_json(ckpt, ckpt.training_json, allow_nan=True)  # (an early-stopping best of inf)
+    if not isinstance(saved, dict):
+        raise TformerError(f"the training state in {ckpt} is not a mapping ({ckpt.training_json.name}); start a new "
+                           f"run")
     try:
-        return (safetensors.torch.load_file(str(ckpt.training_tensors)),
-                json.loads(ckpt.training_json.read_text()))
-    except (SafetensorError, OSError, json.JSONDecodeError) as exc:
+        return safetensors.torch.load_file(str(ckpt.training_tensors)), saved
+    except (SafetensorError, OSError) as exc:
         raise TformerError(f"the training state in {ckpt} is unreadable ({exc}); start a new run") from exc

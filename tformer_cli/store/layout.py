@@ -8,6 +8,7 @@ everything else asks a `RunDir` or a `CheckpointDir` for a path.
       history.json                  per-epoch metrics, written when training finished
       test_metrics.json, test_report/, training_curves.png
       metrics.json                  (evaluate runs) the metrics of the evaluated split
+      data_report.json              what the data checks found (train and evaluate runs; data/sanity.py)
       train.log / evaluate.log      the composed config, then everything the terminal showed
       metrics.jsonl                 one JSON record per logged step (loss, lr, samples/s) and per epoch
       metrics.csv / tensorboard/ / mlflow_run_id / wandb/   what the chosen logger writes (training/loggers.py)
@@ -35,6 +36,18 @@ from pathlib import Path
 from ..errors import TformerError
 
 HUB_ONNX_FOLDER = "onnx"  # where a Hub repository keeps the run's export
+MARKER = ".tformer"  # in every folder tformer made (run, export, stage): what makes it ours (ownership.py)
+
+
+SMALL_FILE_CAP = 16 << 20  # the most a run's small JSON/YAML (meta, config, metrics) may hold before it is read
+
+
+def read_small(path: Path) -> str:
+    """A small text file's contents; ValueError when it is larger than any tformer writes (a sparse or crafted
+    file costs a stat, not its size in memory)."""
+    if path.stat().st_size > SMALL_FILE_CAP:
+        raise ValueError(f"{path} is larger than {SMALL_FILE_CAP >> 20} MiB")
+    return path.read_text()
 
 
 def temporary_sibling(path: Path) -> Path:
@@ -78,7 +91,7 @@ class CheckpointDir:
     def is_pretraining(self) -> bool:
         """A `tformer pretrain` (masked-LM) checkpoint, by its meta.json."""
         try:
-            return json.loads(self.meta.read_text()).get("kind") == PRETRAINING
+            return json.loads(read_small(self.meta)).get("kind") == PRETRAINING
         except (OSError, ValueError, AttributeError):
             return False
 
@@ -88,7 +101,7 @@ class CheckpointDir:
         import yaml  # (~20 ms) only when a sweep's jobs are compared: predict's start imports this module
 
         try:
-            stopping = yaml.safe_load(self.config.read_text())["trainer"]["early_stopping"]
+            stopping = yaml.safe_load(read_small(self.config))["trainer"]["early_stopping"]
             return str(stopping["monitor"]), str(stopping.get("mode", "max"))
         except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):  # ValueError: undecodable bytes
             return "val_accuracy", "max"
@@ -108,7 +121,7 @@ class CheckpointDir:
 
 
 class ExportDir:
-    """Paths inside one exported model directory: everything `predict runtime=onnx` needs, and no torch file."""
+    """Paths inside one exported model directory: everything `predict --runtime onnx` needs, and no torch file."""
 
     REQUIRED = ("model.onnx", "tokenizer.json", "labels.json", "export.json")
 
@@ -146,17 +159,21 @@ class RunDir:
     test_report = property(lambda self: self.root / "test_report")
     training_curves = property(lambda self: self.root / "training_curves.png")
     eval_metrics = property(lambda self: self.root / "metrics.json")
+    data_report = property(lambda self: self.root / "data_report.json")  # data/sanity.py: the checks of the data
     metrics_log = property(lambda self: self.root / "metrics.jsonl")  # per logged step and per epoch
     metrics_csv = property(lambda self: self.root / "metrics.csv")  # logger=csv: one row per epoch
     tensorboard = property(lambda self: self.root / "tensorboard")  # logger=tensorboard: event files
     mlflow_run_id = property(lambda self: self.root / "mlflow_run_id")  # logger=mlflow: the run a resume continues
     wandb = property(lambda self: self.root / "wandb")  # logger=wandb: W&B's own folder (offline runs to sync)
 
-    BOOKKEEPING = (".hydra", ".lock", "train.log", "evaluate.log", "pretrain.log")  # what a run dir holds before any result
+    # what a run dir holds before any result
+    BOOKKEEPING = (".hydra", ".lock", "train.log", "evaluate.log", "pretrain.log", MARKER)
 
     def discard_if_empty(self) -> bool:
         """Remove this run dir if it holds nothing but bookkeeping (a refused or failed command's folder, or the
-        folder Hydra made for a resume that continued elsewhere); runs with any result are never touched."""
+        folder Hydra made for a resume that continued elsewhere); runs with any result are never touched. Only a
+        folder tformer made (its marker, or a job folder of a sweep) goes; an empty folder the user gave as
+        hydra.run.dir gets back to empty."""
         try:
             entries = list(self.root.iterdir())
         except OSError:
@@ -167,7 +184,14 @@ class RunDir:
         if not lock.try_acquire():  # a folder another process has locked is its run, starting: never removed
             return False
         try:
-            shutil.rmtree(self.root, ignore_errors=True)
+            if (self.root / MARKER).is_file() or SweepDir(self.root.parent).is_sweep():
+                shutil.rmtree(self.root, ignore_errors=True)
+            else:
+                for entry in self.root.iterdir():
+                    if entry.is_dir():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        entry.unlink(missing_ok=True)
         finally:
             lock.release()
         return True
@@ -331,7 +355,7 @@ def _monitored_score(ckpt: CheckpointDir) -> float:
     """The value a job's early stopping monitored, signed so that larger is better (-inf when unreadable)."""
     monitor, mode = ckpt.early_stopping()
     try:
-        value = float(json.loads(ckpt.metrics.read_text())[monitor])
+        value = float(json.loads(read_small(ckpt.metrics))[monitor])
     except (OSError, ValueError, KeyError, TypeError):
         return float("-inf")
     if value != value or value in (float("inf"), float("-inf")):  # NaN would make max() depend on job order

@@ -6,15 +6,17 @@ before reading anything.
     <checkpoint dir>             itself
     hf://<owner>/<name>[@rev]    a pushed checkpoint (deploy/hub_repo.py), downloaded or from the Hub cache
 
-`locate_export` does the same for `predict runtime=onnx`, ending at an export dir. No torch here: the ONNX
+`locate_export` does the same for `predict --runtime onnx`, ending at an export dir. No torch here: the ONNX
 runtime's start imports this module.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from .. import hub
 from ..errors import TformerError
+from ..safe_text import terminal
 from .layout import HUB_ONNX_FOLDER, CheckpointDir, ExportDir, RunDir, newest_best, resolve_checkpoint
 from .manifest import stale_export
 
@@ -25,14 +27,28 @@ def is_ref(path) -> bool:
     return isinstance(path, str) and path.startswith(PREFIX)
 
 
+# The Hub's own rules (huggingface_hub.utils.validate_repo_id), without importing it on predict's path: 1-96 of
+# A-Z a-z 0-9 - _ ., not starting or ending with - or ., no -- or .., not ending in .git.
+_REPO_PART = re.compile(r"^(?!.*(--|\.\.))(?![-.])[A-Za-z0-9_.-]{1,96}(?<![-.])$")
+# A revision: a 40-hex commit, or a branch / tag name as git allows it (refs/pr/1 too), kept to characters that
+# cannot climb out of the Hub cache's snapshots/<revision> folder: no .., no leading / or -, no backslash.
+_REVISION = re.compile(r"^(?!.*\.\.)(?![-/])(?!.*//)[A-Za-z0-9_.+-]+(/[A-Za-z0-9_+-][A-Za-z0-9_.+-]*)*$")
+
+
 def parse_ref(ref: str) -> tuple[str, str | None]:
-    """hf://owner/name[@revision] -> (repo id, revision or None)."""
+    """hf://owner/name[@revision] -> (repo id, revision or None); refused in one line unless the Hub would take
+    the owner, the name and the revision (a checkpoint=hf://a/b@../../x must not open a local folder)."""
     body = ref[len(PREFIX):].strip("/")
     repo, _, revision = body.partition("@")
     parts = repo.split("/")
-    if len(parts) != 2 or not all(parts) or any(c in repo for c in " \\:"):
-        raise TformerError(f"checkpoint={ref} is not a Hub reference; use hf://<owner>/<name> or "
-                           f"hf://<owner>/<name>@<revision>")
+    shown = terminal(ref)
+    if len(parts) != 2 or not all(_REPO_PART.match(p) for p in parts) or repo.endswith(".git"):
+        raise TformerError(f"checkpoint={shown} is not a Hub reference; use hf://<owner>/<name> or "
+                           f"hf://<owner>/<name>@<revision> (names of A-Z a-z 0-9 - _ ., at most 96 characters)")
+    if revision and (len(revision) > 255 or not _REVISION.match(revision) or revision.endswith((".", ".lock", "/"))
+                     or "/." in revision):
+        raise TformerError(f"checkpoint={shown}: {terminal(revision)!r} is not a revision; use a branch or tag "
+                           f"name (main, v1.0, refs/pr/1) or a 40-hex commit")
     return repo, revision or None
 
 
@@ -58,7 +74,7 @@ def download(ref: str, *, onnx: bool = False) -> Path:
         raise TformerError(f"could not download {ref}: {str(exc).splitlines()[0][:200]}") from None
     found = folder / HUB_ONNX_FOLDER if onnx else folder
     if onnx and not found.is_dir():
-        raise TformerError(f"{ref} has no ONNX export ({HUB_ONNX_FOLDER}/); predict with runtime=torch or push a run "
+        raise TformerError(f"{ref} has no ONNX export ({HUB_ONNX_FOLDER}/); predict with --runtime torch or push a run "
                            f"that was exported (`tformer export` before `tformer push`)")
     return found
 
@@ -69,7 +85,7 @@ def newest(outputs_dir: str | Path = "outputs", instead: str = "<path>") -> Chec
     found = newest_best(outputs_dir)
     if found is None:
         raise TformerError(f"no trained checkpoint under {Path(outputs_dir).resolve()}/; run `tformer train` first or "
-                           f"pass checkpoint={instead}")
+                           f"pass checkpoint={instead} (predict: --checkpoint {instead})")
     return found
 
 

@@ -10,6 +10,8 @@ made from them.
 from __future__ import annotations
 
 import json
+import math
+from pathlib import Path
 
 from ..errors import TformerError
 from .atomic import json_text, sha256_file, write_json
@@ -28,13 +30,70 @@ def write(folder: CheckpointDir | ExportDir) -> None:
     folder.manifest.write_text(json_text(digests(folder)))
 
 
+# The most a file tformer reads back may hold, checked by its size before it is read: a manifest lists about ten
+# files, and the JSON and YAML of a checkpoint or export (label names, a tokenizer's vocabulary, a run's history)
+# are far below these. A crafted or sparse file past them costs a stat, not gigabytes of memory.
+MANIFEST_CAP = 1 << 20
+TEXT_CAP = 256 << 20
+
+
 def entries(folder: CheckpointDir | ExportDir) -> dict[str, tuple[str, int]] | None:
-    """{file name: (sha256, bytes)} as listed, or None when the manifest is missing or unreadable."""
+    """{file name: (sha256, bytes)} as listed, or None when the manifest is missing, oversized or unreadable."""
     try:
+        if folder.manifest.stat().st_size > MANIFEST_CAP:
+            return None
         listed = json.loads(folder.manifest.read_text())
-        return {str(name): (str(e["sha256"]), int(e["bytes"])) for name, e in listed.items()}
-    except (OSError, json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
+        return {str(name): (str(e["sha256"]), _size(e["bytes"])) for name, e in listed.items()}
+    except (OSError, json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError, UnicodeDecodeError):
         return None
+
+
+def _size(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"not a size: {value!r}")
+    return value
+
+
+def _kind(folder) -> str:
+    return "export" if isinstance(folder, ExportDir) else "checkpoint"
+
+
+def read_text(folder: CheckpointDir | ExportDir, path: Path, cap: int = TEXT_CAP, listed_size: bool = True) -> str:
+    """A JSON or YAML file of `folder`, read only once its size is what the manifest lists (when it lists it; with
+    listed_size=False only `cap` bounds it, for meta.json, whose version says how the rest is checked) and within
+    `cap`: a file grown or swapped after it was written is refused by a stat, before a byte is read."""
+    size = path.stat().st_size
+    listed = entries(folder) if listed_size and folder.manifest.is_file() else None
+    if listed is not None and path.name in listed and listed[path.name][1] != size:
+        raise TformerError(f"{_kind(folder)} {folder}: {path.name} changed after it was written ({size:,} bytes, "
+                           f"{folder.manifest.name} lists {listed[path.name][1]:,}); the file is corrupted or was "
+                           f"edited, use another {_kind(folder)}")
+    if size > cap:
+        raise TformerError(f"{_kind(folder)} {folder}: {path.name} is {size:,} bytes, more than such a file ever "
+                           f"holds ({cap:,}); the file is corrupted or crafted, use another {_kind(folder)}")
+    return path.read_text(encoding="utf-8")
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} where a number is expected")
+
+
+def read_json(folder: CheckpointDir | ExportDir, path: Path, *, allow_nan: bool = False, cap: int = TEXT_CAP,
+              listed_size: bool = True):
+    """`read_text` parsed as JSON; NaN and infinities refused unless the file may hold them (`allow_nan`: the
+    metrics of a diverged run, an early-stopping best of inf). Unreadable or malformed: one line naming the file."""
+    try:
+        text = read_text(folder, path, cap, listed_size)
+        return json.loads(text) if allow_nan else json.loads(text, parse_constant=_refuse_constant)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # (json.JSONDecodeError is a ValueError)
+        why = str(exc) if "where a number is expected" in str(exc) else type(exc).__name__
+        raise TformerError(f"{_kind(folder)} {folder}: {path.name} is a corrupt JSON file ({why}); retrain or use "
+                           f"another {_kind(folder)}") from None
+
+
+def finite_number(value) -> bool:
+    """A JSON number that means one: an int or float, not a bool, not NaN or infinite."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def drop(ckpt: CheckpointDir, names: tuple[str, ...]) -> None:
@@ -113,8 +172,8 @@ def stale_export(export: ExportDir, ckpt: CheckpointDir) -> str | None:
     """Why `export` is not `ckpt` as it is now (a newer best was saved, or it was exported from another checkpoint
     of the run), or None. Serving an old model under a checkpoint's name would be silently wrong."""
     try:
-        made_from = json.loads(export.info.read_text()).get("source_weights_sha256")
-    except (OSError, ValueError, AttributeError):
+        made_from = json.loads(read_text(export, export.info, MANIFEST_CAP)).get("source_weights_sha256")
+    except (OSError, ValueError, AttributeError, TformerError):
         made_from = None
     now = weights_sha256(ckpt) if made_from is not None else None
     if made_from is None or now is None or made_from == now:

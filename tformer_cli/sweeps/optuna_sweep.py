@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 
 from ..console import output
 from ..errors import TformerError
+from ..safe_text import markup
 
 JOB = "tformer_job"  # trial user attribute: the Hydra job number (and folder prefix) of the trial
 ENDED = "tformer_ended"  # set when the job returned (ok or failed); a trial without it was interrupted
@@ -67,8 +68,8 @@ class _ResumableImpl(OptunaSweeperImpl):
         remaining = self.n_trials - ended
         if ended or requeued:
             again = f"; job {', '.join(map(str, requeued))} resumes where it stopped" if requeued else ""
-            output().print(f"Optuna study {study.study_name} in {self.storage}: {ended} of {self.n_trials} trials "
-                           f"had ended (kept, not rerun){again}; {max(0, remaining)} to go", highlight=False)
+            output().print(f"Optuna study {markup(study.study_name)} in {markup(self.storage)}: {ended} of "
+                           f"{self.n_trials} trials had ended (kept, not rerun){again}; {max(0, remaining)} to go", highlight=False)
         while remaining > 0:
             trials = [study.ask() for _ in range(min(remaining, max(1, self.n_jobs)))]
             for trial in trials:

@@ -21,9 +21,9 @@ from rich.table import Table
 from . import job_status
 from ..store.atomic import write_text
 from ..console import output
-from ..errors import TformerError
+from ..errors import Refused, TformerError
 from ..store.layout import RunDir, SweepDir, newest_sweep
-from ..safe_text import rich
+from ..safe_text import csv_row, markup, rich
 from ..yesno import bool_or_path
 
 try:
@@ -133,7 +133,7 @@ def write(sweep_dir: Path, found: list[Job]) -> tuple[Path, Path]:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS)
     w.writeheader()
-    w.writerows(_row(j) for j in found)
+    w.writerows(csv_row(_row(j)) for j in found)
     rows = [_row(j) for j in found]
     shared = [o for o in (found[0].overrides if found else []) if o not in found[0].varying]
     md = [f"Sweep {sweep_dir}: {len(found)} jobs" + (f"; every job had {' '.join(shared)}" if shared else ""), "",
@@ -176,7 +176,7 @@ def summarize(sweep_dir: str | Path, console=None) -> list[Job]:
     csv_path, md_path = write(sweep_dir, found)
     console = console or output()
     show(sweep_dir, found, console)
-    console.print(f"summary: {csv_path}, {md_path}", highlight=False)
+    console.print(f"summary: {markup(csv_path)}, {markup(md_path)}", highlight=False)
     return found
 
 
@@ -204,6 +204,13 @@ class FreshSweepDir(Callback):
 
     def on_multirun_start(self, config, **kwargs) -> None:
         root = Path(config.hydra.sweep.dir).absolute()  # (`now` is cached: the sweeper gets the same path)
+        resumed = str(config.get("resume")) == str(root)  # resume_args points both at the sweep it continues
+        if not resumed and root.is_dir() and any(root.iterdir()):
+            task = config.hydra.job.config_name
+            hint = (f"continue that sweep with `tformer {task} -m <same overrides> resume={root}`, or "
+                    if SweepDir(root).is_sweep() and task == "train" else "")
+            raise Refused(TformerError(f"hydra.sweep.dir={root} is not empty; {hint}pass a new hydra.sweep.dir (a "
+                                       f"sweep never writes over another sweep or files tformer did not write)"))
         _fresh_sweep_dirs[:] = [p for p in (root, *root.parents) if not p.exists()]
 
     def on_multirun_end(self, config, **kwargs) -> None:

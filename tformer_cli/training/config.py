@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from ..typed_config import build
+from ..typed_config import build, finite
 
 
 @dataclass
@@ -16,7 +16,7 @@ class EarlyStoppingConfig:
     patience: int
     min_delta: float
 
-    RANGES = {"patience": (0, None, "[)"), "min_delta": (0, None, "[)")}
+    RANGES = {"patience": (0, None, "[)"), "min_delta": (0, None, "[)")}  # (NaN/inf: refused by typed_config)
 
     def __post_init__(self) -> None:
         if self.mode not in ("min", "max"):
@@ -42,10 +42,11 @@ class TrainerConfig:
     devices: int  # >1: `tformer train` starts this many processes (launch.py)
     micro_batches: int  # each batch as N slices of rows with summed gradients (loop.train_step)
 
-    RANGES = {"epochs": (1, None, "[)"), "batch_size": (1, None, "[)"), "eval_batch_size": (1, None, "[)"),
-              "grad_clip": (0, None, "[)"), "log_every_steps": (1, None, "[)"), "num_workers": (0, None, "[)"),
-              "checkpoint_every_steps": (0, None, "[)"), "devices": (1, None, "[)"),
-              "micro_batches": (1, None, "[)")}
+    # Upper bounds: past them a value is a typo (1e30), not a setting; what fits is checked by memory (runs/config.py)
+    RANGES = {"epochs": (1, 1_000_000, "[]"), "batch_size": (1, 1 << 20, "[]"), "eval_batch_size": (1, 1 << 20, "[]"),
+              "grad_clip": (0, None, "[)"), "log_every_steps": (1, None, "[)"), "num_workers": (0, 1024, "[]"),
+              "checkpoint_every_steps": (0, None, "[)"), "devices": (1, 1024, "[]"),
+              "micro_batches": (1, 1 << 20, "[]")}
 
 
 @dataclass
@@ -62,7 +63,7 @@ class OptimizerConfig:
 
     @classmethod
     def from_mapping(cls, data: dict, where: str = "optimizer") -> "OptimizerConfig":
-        data = dict(data)
+        data = dict(finite(data, where))  # (its own keys are named optimizer.<key>, not optimizer.options.<key>)
         common = {k: data.pop(k) for k in ("name", "lr", "weight_decay") if k in data}
         return build(cls, {**common, "options": data}, where)
 
@@ -105,7 +106,7 @@ class LoggerConfig:
 
     @classmethod
     def from_mapping(cls, data: dict, where: str = "logger") -> "LoggerConfig":
-        data = dict(data)
+        data = dict(finite(data, where))
         return build(cls, {"name": data.pop("name", None), "options": data}, where)
 
     def option(self, key: str, default=None):

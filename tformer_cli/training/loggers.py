@@ -29,6 +29,7 @@ from typing import Callable
 
 from ..errors import TformerError
 from ..registry import registrar
+from ..safe_text import csv_row
 from ..store.atomic import write_text
 from ..store.layout import RunDir
 from .config import LoggerConfig
@@ -91,7 +92,7 @@ class CsvLogger(Logger):
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=columns)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(csv_row(r) for r in rows)
         write_text(self.run_dir.metrics_csv, buffer.getvalue())
 
 

@@ -1,0 +1,57 @@
+"""Options and texts are never confused: predict takes flags only (every other argument is a text, and one that
+looks like an old `key=value` option is refused rather than guessed); export, serve and push take `key=value` and
+`--key=value` through the one parser."""
+import pytest
+
+from helpers import run_tformer
+from tformer_cli.commands import export, predict, push, serve
+from tformer_cli.errors import TformerError
+
+
+def test_predict_flags_in_both_spellings_and_with_or_without_equals():
+    opts, texts = predict.parse_args(["--top-k", "3", "--batch_size=8", "--max-chars=50", "--json", "a text",
+                                      "--checkpoint=run", "-f", "in.txt", "--explain=false", "--outputs-dir", "o"])
+    assert texts == ["a text"]
+    assert (opts["top_k"], opts["batch_size"], opts["max_chars"], opts["json"], opts["explain"], opts["checkpoint"],
+            opts["file"], opts["outputs_dir"]) == (3, 8, 50, True, False, "run", "in.txt", "o")
+
+
+@pytest.mark.parametrize("arg", ["checkpoint=other", "file=/etc/hostname", "top-k=3", "json=true", "outputs_dir=x"])
+def test_predict_refuses_a_text_that_looks_like_an_option(arg):
+    key = arg.split("=")[0]
+    with pytest.raises(TformerError, match=f"'{arg}' looks like an option: write --{key}="):
+        predict.parse_args(["a real text", arg])
+    opts, texts = predict.parse_args(["a real text", "--", arg, "--json"])  # after --: texts, all of them
+    assert texts == ["a real text", arg, "--json"] and opts == predict.DEFAULTS
+
+
+def test_predict_keeps_other_equals_signs_as_text_and_refuses_unknown_flags():
+    assert predict.parse_args(["2+2=4", "Checkpoint=x is a word", "-5 stars", "--great film--"])[1] == [
+        "2+2=4", "Checkpoint=x is a word", "-5 stars", "--great film--"]
+    with pytest.raises(TformerError, match="unknown flag '--topk'; predict knows --checkpoint, --top-k"):
+        predict.parse_args(["--topk", "3", "x"])
+    with pytest.raises(TformerError, match="--file needs a value"):
+        predict.parse_args(["x", "--file"])
+
+
+def test_predict_decodes_undecodable_argv_bytes_with_replacement():
+    undecodable = b"caf\xe9".decode("utf-8", "surrogateescape")  # what Python makes of a latin-1 argv byte
+    assert predict.parse_args([undecodable])[1] == ["caf\ufffd"]
+
+
+def test_the_other_commands_take_key_value_and_dashed_flags():
+    assert serve.parse_args(["--max-batch=8", "port=0", "--access_log=yes"])[
+        "max_batch"] == 8 and serve.parse_args(["--port=0"])["port"] == 0
+    assert export.parse_args(["--checkpoint=run", "opset=18"])["checkpoint"] == "run"
+    with pytest.raises(TformerError, match="--port needs a value: write --port=VALUE"):
+        serve.parse_args(["--port", "9000"])
+    with pytest.raises(TformerError, match="unknown flag '--colour'; export knows --checkpoint"):
+        export.parse_args(["--colour=red"])
+    with pytest.raises(TformerError, match="unknown argument 'repo'; push takes checkpoint="):
+        push.main(["repo"])
+
+
+def test_a_text_shaped_like_an_option_is_refused_in_one_line(tmp_path):
+    r = run_tformer("predict", "checkpoint=/tmp/other", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "put -- before texts" in r.stderr
+    assert "Traceback" not in r.stderr
