@@ -274,3 +274,10 @@ def test_finite_rule_covers_values_given_in_python():
     with pytest.raises(ConfigError, match="model.dropout=nan"):
         EncoderConfig(vocab_size=10, num_classes=2, dropout=float("nan"))
     assert torch.isfinite(torch.tensor(EncoderConfig(vocab_size=10, num_classes=2).norm_eps))
+
+
+@pytest.mark.parametrize("change", ["optimizer.betas=[0.9,.inf]", "optimizer.eps=abc", "optimizer.betas=[0.9,1.5]"])
+def test_an_optimizers_own_keys_are_checked_before_the_data_is_read(change):
+    """`.inf` reaches the config as a string, and torch would compare it with a float after the data loaded."""
+    with pytest.raises(ConfigError, match="optimizer=adamw refuses its settings"):
+        TrainConfig.compose(tiny(change))

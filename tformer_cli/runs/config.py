@@ -14,6 +14,7 @@ from ..hydra_setup import compose_tree, group_defaults
 from ..model.encoder import EncoderConfig
 from ..model import pretrained
 from ..model.pretrained import EmbeddingInitConfig
+from ..training import optim
 from ..training.config import LoggerConfig, LossConfig, OptimizerConfig, ScheduleConfig, TrainerConfig
 from ..typed_config import build, plain
 from ..yesno import bool_or_path
@@ -65,6 +66,7 @@ class TrainConfig:
             out.long_text.head(int(out.model["max_len"]))
             if out.long_text.mode == "chunks":
                 out.long_text.overlap(int(out.model["max_len"]))
+        optim.check(out.optimizer)  # the optimizer's own keys (betas, eps, ...) too
         options = out.model_options  # checks the model's options and shape now, not after the data
         if options.pretrained is None:
             vocab = out.embedding_init.vocab_size if not out.embedding_init.pretrained else None

@@ -157,6 +157,21 @@ def build(model: nn.Module, cfg: OptimizerConfig, embedding_lr_multiplier: float
     return builder(groups, cfg, fused)
 
 
+def check(cfg: OptimizerConfig) -> None:
+    """Build the configured optimizer over one scalar: its own keys (betas, eps, momentum, ... of configs/optimizer/)
+    are refused in one line now, before any data is read, rather than by torch after it."""
+    builder = OPTIMIZERS.get(cfg.name)
+    if builder is None:
+        raise ConfigError(f"optimizer.name={cfg.name!r} is not one of {', '.join(sorted(OPTIMIZERS))}")
+    probe = [{"params": [nn.Parameter(torch.zeros(1))], "lr": cfg.lr, "weight_decay": cfg.weight_decay}]
+    try:
+        builder(probe, cfg, {})
+    except (TypeError, ValueError) as exc:
+        keys = ", ".join(f"optimizer.{k}" for k in cfg.options) or "optimizer.lr"
+        raise ConfigError(f"optimizer={cfg.name} refuses its settings ({str(exc).splitlines()[0]}); check "
+                          f"{keys}") from None
+
+
 def use_row_updates(model: nn.Module, cfg: OptimizerConfig, compiled: bool = False, distributed: bool = False) -> bool:
     """Switch the token table to sparse gradients when `optimizer.embedding_update=rows` can be honoured: an
     optimizer with row updates, no torch.compile (its graphs expect dense gradients), one process (NCCL has no
