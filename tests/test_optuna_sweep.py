@@ -1,4 +1,4 @@
-"""A 6-trial Optuna search (hparams_search=small_optuna, Hydra's own Optuna sweeper, the study in SQLite in the
+"""A 6-trial Optuna search (hparams_search=small_optuna, tformer's own Optuna sweeper, the study in SQLite in the
 sweep dir) killed during its fourth trial and resumed with resume=<sweep dir>: every trial listed once, finished
 trials read back (not retrained), the interrupted one resumed from its checkpoint with the same parameters, and
 the study ends with exactly the trials asked for."""
@@ -9,7 +9,6 @@ import pytest
 from helpers import interrupted_when, run_tformer, tiny, train_config
 
 optuna = pytest.importorskip("optuna")
-pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
 
 SEARCH = ["train", "-m", "hparams_search=small_optuna", "model=tiny", "hydra.sweeper.n_trials=6",
           *tiny("data.n_train=1000", "trainer.epochs=2", "trainer.checkpoint_every_steps=10")]

@@ -26,9 +26,9 @@ def third_party_imports(folder: Path) -> set[str]:
 
 # extras that hold packages tformer_cli imports lazily, for one feature (the rest: dev tools, data packages)
 RUNTIME_EXTRAS = ("onnx", "serve", "tensorboard", "mlflow", "wandb", "optuna")
-DISTRIBUTIONS.update({"mlflow": "mlflow-skinny", "hydra_plugins": "hydra-optuna-sweeper"})
-# installed by `make` with --no-deps, outside pyproject: its optuna<3 pin cannot sit beside SQLAlchemy 2
-MAKE_INSTALLED = {"hydra-optuna-sweeper"}
+DISTRIBUTIONS.update({"mlflow": "mlflow-skinny"})
+# installed by `make` with --no-deps, outside pyproject (none: tformer's Optuna sweeper ships in its own wheel)
+MAKE_INSTALLED: set[str] = set()
 
 
 def declared(block_name: str = "dependencies") -> set[str]:

@@ -123,3 +123,101 @@ def test_balanced_class_weights():
     w = class_weights(torch.tensor([0, 0, 0, 1]), 2, "balanced")
     torch.testing.assert_close(w, torch.tensor([4 / 6, 4 / 2]))
     assert class_weights(torch.tensor([0, 1]), 2, None) is None
+
+
+# 20 Newsgroups' label names: five start with `comp.`, four with `rec.`, four with `talk.` (a cut name is ambiguous)
+NEWSGROUPS = ["alt.atheism", "comp.graphics", "comp.os.ms-windows.misc", "comp.sys.ibm.pc.hardware",
+              "comp.sys.mac.hardware", "comp.windows.x", "misc.forsale", "rec.autos", "rec.motorcycles",
+              "rec.sport.baseball", "rec.sport.hockey", "sci.crypt", "sci.electronics", "sci.med", "sci.space",
+              "soc.religion.christian", "talk.politics.guns", "talk.politics.mideast", "talk.politics.misc",
+              "talk.religion.misc"]
+
+
+def twenty_class_metrics():
+    """Metrics as evaluate computes them for 20 classes: 300 right per class, a few confusions; the largest is
+    rec.autos taken for rec.motorcycles (17), then comp.graphics for comp.windows.x (11)."""
+    k = len(NEWSGROUPS)
+    cm = [[300 if t == p else (t * 7 + p * 3) % 5 for p in range(k)] for t in range(k)]
+    cm[7][8], cm[1][5] = 17, 11
+    per_class = {n: {"precision": 0.9, "recall": 0.9, "f1-score": 0.9, "support": sum(cm[i])}
+                 for i, n in enumerate(NEWSGROUPS)}
+    return {"n": sum(map(sum, cm)), "accuracy": 0.9, "precision": 0.9, "recall": 0.9, "f1": 0.9, "average": "macro",
+            "loss": 0.4, "per_class": per_class, "confusion_matrix": cm}
+
+
+def rendered(print_fn, *args, width=None):
+    """What a report function prints on a terminal `width` columns wide, or (None) into a file or pipe."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from tformer_cli.console import plain_console
+
+    buf = StringIO()
+    print_fn(*args, Console(width=width, file=buf, color_system=None) if width else plain_console(buf))
+    return buf.getvalue()
+
+
+def whole_names_only(out: str, names) -> None:
+    assert "…" not in out and "..." not in out  # nothing cut
+    for name in names:
+        assert name in out, f"{name} is not shown whole"
+
+
+@pytest.mark.parametrize("width", [80, 120, 160, None])
+def test_twenty_class_report_fits_the_width_and_never_cuts_a_label_name(width):
+    from tformer_cli.console import PLAIN_WIDTH
+    from tformer_cli.evaluation.report import print_metrics
+
+    out = rendered(print_metrics, twenty_class_metrics(), NEWSGROUPS, "twenty_newsgroups test (6,000 examples)",
+                   width=width)
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= (width or PLAIN_WIDTH)
+    whole_names_only(out, NEWSGROUPS)
+    if width == 80:  # too narrow for 20 columns: the largest confusions, largest first, and where the matrix is
+        assert "confusion_matrix.png" in out and "confusion matrix (" not in out
+        top = [line for line in lines if "rec.autos" in line and "rec.motorcycles" in line]
+        second = [line for line in lines if "comp.graphics" in line and "comp.windows.x" in line]
+        assert top and second and " 17 " in top[0] and lines.index(top[0]) < lines.index(second[0])
+    else:  # the whole matrix: columns numbered as the rows, which carry the whole names
+        assert "confusion matrix (" in out and "top confusions" not in out
+        header = next(line for line in lines if line.split()[:2] == ["true", "1"])
+        assert header.split()[1:] == [str(i) for i in range(1, 21)]
+        row = next(line for line in lines if line.split()[:2] == ["8", "rec.autos"])
+        assert row.split()[2:] == [str(v) for v in twenty_class_metrics()["confusion_matrix"][7]]
+
+
+def test_few_classes_keep_their_names_as_matrix_columns():
+    from tformer_cli.evaluation.report import print_metrics
+
+    metrics = {"n": 10, "accuracy": 0.7, "precision": 0.7, "recall": 0.7, "f1": 0.7, "average": "binary", "loss": None,
+               "per_class": {}, "confusion_matrix": [[4, 1], [2, 3]]}
+    out = rendered(print_metrics, metrics, ["negative", "positive"], "demo test", width=80)
+    header = next(line for line in out.splitlines() if "negative" in line and "positive" in line)
+    assert header.index("negative") < header.index("positive") and "confusion matrix (rows: true" in out
+
+
+def test_a_label_name_wider_than_the_screen_wraps_whole():
+    from tformer_cli.evaluation.report import print_metrics
+
+    names = ["a_" + "very_long_category_name_" * 4 + str(i) for i in range(3)]
+    metrics = {"n": 9, "accuracy": 0.7, "precision": 0.7, "recall": 0.7, "f1": 0.7, "average": "macro", "loss": 0.1,
+               "per_class": {n: {"support": 3} for n in names}, "confusion_matrix": [[2, 1, 0], [0, 3, 0], [1, 0, 2]]}
+    out = rendered(print_metrics, metrics, names, "files test", width=80)
+    assert max(map(len, out.splitlines())) <= 80 and "…" not in out
+    first_cells = "".join(line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│"))
+    for name in names:  # every character kept, in order, across the wrapped lines of the first column
+        assert name in first_cells
+
+
+def test_epoch_table_headers_are_readable_at_80_columns():
+    from tformer_cli.evaluation.report import print_history
+
+    history = [{"epoch": e, "train_loss": 0.6931, "val_loss": 0.6123, "val_accuracy": 0.8765, "val_f1": 0.8712,
+                "lr": 1e-3, "train_samples_per_s": 123456.0, "epoch_seconds": 1234.5} for e in (1, 2)]
+    out = rendered(print_history, history, width=80)
+    assert max(map(len, out.splitlines())) <= 80 and "…" not in out
+    header = " ".join(out.splitlines()[2:5])  # (the title, the top border, then the header's lines)
+    for word in ("epoch", "train", "loss", "val", "acc", "f1", "lr", "samples", "seconds"):
+        assert word in header.split(), word
+    assert "123,456" in out and "1234.5" in out

@@ -124,8 +124,26 @@ class TextPredictor:
         return self.predict(texts, explain=True, batch_size=batch_size)
 
 
+# Below this many floating-point operations (2 x tokens x the encoder's matrix weights) a forward pass takes tens
+# of milliseconds on one core: more threads only add their start-up and, on a busy machine, waits for a descheduled
+# peer at every barrier (`tformer predict "one text"` spent more time there than in the model).
+LITTLE_WORK_FLOPS = 2e9
+
+
+def threads_by_work() -> None:
+    """For a process of its own (the CLI's predict): CPU work runs on one thread until a batch of texts is known
+    to be more than a little work, then on torch's usual count. A library caller's thread settings are left
+    alone (Classifier.cpu_threads stays None)."""
+    import torch
+
+    if Classifier.cpu_threads is None:  # (twice in one process: the first count is the usual one)
+        Classifier.cpu_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+
 class Classifier(TextPredictor):
     runtime = "torch"
+    cpu_threads: int | None = None  # set by threads_by_work: the thread count for more than a little work
 
     def __init__(self, loaded, tokenizer, device, long_text):
         self._loaded, self._tok, self.device, self._long_text = loaded, tokenizer, device, long_text
@@ -165,10 +183,18 @@ class Classifier(TextPredictor):
         from .inference import predict_proba
 
         split = TokenizedSplit.from_windows(windows)
+        if self.cpu_threads and self.device.type == "cpu":
+            self._fit_threads(int(split.lengths.sum()))
         precision = pick_precision("fp32" if self.device.type == "cpu" else "auto", self.device)
         probs, _ = predict_proba(self._loaded.model, split, batch_size=batch_size, pad_id=pad_id(self._tok),
                                  device=self.device, precision=precision)
         return probs.numpy()
+
+    def _fit_threads(self, tokens: int) -> None:
+        import torch
+
+        weights = sum(m.weight.numel() for m in self._loaded.model.modules() if isinstance(m, torch.nn.Linear))
+        torch.set_num_threads(1 if 2 * tokens * weights < LITTLE_WORK_FLOPS else self.cpu_threads)
 
     def _attention(self, ids: list[list[int]], batch_size: int) -> list[dict]:
         """Per sequence: {'last': [...], 'rollout': [...]} token weights (special tokens included)."""

@@ -46,7 +46,7 @@ COMMANDS = {
     "serve": ("serve", "main", "argv"),
     "push": ("push", "main", "argv"),
 }
-KEY_HELP = ("train", "evaluate")  # `--help` lists every key with its YAML comment (commands/help.py)
+KEY_HELP = ("train", "evaluate", "pretrain")  # `--help`: every key, its value and its YAML comment (commands/help.py)
 
 
 def _fail(exc: BaseException) -> None:
@@ -59,13 +59,14 @@ def _fail(exc: BaseException) -> None:
     from .safe_text import terminal
 
     message = terminal(exc)
-    line = f"error: {message}"
+    code = getattr(exc, "exit_code", 2)
+    # Ctrl-C is the user's choice, not a failure: its line (exit code 130) carries no "error:" prefix
+    line = message if code == Stopped.exit_code else f"error: {message}"
     print(line, file=sys.stderr)
     logged = console._output is not None and console._output.log_path is not None
     if logged:  # the run log ends with what ended the run
         console._output.log_only(line)
         console._output.close_log()
-    code = getattr(exc, "exit_code", 2)
     job = _hydra_job()  # None outside the Hydra commands
     if job is None:
         sys.exit(code)
@@ -166,7 +167,7 @@ def _hydra_main(task: str, args: list[str]) -> None:
 
     own_host_allocator()  # this process is ours: on CPU the commands keep freed memory for reuse
     sys.argv = [f"tformer {task}"] + args
-    for module in ("optuna", "hydra_plugins"):  # Hydra's Optuna sweeper still speaks optuna 2 (its deprecations)
+    for module in ("optuna", "hydra_plugins"):  # (Optuna's deprecation notices about its own API)
         warnings.filterwarnings("ignore", category=FutureWarning, module=module)
     # Hydra raises a bad override to us instead of printing its own many-line report (a debugger's choice)
     full_error = os.environ.get("HYDRA_FULL_ERROR")
@@ -183,8 +184,8 @@ def _hydra_main(task: str, args: list[str]) -> None:
         print(f"error: {terminal(refused.error)}", file=sys.stderr)
         sys.exit(2)
     except OSError as exc:  # Hydra's own writes (the run dir, .hydra/*.yaml) on a read-only or full disk
-        if _job_started or full_error or _debug():  # (inside a job, an OSError is the job's, not Hydra's set-up)
-            raise
+        if _job_started or full_error or _debug() or isinstance(exc, BrokenPipeError):  # (inside a job, an OSError
+            raise  # is the job's, not Hydra's set-up; a closed pipe is main()'s quiet exit)
         from .store.atomic import write_problem
 
         where = f" {exc.filename}" if getattr(exc, "filename", None) else " the run dir"
@@ -202,22 +203,24 @@ _job_started = False  # Hydra has handed over to a job: its set-up writes (run d
 
 def _job(fn):
     """A Hydra command's entry point, guarded; a job of a `-m` sweep records how it ended (sweeps/job_status.py):
-    `_fail` writes a failure, and a job that returns is recorded done."""
+    `_fail` writes a failure, and a job that returns is recorded done. On the screen a sweep's training job shows
+    its epoch lines and one final line (sweeps/job_output.py); its train.log keeps everything."""
     guarded = _guarded(fn)
 
     def job(cfg):
         global _job_started
         _job_started = True
-        from .sweeps import job_status
+        from .sweeps import job_output, job_status
 
         hydra_job = _hydra_job()
         if hydra_job is None or str(hydra_job.mode) != "RunMode.MULTIRUN":
             return guarded(cfg)
         folder = hydra_job.runtime.output_dir
         job_status.clear(folder)  # a resumed sweep starting the job again
-        result = guarded(cfg)
-        if job_status.read(folder) is None:  # (nothing recorded by _fail: the job returned)
-            job_status.write(folder, job_status.JobStatus.ended(0))
+        with job_output.quiet(hydra_job):
+            result = guarded(cfg)
+            if job_status.read(folder) is None:  # (nothing recorded by _fail: the job returned)
+                job_status.write(folder, job_status.JobStatus.ended(0))
         return result
 
     return job

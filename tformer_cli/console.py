@@ -18,6 +18,13 @@ from pathlib import Path
 from .safe_text import markup
 
 WIDE = 10_000  # "as wide as the content": rich tables never expand, so this only stops wrapping
+PLAIN_WIDTH = 120  # in a file, a table that can choose its layout (a confusion matrix) fits this
+
+
+def fitting_width(max_width: int) -> int:
+    """The width a table that can choose its layout must fit: the terminal's; in a file (WIDE), PLAIN_WIDTH, so a
+    log stays readable in an editor instead of taking the whole matrix's width."""
+    return min(max_width, PLAIN_WIDTH) if max_width >= WIDE else max_width
 
 
 def plain_console(file):
@@ -88,9 +95,12 @@ class Output:
         self.log_console = None
         self._sink: _LogSink | None = None
         self.log_path: Path | None = None
+        # a quiet job of a -m sweep (sweeps/job_output.py): which prints reach the screen; the log gets them all
+        self.screen_filter = None
 
     def print(self, *objects, **kwargs) -> None:
-        self.screen.print(*objects, **kwargs)
+        if self.screen_filter is None or self.screen_filter(objects):
+            self.screen.print(*objects, **kwargs)
         if self.log_console is not None:
             self.log_console.print(*objects, **kwargs)
 
@@ -166,7 +176,8 @@ def progress(iterable=None, *, total: int | None = None, desc: str = "", unit: s
     is. Both take the same calls: iteration, update(n), set_postfix(...),
     close(), `with`. Only one process of a torchrun launch shows progress (the others would repeat it).
     unit_scale: the bar writes large counts as 1.23M (plain lines always write them in full, 1,234,567)."""
-    enabled = enabled and os.environ.get("RANK", "0") == "0"
+    # one process of a torchrun launch shows progress; none where the screen is quiet (train(quiet=True))
+    enabled = enabled and os.environ.get("RANK", "0") == "0" and not (_output is not None and _output.screen.quiet)
     if not enabled or sys.stderr.isatty():
         from tqdm.auto import tqdm  # deferred: ~60 ms; predict imports this module and shows no bar
 

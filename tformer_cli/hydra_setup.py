@@ -1,4 +1,4 @@
-"""Hydra set-up in one place: where the configs are (`config_dir`), the resolvers they use (`tformer_dirname`),
+"""Hydra set-up in one place: where the configs are (`config_dir`), the resolvers they use (`tformer_job_dirname`),
 composing a config without running a command (`compose_config` / `compose_tree`), the defaults the YAML files
 hold that code outside a composed config needs, and shell completion.
 
@@ -6,7 +6,6 @@ Imported only by what composes configs: `tformer predict`, `serve`, `export`, `-
 Hydra (cli.py imports this module when a Hydra command runs)."""
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from pathlib import Path
@@ -19,22 +18,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from .errors import Refused, TformerError
 from .store.ownership import new_run_dir
+from .sweeps.naming import job_dirname
 from .typed_config import plain
 from .yesno import bool_or_path
 
-MAX_JOB_DIRNAME = 150  # characters of a sweep job's folder name from its overrides (file names stop at 255 bytes)
-
-
-def short_dirname(overrides: str) -> str:
-    """A sweep job's folder name from its overrides: as is when short, else cut and ended with a hash of the whole,
-    so every job still gets its own stable name (Optuna's 17-digit floats and long grids pass 255 bytes)."""
-    if len(overrides.encode()) <= MAX_JOB_DIRNAME:
-        return overrides
-    digest = hashlib.sha1(overrides.encode()).hexdigest()[:10]
-    return overrides.encode()[:MAX_JOB_DIRNAME - 12].decode(errors="ignore") + "~" + digest
-
-
-RESOLVERS = {"tformer_dirname": short_dirname}  # ${tformer_dirname:...} in configs/train.yaml
+# ${tformer_job_dirname:...} in configs/{train,pretrain,evaluate}.yaml: short sweep job folder names
+RESOLVERS = {"tformer_job_dirname": job_dirname}
 
 
 def register_resolvers() -> None:

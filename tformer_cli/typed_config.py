@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import types
 import typing
 from typing import Any, Union
@@ -19,13 +20,12 @@ from .errors import ConfigError
 from .yesno import parse_bool
 
 def plain(node: Any) -> Any:
-    """An OmegaConf node (or anything) as plain Python containers, interpolations resolved."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        return node
-    if isinstance(node, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(node, resolve=True)
+    """An OmegaConf node (or anything) as plain Python containers, interpolations resolved. OmegaConf is looked up,
+    not imported: a node can be one of its containers only once it is loaded, and predict's cold start (a saved
+    config read as plain JSON) would pay ~0.2 s importing it (and its parser, antlr4) for nothing."""
+    omegaconf = sys.modules.get("omegaconf")
+    if omegaconf is not None and isinstance(node, (omegaconf.DictConfig, omegaconf.ListConfig)):
+        return omegaconf.OmegaConf.to_container(node, resolve=True)
     return node
 
 

@@ -1,17 +1,13 @@
 """`tformer evaluate`: a checkpoint on a dataset split -> rich tables, metrics.json and report files."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..store.atomic import write_json
 from ..errors import TformerError
 from ..store.layout import RunDir
-from ..runs.config import EvaluateConfig, data_config
+from ..runs.config import EvaluateConfig
 from ..runs.session import log_header
-
-
-def _absolute(path: str | None) -> str | None:
-    from pathlib import Path
-
-    return None if path is None else str(Path(path).expanduser().resolve())
 
 
 def reading(trained, config: EvaluateConfig, max_len: int, data_side: str):
@@ -51,8 +47,8 @@ def run(cfg) -> float:
     from ..typed_config import plain
 
     hydra = HydraConfig.get()
-    return evaluate(EvaluateConfig.from_hydra(cfg), RunDir(hydra.runtime.output_dir), plain(cfg),
-                    list(hydra.overrides.task))
+    overrides = list(hydra.overrides.task)
+    return evaluate(EvaluateConfig.from_hydra(cfg, overrides), RunDir(hydra.runtime.output_dir), plain(cfg), overrides)
 
 
 def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, overrides=()) -> float:
@@ -71,12 +67,7 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
     precision = pick_precision(config.precision, device)
     loaded = checkpoint.load(locate(config.checkpoint or None, config.outputs_dir), device)
     saved = loaded.saved_config()
-    saved_data = config.data or (saved or {}).get("data")
-    if saved_data is None:
-        raise TformerError(f"checkpoint {loaded.path} has no {loaded.files.config.name} to say which data it was "
-                           f"trained on; pass data=<name>")
-    data_cfg = data_config(saved_data, dir=config.data_dir, max_eval_samples=config.max_samples,
-                           test_file=_absolute(config.test_file))
+    data_cfg = config.data_config((saved or {}).get("data"), f"{loaded.path} ({loaded.files.config.name})")
     from ..safe_text import markup
 
     console.print(f"[bold]checkpoint[/] {markup(loaded.path)}  [bold]data[/] {markup(data_cfg.name)}  [bold]split[/] "
@@ -104,7 +95,8 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
                                     thresholds=loaded.thresholds)
     metrics.update({"checkpoint": str(loaded.path), "split": config.split, "data": data_cfg.name,
                     **long_text.to_meta()})
-    title = f"{data_cfg.name} {config.split} ({count(split)})"
+    scored = getattr(data_cfg, f"{config.split}_file", None)  # a file given for this split is what was scored
+    title = f"{Path(scored).name if scored else f'{data_cfg.name} {config.split}'} ({count(split)})"
     report.print_metrics(metrics, loaded.label_names, title, console)
     write_json(run_dir.eval_metrics, metrics)
     console.print(f"metrics written to {markup(run_dir.eval_metrics)}", highlight=False)

@@ -1,8 +1,7 @@
 """`tformer predict`: label texts with a trained checkpoint.
 
-Start-up matters here, so this command parses its few options itself instead of composing the Hydra tree,
-and imports only torch, safetensors and tokenizers (no transformers, datasets or scikit-learn); with
-runtime=onnx (an exported model, `tformer export`) not even torch: onnxruntime, tokenizers and numpy.
+Start-up matters here: no Hydra tree, only torch, safetensors and tokenizers (no transformers, datasets or
+scikit-learn); with --runtime onnx (an export, `tformer export`) not even torch: onnxruntime, tokenizers, numpy.
 """
 from __future__ import annotations
 
@@ -59,8 +58,9 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
     return opts, texts
 
 
-def load_predictor(opts: dict):
-    """The classifier predict runs: the checkpoint under torch, or its ONNX export under onnxruntime."""
+def load_predictor(opts: dict, own_process: bool = False):
+    """The classifier predict runs: the checkpoint under torch, or its ONNX export under onnxruntime. In a process
+    of its own (the predict command, not serve), a few texts run on one thread (classifier.py: LITTLE_WORK_FLOPS)."""
     from ..store.locate import newest
 
     if opts["runtime"] == "onnx":
@@ -70,8 +70,10 @@ def load_predictor(opts: dict):
         if not opts["checkpoint"]:
             print(f"[tformer] using the newest run's export: {terminal(clf.path)}", file=sys.stderr)
         return clf
-    from ..classifier import Classifier
+    from ..classifier import Classifier, threads_by_work
 
+    if own_process:
+        threads_by_work()
     path = opts["checkpoint"] or newest(opts["outputs_dir"])
     if not opts["checkpoint"]:
         print(f"[tformer] using the newest checkpoint: {terminal(path)}", file=sys.stderr)
@@ -132,7 +134,7 @@ def main(argv: list[str]) -> int:
         print(f"[tformer] {truncated} text(s) longer than --max-chars={opts['max_chars']} were cut", file=sys.stderr)
         texts = [t[: opts["max_chars"]] for t in texts]
 
-    clf = load_predictor(opts)
+    clf = load_predictor(opts, own_process=True)
     blank = sum(not has_visible(t) for t in texts)
     if blank:
         print(f"[tformer] {blank} empty text(s) have no label (marked empty)", file=sys.stderr)

@@ -39,7 +39,12 @@ def train_wordpiece(texts, vocab_size: int, max_len: int, min_frequency: int = 2
     tok.normalizer = normalizers.BertNormalizer(lowercase=True, clean_text=True, strip_accents=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    vocab = learn_wordpiece_vocab(word_counts(tok, texts), vocab_size, min_frequency)
+    texts = texts[:]  # one list (a datasets Column would be read row by row, seconds on IMDB)
+    # the first long wait of a new dataset: a bar says what it is (on a terminal; a line a minute in a log)
+    with progress(total=len(texts), desc=f"learning a {vocab_size:,}-piece tokenizer", unit="text") as bar:
+        counts = word_counts(tok, texts, bar)
+        bar.set_postfix(now="merging pieces")
+        vocab = learn_wordpiece_vocab(counts, vocab_size, min_frequency)
     tok.model = models.WordPiece(vocab, unk_token="[UNK]")
     tok.add_special_tokens(SPECIAL_TOKENS)  # as a trainer adds them: never split, skipped by decode
     tok.post_processor = processors.TemplateProcessing(
@@ -53,7 +58,7 @@ _ASCII_CLEAN = {**dict.fromkeys([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x
                 0x0D: " "}
 
 
-def word_counts(tok, texts) -> Counter:
+def word_counts(tok, texts, bar=None) -> Counter:
     """How often each word occurs, the words being what tok's normalizer and pre-tokenizer make of the texts.
 
     Calling those per text costs ~1 ms a review (their offset bookkeeping), so: ASCII texts are cleaned and
@@ -61,9 +66,13 @@ def word_counts(tok, texts) -> Counter:
     split at whitespace, and only the distinct chunks that are not plain letters and digits are pre-tokenized
     (BertPreTokenizer splits off punctuation). Same counts as the per-text calls (tested)."""
     chunks: Counter = Counter()
-    for text in texts:
+    for i, text in enumerate(texts, 1):
         clean = text.translate(_ASCII_CLEAN).lower() if text.isascii() else tok.normalizer.normalize_str(text)
         chunks.update(clean.split())
+        if bar is not None and i % 1000 == 0:  # (`bar`: train_wordpiece's progress)
+            bar.update(1000)
+    if bar is not None:
+        bar.update(len(texts) % 1000)
     words: Counter = Counter()
     for chunk, n in chunks.items():
         if chunk.isalnum():  # no punctuation or whitespace: one word

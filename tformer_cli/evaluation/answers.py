@@ -1,6 +1,6 @@
-"""How `tformer predict` shows its answers in a terminal: a table (top-k column when asked), and for --explain each
-text with its words shaded by their attention-rollout weight. rich is imported where it is used: predict --json
-and runtime=onnx never load it (their cold start)."""
+"""How `tformer predict` shows its answers: a table (top-k column when asked), and for --explain each text with
+its words shaded by their attention-rollout weight in a terminal, or followed by the weight as a number elsewhere.
+rich is imported where it is used: predict --json and runtime=onnx never load it (their cold start)."""
 from __future__ import annotations
 
 from ..console import screen_console
@@ -33,8 +33,8 @@ def print_table(results: list[dict], k: int, explained: bool) -> None:
     console = screen_console()
     console.print(table)
     for r in results if explained else []:
-        if not r.get("empty"):
-            console.print(render_explanation(r))
+        if not r.get("empty"):  # shading is lost in a file or a pipe: there each word carries its weight as a number
+            console.print(render_explanation(r) if console.is_terminal else plain_explanation(r))
 
 
 def words_and_weights(tokens: list[str], weights: list[float]) -> list[tuple[str, float]]:
@@ -51,6 +51,20 @@ def words_and_weights(tokens: list[str], weights: list[float]) -> list[tuple[str
     return [(t, w) for t, w in words]
 
 
+def _head(result: dict) -> str:
+    return (f"{result['label']} {result['probability']:.3f}" if "label" in result
+            else ", ".join(result["labels"]) or "(no label)")
+
+
+def plain_explanation(result: dict):
+    """The text with each word's rollout weight after it, `superb(0.41)`: what the shading says, for a file."""
+    from rich.text import Text  # deferred: predict's cold start
+
+    exp = result["explanation"]
+    words = " ".join(f"{terminal(word)}({w:.2f})" for word, w in words_and_weights(exp["tokens"], exp["rollout"]))
+    return Text(f"{terminal(_head(result))}: {words}")
+
+
 def render_explanation(result: dict):
     """The text with each word's background as strong as its rollout weight (rich markup)."""
     from rich.text import Text  # deferred: predict's cold start
@@ -58,9 +72,7 @@ def render_explanation(result: dict):
     exp = result["explanation"]
     pairs = words_and_weights(exp["tokens"], exp["rollout"])
     top = max((w for _, w in pairs), default=1.0) or 1.0
-    head = (f"{result['label']} {result['probability']:.3f}" if "label" in result
-            else ", ".join(result["labels"]) or "(no label)")
-    text = Text(f"{terminal(head)}: ", style="bold")
+    text = Text(f"{terminal(_head(result))}: ", style="bold")
     for word, w in pairs:
         level = int(255 - 180 * (w / top))
         text.append(terminal(word), style=f"black on rgb(255,{level},{level})" if w / top > 0.15 else "")

@@ -50,16 +50,19 @@ def confusion_matrix_png(path: Path, matrix, label_names: list[str], normalize: 
     return path
 
 
-def training_curves_png(path: Path, history: list[dict], best_epoch: int | None = None) -> Path:
-    """Losses and validation scores per epoch (whole-epoch ticks), the best epoch marked on both panels."""
+def training_curves_png(path: Path, history: list[dict], best_epoch: int | None = None, metric: str = "",
+                        name: str = "") -> Path:
+    """Losses and validation scores per epoch (whole-epoch ticks), the best epoch marked on both panels. One plot
+    for every task: `metric` prefixes its keys (pretraining's train_mlm_loss: "mlm_"), `name` its legend's words."""
     matplotlib.use("Agg")
     epochs = [h["epoch"] for h in history]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot(epochs, [h["train_loss"] for h in history], "o-", label="train loss")
-    a.plot(epochs, [h["val_loss"] for h in history], "o-", label="validation loss")
+    a.plot(epochs, [h[f"train_{metric}loss"] for h in history], "o-", label=f"train {name}loss")
+    a.plot(epochs, [h[f"val_{metric}loss"] for h in history], "o-", label=f"validation {name}loss")
     a.set_xlabel("epoch")
-    b.plot(epochs, [h["val_accuracy"] for h in history], "o-", label="validation accuracy")
-    b.plot(epochs, [h["val_f1"] for h in history], "o-", label="validation F1")
+    b.plot(epochs, [h[f"val_{metric}accuracy"] for h in history], "o-", label=f"validation {name}accuracy")
+    if all(f"val_{metric}f1" in h for h in history):  # (classification)
+        b.plot(epochs, [h[f"val_{metric}f1"] for h in history], "o-", label=f"validation {name}F1")
     b.set_xlabel("epoch")
     for ax in (a, b):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

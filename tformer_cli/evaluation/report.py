@@ -1,9 +1,10 @@
 """Rich tables for metrics: the summary, the per-class report and the confusion matrix."""
 from __future__ import annotations
 
+from rich.measure import Measurement
 from rich.table import Table
 
-from ..console import output
+from ..console import WIDE, fitting_width, output
 from ..safe_text import markup, rich
 
 
@@ -25,7 +26,8 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
 
     per_class = Table(title="per label (at its threshold)" if multi else "per class", header_style="bold")
     for col in ("label", "precision", "recall", "f1", "support") + (("threshold",) if multi else ()):
-        per_class.add_column(col, justify="left" if col == "label" else "right")
+        per_class.add_column(col, justify="left" if col == "label" else "right",
+                             overflow="fold" if col == "label" else "ellipsis")  # a long name wraps, whole
     for i, name in enumerate(label_names):
         row = metrics["per_class"].get(name, {})
         per_class.add_row(rich(name), f"{row.get('precision', 0):.3f}", f"{row.get('recall', 0):.3f}",
@@ -33,14 +35,67 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
                           *([f"{metrics['thresholds'][i]:.2f}"] if multi else []))
     console.print(per_class)
 
-    if len(label_names) <= 25 and not multi:  # (labels of a multi-label model are not exclusive: no matrix)
+    if not multi:  # (labels of a multi-label model are not exclusive: no matrix)
+        console.print(ConfusionMatrix(label_names, metrics["confusion_matrix"]))
+
+
+MATRIX_MAX_CLASSES = 25  # more classes: only the top confusions (the PNG holds the whole matrix)
+TOP_CONFUSIONS = 10
+
+
+class ConfusionMatrix:
+    """The confusion matrix, laid out when a console renders it, for that console's width (the terminal's; a file's
+    PLAIN_WIDTH): whole label names as column headers when they fit; else numbered columns, the numbers beside the
+    rows' whole names; when even that is too wide, the most frequent confusions (true, predicted, count) and a
+    pointer to confusion_matrix.png. A label name is never cut: a cut `comp...` could be any of five classes."""
+
+    def __init__(self, label_names, matrix):
+        self.names = [str(n) for n in label_names]
+        self.matrix = [[int(v) for v in row] for row in matrix]
+
+    def __rich_console__(self, console, options):
+        width = fitting_width(options.max_width)
+        if len(self.names) <= MATRIX_MAX_CLASSES:
+            for table in (self.named(), self.numbered()):
+                if Measurement.get(console, options.update_width(WIDE), table).maximum <= width:
+                    yield table
+                    return
+        yield self.top()
+
+    def named(self) -> Table:
         cm = Table(title="confusion matrix (rows: true, columns: predicted)", header_style="bold")
-        cm.add_column("")
-        for n in label_names:  # whole names: a terminal narrower than the table folds them, a file keeps them
-            cm.add_column(rich(n), justify="right")
-        for name, row in zip(label_names, metrics["confusion_matrix"]):
+        cm.add_column("", no_wrap=True)
+        for n in self.names:
+            cm.add_column(rich(n), justify="right", no_wrap=True)
+        for name, row in zip(self.names, self.matrix):
             cm.add_row(rich(name), *[str(v) for v in row])
-        console.print(cm)
+        return cm
+
+    def numbered(self) -> Table:
+        cm = Table(title="confusion matrix (rows: true, columns: predicted, numbered as the rows)", header_style="bold",
+                   box=None, padding=(0, 0, 0, 1), pad_edge=False)  # a column: its digits and one space
+        cm.add_column("", justify="right", no_wrap=True)
+        cm.add_column("true", no_wrap=True)
+        for i in range(len(self.names)):
+            cm.add_column(str(i + 1), justify="right", no_wrap=True)
+        for i, (name, row) in enumerate(zip(self.names, self.matrix)):
+            cm.add_row(str(i + 1), rich(name), *[str(v) for v in row])
+        return cm
+
+    def top(self) -> Table:
+        pairs = sorted(((v, t, p) for t, row in enumerate(self.matrix) for p, v in enumerate(row) if t != p and v > 0),
+                       key=lambda x: (-x[0], x[1], x[2]))
+        table = Table(title=f"top confusions ({min(len(pairs), TOP_CONFUSIONS)} of {len(pairs)}; the whole "
+                            f"{len(self.names)}x{len(self.names)} matrix: confusion_matrix.png in the reports)",
+                      header_style="bold")
+        table.add_column("true", overflow="fold")  # (a name longer than the screen wraps, whole)
+        table.add_column("predicted", overflow="fold")
+        table.add_column("count", justify="right")
+        table.add_column("% of true", justify="right")
+        for v, t, p in pairs[:TOP_CONFUSIONS]:
+            total = sum(self.matrix[t])
+            table.add_row(rich(self.names[t]), rich(self.names[p]), f"{v:,}", f"{100 * v / total:.1f}")
+        return table
 
 
 MLM_COLUMNS = ("epoch", "train_mlm_loss", "val_mlm_loss", "val_mlm_accuracy", "lr", "train_samples_per_s",
@@ -55,11 +110,14 @@ def print_history(history: list[dict], console=None, columns: tuple[str, ...] | 
     table = Table(title=title, header_style="bold")
     cols = list(columns or ("epoch", "train_loss", "val_loss", "val_accuracy", "val_f1", "lr", "train_samples_per_s",
                             "epoch_seconds"))
-    names = {"train_samples_per_s": "samples/s", "epoch_seconds": "seconds"}
+    # headers a narrow terminal can wrap between words (`train_...` would say nothing); the metrics' own names
+    # stay in history.json and metrics.csv
+    names = {"train_samples_per_s": "samples per s", "epoch_seconds": "seconds", "val_accuracy": "val acc",
+             "val_mlm_accuracy": "val mlm acc"}
     shown = {"epoch": str, "lr": lambda v: f"{v:.2e}", "train_samples_per_s": lambda v: f"{v:,.0f}",
              "epoch_seconds": lambda v: f"{v:.1f}"}
     for c in cols:
-        table.add_column(names.get(c, c), justify="right")
+        table.add_column(names.get(c, c.replace("_", " ")), justify="right")
     for h in history:  # a missing value, or a NaN that strict JSON wrote as null, is "-"; a wrong type raises
         table.add_row(*["-" if h.get(c) is None else shown.get(c, lambda v: f"{v:.4f}")(h[c]) for c in cols])
     console.print(table)

@@ -3,7 +3,8 @@ any data is read, so a wrong key or value costs a second, not a data load."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -129,13 +130,53 @@ class EvaluateConfig:
     long_text: str | None = None  # None: read long texts the way training did (the checkpoint says)
     head_tokens: int | None = None
     chunk_overlap: int | None = None
+    data_typed: dict = field(default_factory=dict)  # the data.<key>=value typed on the command line
 
     RANGES = {"max_samples": (1, None, "[)"), "batch_size": (1, 1 << 20, "[]"), "head_tokens": (0, None, "[)"),
               "chunk_overlap": (0, None, "[)")}
 
     @classmethod
-    def from_hydra(cls, cfg) -> "EvaluateConfig":
-        return build(cls, plain(cfg))
+    def from_hydra(cls, cfg, overrides=()) -> "EvaluateConfig":
+        """Without data=<name>, configs/evaluate.yaml's `data:` keys are all null ("the checkpoint's"): the ones set
+        are those typed. With data=<name> the composed group holds its own values too, so the typed keys are read
+        from the overrides (`data.text_column=review`, `+data.x=1`, `data.split_names.test=dev` -> split_names)."""
+        tree = plain(cfg)
+        node = tree.get("data") or {}
+        if "name" not in node:  # no data group chosen: evaluate.yaml's own all-null `data:` keys
+            tree["data"], typed = None, {k: v for k, v in node.items() if v is not None}
+        else:
+            keys = {o.split("=", 1)[0].lstrip("+~").split(".")[1] for o in overrides
+                    if o.lstrip("+~").startswith("data.") and "=" in o}
+            typed = {k: node[k] for k in keys if k in node}
+        config = build(cls, tree)
+        config.data_typed = typed
+        return config
+
+    def data_config(self, saved: dict | None, where: str) -> "DataConfig":
+        """The data this evaluation reads. By default the data config saved in the checkpoint, so a new labelled
+        file (`test_file=new.csv` or `data.test_file=new.csv`) is read with the run's own column settings (text and
+        label columns, label names, separators); every data.<key> typed wins. `data=files` (new files) or
+        `data=<the run's dataset>` keeps the run's settings too, under what that config sets itself; `data=<another
+        dataset>` is that dataset as its YAML says. The top-level test_file / data_dir / max_samples are the short
+        forms of data.test_file / data.dir / data.max_eval_samples. `where` names the checkpoint in the error."""
+        aliases = {"test_file": self.test_file, "dir": self.data_dir, "max_eval_samples": self.max_samples}
+        for key, value in aliases.items():
+            if value is not None and key in self.data_typed and self.data_typed[key] != value:
+                short = {"dir": "data_dir", "max_eval_samples": "max_samples"}.get(key, key)
+                raise ConfigError(f"{short}={value} and data.{key}={self.data_typed[key]} disagree; give one of them")
+        base = group_defaults("data")
+        if self.data is None or (saved and self.data.get("name") in ("files", saved.get("name"))):
+            if saved is None:
+                raise ConfigError(f"checkpoint {where} has no saved config to say which data it was trained on; "
+                                  f"pass data=<name> (or data=files data.train_file=... data.test_file=...)")
+            own = {k: v for k, v in (self.data or {}).items()  # (a key the YAML interpolates is not its own)
+                   if k not in base or (base[k] != v and not str(base[k]).startswith("${"))}
+            tree = {**saved, **own}
+        else:
+            tree = dict(self.data)
+        if self.test_file:  # (absolute: the metrics and the log say which file was scored)
+            aliases["test_file"] = str(Path(self.test_file).expanduser().resolve())
+        return data_config(tree, **{**self.data_typed, **{k: v for k, v in aliases.items() if v is not None}})
 
 
 BERT_VOCAB = 30522  # the vocabulary assumed for a pretrained table before it is read (BERT's)
@@ -200,4 +241,4 @@ def data_config(saved: dict, **overrides) -> DataConfig:
     """A data config saved in a checkpoint, completed from configs/data/_base.yaml (checkpoints written before a
     key existed lack it) and with the given keys replaced."""
     base = group_defaults("data")
-    return build(DataConfig, {**base, **saved, **{k: v for k, v in overrides.items() if v is not None}}, "data")
+    return build(DataConfig, {**base, **saved, **overrides}, "data")

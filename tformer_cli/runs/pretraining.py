@@ -26,6 +26,7 @@ from ..data import sources, tokenization
 from ..data.tokenization import TokenizedSplit
 from ..errors import ConfigError, TformerError
 from ..evaluation import report
+from ..evaluation.artifacts import training_curves_png
 from ..model.encoder import EncoderConfig
 from ..model.mlm import MaskedLM
 from ..store.layout import PRETRAINING, CheckpointDir, RunDir
@@ -142,6 +143,9 @@ class PretrainJob:
         config, run_dir, console = session.config, session.run_dir, session.console
         report.print_history(state.history, console)  # (its pretraining columns)
         write_json(run_dir.history, state.history)
+        if state.history:  # the same plot as train's, of the masked-LM loss and masked-token accuracy
+            training_curves_png(run_dir.training_curves, state.history, state.best_metrics.get("epoch"),
+                                metric="mlm_", name="masked-LM ")
         best = state.best_metrics
         same = [o for o in session.overrides if o.split("=", 1)[0] in ("data", "data.dir", "model", "model.max_len",
                                                                          "seed")]

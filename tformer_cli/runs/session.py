@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -145,9 +147,9 @@ def _run_locked(session: Session) -> float:
     if resume is not None and run_dir.finished:  # being trained longer: unfinished again until it ends, so an
         run_dir.history.unlink()                  # interruption of the extension can itself be resumed
     console.print(f"{description}; [bold]device[/] {session.device}"
-                  f"{' (freed host memory reused)' if session.allocator == 'retain' else ''}, precision "
+                  f"{' (host allocator: freed memory kept for reuse)' if session.allocator == 'retain' else ''}, precision "
                   f"{session.precision.name}; run dir {markup(run_dir)}", highlight=False)
-    session.logger = build_logger(config.logger, run_dir)
+    session.logger = build_logger(config.logger, run_dir, session.overrides, say=console.print)
     session.logger.start(session.tree, resume.step if resume is not None else None)
     metrics_log = run.log_metrics
     run.log_metrics = lambda record: (metrics_log(record), session.logger.log(record))
@@ -218,8 +220,14 @@ def _execute_worker(job: Job, config, tree: dict, run_dir: RunDir, dist, resume_
     restore = install_signal_handlers(run, quiet=True)
     try:
         state = fit(run)
-    except Interrupted:  # rank 0 says it (and saved the checkpoint)
-        raise SystemExit(130) from None
+    except Interrupted:  # rank 0 says it (and saved the checkpoint); this rank wrote nothing but its throwaway
+        restore()  # folder, so it ends here: an interrupted rank's interpreter teardown could hang (seen under
+        distributed.shutdown()  # load, with the other ranks gone), and the launcher would have to kill it
+        if run_dir.root.name.startswith("tformer-rank"):  # (launch.py's throwaway folder; atexit would remove it)
+            shutil.rmtree(run_dir.root, ignore_errors=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     finally:
         restore()
         distributed.shutdown()

@@ -161,7 +161,7 @@ class RunDir:
     eval_metrics = property(lambda self: self.root / "metrics.json")
     data_report = property(lambda self: self.root / "data_report.json")  # data/sanity.py: the checks of the data
     metrics_log = property(lambda self: self.root / "metrics.jsonl")  # per logged step and per epoch
-    metrics_csv = property(lambda self: self.root / "metrics.csv")  # logger=csv: one row per epoch
+    metrics_csv = property(lambda self: self.root / "metrics.csv")  # one row per epoch (whatever the logger)
     tensorboard = property(lambda self: self.root / "tensorboard")  # logger=tensorboard: event files
     mlflow_run_id = property(lambda self: self.root / "mlflow_run_id")  # logger=mlflow: the run a resume continues
     wandb = property(lambda self: self.root / "wandb")  # logger=wandb: W&B's own folder (offline runs to sync)
@@ -305,6 +305,12 @@ class SweepDir:
         found = [p for p in self.root.iterdir() if RunDir(p).hydra_record.is_dir()] if self.root.is_dir() else []
         number = lambda p: int(p.name.split("_")[0]) if p.name.split("_")[0].isdigit() else 1 << 30
         return sorted(found, key=lambda p: (number(p), p.name))
+
+
+def in_memory_data(content_hash: str, split: str, outputs: str | Path = "outputs") -> Path:
+    """Where the Python API keeps data given as a DataFrame or lists (train(data=...)): one parquet file per split
+    under outputs/data/<hash of its content>/, so the same data is the same file (the same run config, a resume)."""
+    return Path(outputs) / "data" / content_hash / f"{split}.parquet"
 
 
 def resolve_checkpoint(path: str | Path) -> CheckpointDir | None:

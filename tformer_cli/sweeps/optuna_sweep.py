@@ -14,20 +14,48 @@ fails is a FAIL trial and the study goes on (as `-m` grids do); the summary list
 from __future__ import annotations
 
 import functools
+import warnings
 from pathlib import Path
 from typing import Any
 
 import optuna
-from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
 from omegaconf import OmegaConf
+from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from ..console import output
 from ..errors import TformerError
 from ..safe_text import markup
+from .optuna_space import OptunaSweeperImpl, create_params_from_overrides
 
 JOB = "tformer_job"  # trial user attribute: the Hydra job number (and folder prefix) of the trial
 ENDED = "tformer_ended"  # set when the job returned (ok or failed); a trial without it was interrupted
+
+
+def current_distributions(distributions: dict[str, BaseDistribution]) -> dict[str, BaseDistribution]:
+    """The same search space in Optuna's current classes. The plugin still builds UniformDistribution,
+    LogUniformDistribution, IntUniformDistribution, ...: removed in Optuna 6, and a study stores each trial's
+    distribution by class name, so a study saved with them could not be read (or resumed) by Optuna 6."""
+    out: dict[str, BaseDistribution] = {}
+    for name, d in distributions.items():
+        if isinstance(d, FloatDistribution):  # (the deprecated float classes are its subclasses)
+            out[name] = FloatDistribution(d.low, d.high, log=d.log, step=d.step)
+        elif isinstance(d, IntDistribution):
+            out[name] = IntDistribution(d.low, d.high, log=d.log, step=d.step)
+        else:
+            out[name] = d
+    return out
+
+
+def kinds_of_study(study: optuna.Study, distributions: dict[str, BaseDistribution]) -> dict[str, BaseDistribution]:
+    """A study begun with the pre-3.0 classes (by an earlier tformer) goes on with its own: Optuna refuses a
+    parameter whose distribution class changes within one study."""
+    stored = {}
+    for trial in study.get_trials(deepcopy=False):
+        for name, d in trial.distributions.items():
+            stored.setdefault(name, d)
+    return {name: stored[name] if name in stored and type(stored[name]) is not type(d)
+            and isinstance(stored[name], type(d)) else d for name, d in distributions.items()}
 
 
 def resumable_impl(*, sampler: Any, direction: Any, storage: Any, study_name: Any, n_trials: int, n_jobs: int,
@@ -41,9 +69,11 @@ def resumable_impl(*, sampler: Any, direction: Any, storage: Any, study_name: An
 class _ResumableImpl(OptunaSweeperImpl):
     def sweep(self, arguments: list[str]) -> None:
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # its per-trial INFO lines would bury our output
-        self._process_searchspace_config()
-        distributions, fixed = create_params_from_overrides(self._parse_sweeper_params_config() + list(arguments))
-        distributions = {**(self.search_space_distributions or {}), **distributions}
+        with warnings.catch_warnings():  # (a search space of the pre-3.0 kind is converted below)
+            warnings.simplefilter("ignore", FutureWarning)
+            self._process_searchspace_config()
+            distributions, fixed = create_params_from_overrides(self._parse_sweeper_params_config() + list(arguments))
+        distributions = current_distributions({**(self.search_space_distributions or {}), **distributions})
         for name in fixed:
             distributions.pop(name, None)
         if not distributions:
@@ -56,6 +86,9 @@ class _ResumableImpl(OptunaSweeperImpl):
         Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)  # the SQLite study lives here
         study = optuna.create_study(study_name=self.study_name, storage=self.storage, sampler=self.sampler,
                                     directions=self._get_directions(), load_if_exists=True)
+        with warnings.catch_warnings():  # (reading a study saved with the pre-3.0 classes builds them again)
+            warnings.simplefilter("ignore", FutureWarning)
+            distributions = kinds_of_study(study, distributions)
         if study.trials and not resuming:
             raise TformerError(f"{self.sweep_dir} already holds Optuna study {study.study_name} with "
                                f"{len(study.trials)} trials; continue it with resume={self.sweep_dir}, or give "
@@ -76,7 +109,12 @@ class _ResumableImpl(OptunaSweeperImpl):
                 if JOB not in trial.user_attrs:  # (a requeued trial keeps its job number and folder)
                     trial.set_user_attr(JOB, next_job)
                     next_job += 1
-            overrides = self._configure_trials(trials, distributions, fixed)
+            try:
+                overrides = self._configure_trials(trials, distributions, fixed)
+            except ValueError as exc:  # Optuna: a parameter's distribution kind differs from the study's
+                raise TformerError(f"the Optuna study in {self.sweep_dir} cannot go on with this search space "
+                                   f"({str(exc).splitlines()[0]}); resume it with the search space it began with, "
+                                   f"or start a new sweep") from None
             for trial, ret in zip(trials, self._launch(trials, overrides)):
                 try:
                     value = float(ret.return_value)  # (a failed job returns None; a crashed one raises here)

@@ -3,7 +3,10 @@ wall time, read back from the files each job left (so it works for a sweep that 
 
 At the end of every `tformer train -m ...` (Hydra callback `SummaryCallback`, in configs/train.yaml) the summary is
 written as summary.csv and summary.md in the sweep dir and shown as a table; `tformer report <sweep dir>` shows it
-again. Jobs that differ only in `seed` are also aggregated (mean ± std over seeds).
+again. Jobs that differ only in `seed` are also aggregated (mean ± std over seeds). Each row names its job by number
+and every override that sets it apart, whatever its folder is called (naming.py: short folder names), with floats
+rounded to 4 significant digits (an Optuna trial's 0.00031415926535897931 is 0.0003142; the exact value is in the
+job's .hydra/overrides.yaml).
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from pathlib import Path
 import yaml
 from rich.table import Table
 
-from . import job_status
+from . import job_status, naming
+from .naming import round_floats
 from ..store.atomic import write_text
 from ..console import output
 from ..errors import Refused, TformerError
@@ -60,7 +64,7 @@ def jobs(sweep_dir: Path) -> list[Job]:
         run = RunDir(job_dir)
         overrides = yaml.safe_load(run.hydra_overrides.read_text()) if run.hydra_overrides.is_file() else None
         # (resume=<sweep dir> is how the sweep was continued, not a setting)
-        found.append(_read_job(run, [str(o) for o in overrides or [] if not str(o).startswith("resume=")]))
+        found.append(read_job(run, [str(o) for o in overrides or [] if not str(o).startswith("resume=")]))
     shared = set.intersection(*(set(j.overrides) for j in found)) if found else set()
     for j in found:
         j.varying = [o for o in j.overrides if o not in shared]
@@ -71,7 +75,8 @@ def jobs(sweep_dir: Path) -> list[Job]:
     return found
 
 
-def _read_job(run: RunDir, overrides: list[str]) -> Job:
+def read_job(run: RunDir, overrides: list[str]) -> Job:
+    """One job as its folder tells it (a running or killed job too); also each job's final line (job_output.py)."""
     job = Job(run.root.name, overrides, "running")  # no record: running, or killed before it could write one
     ended = job_status.read(run.root)
     if ended is not None:
@@ -109,7 +114,8 @@ def by_seed(found: list[Job]) -> list[dict]:
             continue
         best = [j.best for j in members]
         test = [j.test["accuracy"] for j in members if "accuracy" in j.test]
-        out.append({"setting": " ".join(setting) or "(defaults)", "seeds": len(members), "monitor": members[0].monitor,
+        out.append({"setting": round_floats(" ".join(setting)) or "(defaults)", "seeds": len(members),
+                    "monitor": members[0].monitor,
                     "mean": statistics.fmean(best), "std": statistics.stdev(best),
                     "test_mean": statistics.fmean(test) if test else None,
                     "test_std": statistics.stdev(test) if len(test) > 1 else None})
@@ -122,7 +128,7 @@ COLUMNS = ["job", "overrides", "status", "monitor", "best", "best_epoch", "test_
 
 def _row(j: Job) -> dict:
     fmt = lambda v, spec: "" if v is None else format(v, spec)
-    return {"job": j.name.split("_")[0], "overrides": " ".join(j.varying) or "(none)", "status": j.status,
+    return {"job": j.name.split("_")[0], "overrides": round_floats(" ".join(j.varying)) or "(none)", "status": j.status,
             "monitor": j.monitor or "", "best": fmt(j.best, ".4f"), "best_epoch": fmt(j.best_epoch, "d"),
             "test_accuracy": fmt(j.test.get("accuracy"), ".4f"), "test_f1": fmt(j.test.get("f1"), ".4f"),
             "seconds": fmt(j.seconds, ".0f"), "error": j.error or "", "best_job": "*" if j.is_best else ""}
@@ -136,7 +142,8 @@ def write(sweep_dir: Path, found: list[Job]) -> tuple[Path, Path]:
     w.writerows(csv_row(_row(j)) for j in found)
     rows = [_row(j) for j in found]
     shared = [o for o in (found[0].overrides if found else []) if o not in found[0].varying]
-    md = [f"Sweep {sweep_dir}: {len(found)} jobs" + (f"; every job had {' '.join(shared)}" if shared else ""), "",
+    every = f"; every job had {round_floats(' '.join(shared))}" if shared else ""
+    md = [f"Sweep {sweep_dir}: {len(found)} jobs{every}", "",
           "| " + " | ".join(COLUMNS[:-2]) + " |", "|" + "---|" * (len(COLUMNS) - 2)]
     md += ["| " + " | ".join(("**" + r[c] + "**" if r["best_job"] and c == "best" else r[c].replace("|", "\\|"))
                              for c in COLUMNS[:-2]) + " |" for r in rows]
@@ -250,4 +257,9 @@ def resume_args(args: list[str]) -> list[str]:
     if any(a.startswith("hydra.sweep.dir=") for a in args):
         raise TformerError("resume=<sweep dir> sets hydra.sweep.dir itself; drop hydra.sweep.dir=")
     sweep = sweep.resolve()
+    earlier = [p.name for p in SweepDir(sweep).job_dirs() if not naming.is_current(p.name)]
+    if earlier:  # its jobs would not be found under today's names: each would train again, beside its old folder
+        raise TformerError(f"sweep {sweep} was started by an earlier tformer (job folders such as {earlier[0]!r}); "
+                           f"resuming it here would train its jobs again: finish it with that version, or start a "
+                           f"new sweep")
     return [a for a in args if not a.startswith("resume=")] + [f"resume={sweep}", f"hydra.sweep.dir={sweep}"]

@@ -331,6 +331,8 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
                                  "lr": opt.lr, "samples_per_s": window_seen / max(now - window_t, 1e-9)})
                 window_t, window_seen = now, 0
             window, window_n = torch.zeros((), device=run.device), 0
+        elif i == 0 and dist.is_main:  # the bar shows a loss from its first step, not only from the first logged
+            bar.set_postfix(loss=f"{float(window) / window_n:.4f}", lr=f"{opt.lr:.2e}")  # one (an epoch of 10 steps)
         mid_epoch = state.batches_done < n_batches
         if mid_epoch and (stop or (every and state.step % every == 0)):
             state.epoch_loss_sum = float(loss_sum)

@@ -1,0 +1,90 @@
+"""`tformer evaluate` on a new labelled file: read with the run's own data settings unless a data.<key> says
+otherwise, under either spelling (test_file= or data.test_file=); a file whose columns differ is one line."""
+import csv
+import json
+
+import pytest
+
+from helpers import compose_config, run_tformer
+from tformer_cli.data import demo
+from tformer_cli.errors import ConfigError
+from tformer_cli.runs.config import EvaluateConfig
+
+# A run trained on files with its own column names (what `tformer train data=files ...` saves in its config)
+SAVED = {"name": "files", "train_file": "/data/train.csv", "text_column": "review", "label_column": "sentiment",
+         "label_names": None, "text_separator": " | ", "label_offset": 1}
+
+
+def write_csv(path, columns, n=30, seed=7):
+    """`n` labelled demo sentences (their integer labels) under the given (text, label) column names."""
+    texts, labels = demo.splits(300, 100, n, seed)["test"]
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        writer.writerows(zip(texts, labels))
+    return path
+
+
+def typed(*overrides):
+    return EvaluateConfig.from_hydra(compose_config("evaluate", *overrides), overrides)
+
+
+@pytest.mark.parametrize("overrides", [
+    ("data.test_file=new.csv",),
+    ("test_file=new.csv",),
+    ("data=files", "data.train_file=/data/train.csv", "data.test_file=new.csv"),
+])
+def test_a_new_file_is_read_with_the_runs_column_settings(overrides):
+    cfg = typed(*overrides).data_config(SAVED, "run")
+    assert (cfg.name, cfg.text_column, cfg.label_column, cfg.text_separator, cfg.label_offset) == (
+        "files", "review", "sentiment", " | ", 1)
+    assert cfg.test_file.endswith("new.csv") and cfg.train_file == "/data/train.csv"
+
+
+def test_typed_data_keys_win_over_the_runs():
+    cfg = typed("data.test_file=new.csv", "data.text_column=body", "data.label_offset=0").data_config(SAVED, "run")
+    assert (cfg.text_column, cfg.label_column, cfg.label_offset) == ("body", "sentiment", 0)
+    cfg = typed("data=files", "data.train_file=t.csv", "data.label_column=y").data_config(SAVED, "run")
+    assert (cfg.text_column, cfg.label_column, cfg.train_file) == ("review", "y", "t.csv")
+
+
+def test_another_dataset_is_read_as_its_own_config_says():
+    cfg = typed("data=ag_news").data_config(SAVED, "run")
+    assert cfg.name == "ag_news" and cfg.text_column != "review"
+
+
+def test_both_spellings_with_different_files_are_refused():
+    with pytest.raises(ConfigError, match="test_file=a.csv and data.test_file=b.csv disagree"):
+        typed("test_file=a.csv", "data.test_file=b.csv").data_config(SAVED, "run")
+
+
+def test_no_saved_config_asks_for_the_data():
+    with pytest.raises(ConfigError, match="pass data=<name>"):
+        typed("data.test_file=new.csv").data_config(None, "run")
+
+
+@pytest.mark.slow
+def test_both_spellings_score_a_new_csv_with_the_run(tiny_run, tmp_path):
+    new = write_csv(tmp_path / "new.csv", ["text", "label"])
+    metrics = []
+    for n, key in enumerate(("test_file", "data.test_file")):
+        out = tmp_path / f"eval{n}"
+        result = run_tformer("evaluate", f"checkpoint={tiny_run.run_dir}", f"{key}={new}", f"hydra.run.dir={out}",
+                             cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert "new.csv (30 examples" in result.stdout  # (the title names the file scored)
+        metrics.append(json.loads((out / "metrics.json").read_text()))
+    assert metrics[0]["n"] == metrics[1]["n"] == 30
+    assert metrics[0]["accuracy"] == metrics[1]["accuracy"]
+    assert metrics[0]["confusion_matrix"] == metrics[1]["confusion_matrix"]
+
+
+@pytest.mark.slow
+def test_a_file_with_other_columns_is_refused_in_one_line_naming_them(tiny_run, tmp_path):
+    new = write_csv(tmp_path / "other.csv", ["review", "label"])
+    refused = run_tformer("evaluate", f"checkpoint={tiny_run.run_dir}", f"data.test_file={new}",
+                          f"hydra.run.dir={tmp_path / 'refused'}", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().count("\n") == 0 and "Traceback" not in refused.stderr
+    assert "it has columns review, label" in refused.stderr and "data.text_column" in refused.stderr
+    assert not (tmp_path / "refused" / "metrics.json").exists()
