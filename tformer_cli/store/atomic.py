@@ -64,9 +64,9 @@ def swap_in(staged: Path, target: Path) -> None:
 
 
 @contextmanager
-def staged_dir(target: Path) -> Iterator[Path]:
-    """A fresh, empty temporary sibling of the directory `target` to write into: swapped in at `target` (`swap_in`)
-    when the block ends normally, removed whatever happens. Errors are the caller's to word."""
+def fresh_sibling(target: Path) -> Iterator[Path]:
+    """A fresh, empty temporary sibling of the directory `target` to write into, removed whatever happens (what
+    becomes of its contents is the caller's: `staged_dir` swaps it in, ownership.replacing may move its files)."""
     tmp = temporary_sibling(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -74,9 +74,17 @@ def staged_dir(target: Path) -> Iterator[Path]:
             shutil.rmtree(tmp)
         tmp.mkdir()
         yield tmp
-        swap_in(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def staged_dir(target: Path) -> Iterator[Path]:
+    """A `fresh_sibling` of the directory `target` to write into: swapped in at `target` (`swap_in`) when the block
+    ends normally, removed whatever happens. Errors are the caller's to word."""
+    with fresh_sibling(target) as tmp:
+        yield tmp
+        swap_in(tmp, target)
 
 
 def write_with(path: str | Path, write: Callable[[Path], None]) -> Path:

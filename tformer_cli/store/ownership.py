@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import TformerError
-from .atomic import json_text, swap_in, write_problem
+from .atomic import fresh_sibling, json_text, swap_in, write_problem
 from .layout import MARKER, RunDir, resolve_resumable, temporary_sibling
 
 KINDS = ("run", "export", "stage")
@@ -100,25 +99,19 @@ def replacing(folder: str | Path, kind: str, key: str,
     are moved into it, the marker first, instead of the folder itself being swapped away."""
     shown, folder = folder, Path(folder).absolute()  # (`.` has no name to stage beside)
     check_replaceable(shown, kind, key, legacy)
-    tmp = temporary_sibling(folder)
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():  # this pid's own leftover
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        yield tmp
-        check_replaceable(shown, kind, key, legacy)  # again: a file added while this was written is kept too
-        mark(tmp, kind)
-        if folder.is_dir() and not any(folder.iterdir()):
-            os.replace(tmp / MARKER, folder / MARKER)
-            for entry in sorted(tmp.iterdir()):
-                os.replace(entry, folder / entry.name)
-        else:
-            swap_in(tmp, folder)
+        with fresh_sibling(folder) as tmp:
+            yield tmp
+            check_replaceable(shown, kind, key, legacy)  # again: a file added while this was written is kept too
+            mark(tmp, kind)
+            if folder.is_dir() and not any(folder.iterdir()):
+                os.replace(tmp / MARKER, folder / MARKER)
+                for entry in sorted(tmp.iterdir()):
+                    os.replace(entry, folder / entry.name)
+            else:
+                swap_in(tmp, folder)
     except OSError as exc:
         raise TformerError(f"could not write {key}={shown}: {write_problem(exc)}") from exc
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def new_run_dir(path: str | Path, task: str, resume: bool | str | None, key: str = "hydra.run.dir") -> None:
