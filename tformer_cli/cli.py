@@ -18,12 +18,14 @@ from .errors import Refused, TformerError, hydra_error_line
 from .safe_text import terminal
 from .yesno import parse_bool
 
-USAGE = """usage: tformer {train,evaluate,predict,pretrain,export,serve,push,report} [overrides ...]
+USAGE = """usage: tformer {train,evaluate,predict,pretrain,audit,suggest,export,serve,push,report} [overrides ...]
 
   tformer train [key=value ...]           train (Hydra overrides; -m for a multirun sweep)
   tformer pretrain [key=value ...]        masked-LM pretraining on unlabeled text; then train model.init=RUN_DIR
   tformer evaluate [checkpoint=PATH ...]  metrics of a checkpoint on a split (default: newest run, test split)
   tformer predict "text" [...]            label texts with a checkpoint (see tformer predict --help)
+  tformer audit [key=value ...]           likely label errors (k-fold, cleanlab) and duplicate texts of a dataset
+  tformer suggest file=PATH n=N           the unlabelled texts most worth labelling next, as a CSV to fill in
   tformer export [checkpoint=PATH]        the checkpoint as ONNX, checked against PyTorch (predict --runtime onnx)
   tformer serve [checkpoint=PATH]         an HTTP server: POST /predict, GET /labels, GET /health
   tformer push checkpoint=PATH repo=ID    upload to the Hugging Face Hub; load with checkpoint=hf://ID
@@ -41,12 +43,15 @@ COMMANDS = {
     "evaluate": ("evaluate", "run", "hydra"),
     "predict": ("predict", "main", "argv"),
     "pretrain": ("pretrain", "run", "hydra"),
+    "audit": ("audit", "run", "hydra"),
+    "suggest": ("suggest", "main", "argv"),
     "report": ("report", "main", "argv"),
     "export": ("export", "main", "argv"),
     "serve": ("serve", "main", "argv"),
     "push": ("push", "main", "argv"),
 }
-KEY_HELP = ("train", "evaluate", "pretrain")  # `--help`: every key, its value and its YAML comment (commands/help.py)
+# `--help`: every key, its value and its YAML comment (commands/help.py)
+KEY_HELP = ("train", "evaluate", "pretrain", "audit")
 
 
 def _fail(exc: BaseException) -> None:

@@ -11,10 +11,21 @@ from .data.batching import BatchLoader
 from .data.tokenization import TokenizedSplit
 
 
-@torch.inference_mode()
 def predict_proba(model, split: TokenizedSplit, *, batch_size: int, pad_id: int, device: torch.device,
                   precision, loss_weight: torch.Tensor | None = None, progress: str | None = None):
-    """(probs (documents, C) float32 on CPU, mean cross-entropy over documents)."""
+    """(probs (documents, C) float32 on CPU, mean cross-entropy over documents): the raw model's (temperature
+    scaling, evaluation/calibration.py, works on `predict_logits`)."""
+    logits, loss = predict_logits(model, split, batch_size=batch_size, pad_id=pad_id, device=device,
+                                  precision=precision, loss_weight=loss_weight, progress=progress)
+    return (logits.sigmoid() if model.cfg.multi_label else logits.softmax(-1)), loss
+
+
+@torch.inference_mode()
+def predict_logits(model, split: TokenizedSplit, *, batch_size: int, pad_id: int, device: torch.device,
+                   precision, loss_weight: torch.Tensor | None = None, progress: str | None = None):
+    """(document logits (documents, C) float32 on CPU, mean cross-entropy over documents). Logits, not
+    probabilities, for calibration: an overconfident model's small probabilities underflow to 0 in float32, and
+    log(0) would lose what a temperature needs."""
     model.eval()
     logits_all = torch.empty(len(split), model.cfg.num_classes)
     loader = BatchLoader(split, batch_size, pad_id, shuffle=False, pin_memory=device.type == "cuda")
@@ -39,10 +50,10 @@ def predict_proba(model, split: TokenizedSplit, *, batch_size: int, pad_id: int,
         targets = split.doc_labels  # (unlabelled texts, as predict passes them, have no targets: no loss)
         labelled = len(logits) and targets.shape == logits.shape
         loss = F.binary_cross_entropy_with_logits(logits, targets.float()) if labelled else 0.0
-        return logits.sigmoid(), float(loss)
+        return logits, float(loss)
     weight = None if loss_weight is None else loss_weight.cpu()
     loss = F.cross_entropy(logits, split.doc_labels, weight=weight, reduction="sum") / max(len(logits), 1)
-    return logits.softmax(-1), float(loss)
+    return logits, float(loss)
 
 
 def document_logits(logits: torch.Tensor, docs: torch.Tensor | None) -> torch.Tensor:

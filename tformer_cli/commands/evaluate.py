@@ -33,7 +33,7 @@ def reading(trained, config: EvaluateConfig, max_len: int, data_side: str):
     width = max_len - 2
     if head is not None and not 0 <= head <= width:
         raise TformerError(f"head_tokens={head} must be between 0 and {width} (the checkpoint's max_len {max_len} "
-                           f"less [CLS] and [SEP])")
+                           f"less the 2 special tokens around a text)")
     if overlap is not None and not 0 <= overlap < width:
         raise TformerError(f"chunk_overlap={overlap} must be between 0 and {width - 1} (a window holds "
                            f"{width} tokens of text at the checkpoint's max_len {max_len})")
@@ -55,7 +55,7 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
     from ..console import output
     from ..data import sanity, sources, tokenization
     from ..evaluation import report
-    from ..evaluation.evaluate import count, evaluate_split, write_reports
+    from ..evaluation.evaluate import count, score_split, write_reports
     from ..hardware import keep_freed_host_memory, pick_device, pick_precision
     from ..store import checkpoint
     from ..store.locate import locate
@@ -90,9 +90,10 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
     texts = data.splits[config.split]
     split = tokenization.TokenizedSplit.from_dataset(
         tokenization.tokenize_split(texts, tok, max_len, config.split, long_text))
-    metrics, probs = evaluate_split(loaded.model, split, loaded.label_names, pad_id=tokenization.pad_id(tok),
-                                    device=device, precision=precision, batch_size=config.batch_size,
-                                    thresholds=loaded.thresholds)
+    result = score_split(loaded.model, split, loaded.label_names, pad_id=tokenization.pad_id(tok), device=device,
+                         precision=precision, batch_size=config.batch_size, thresholds=loaded.thresholds,
+                         temperature=loaded.temperature)  # (the checkpoint's calibration; raw ones as *_raw)
+    metrics, probs = result.metrics, result.probs
     metrics.update({"checkpoint": str(loaded.path), "split": config.split, "data": data_cfg.name,
                     **long_text.to_meta()})
     scored = getattr(data_cfg, f"{config.split}_file", None)  # a file given for this split is what was scored
@@ -101,5 +102,5 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
     write_json(run_dir.eval_metrics, metrics)
     console.print(f"metrics written to {markup(run_dir.eval_metrics)}", highlight=False)
     write_reports(run_dir.root, metrics, loaded.label_names, texts["text"], split, probs, config.normalize, title,
-                  console)
+                  console, raw_probs=result.raw_probs)
     return float(metrics["accuracy"])

@@ -1,4 +1,4 @@
-"""`tformer train|evaluate|pretrain --help`: every key with the value this command would use and what it means.
+"""`tformer train|evaluate|pretrain|audit --help`: every key with the value this command would use and what it means.
 
 Hydra's own help prints the composed config without the YAML comments that document it, with interpolations
 unresolved (`${oc.select:model.recommended_lr,5.0e-4}`) and lists over several lines. Here the config is composed

@@ -11,12 +11,12 @@ import sys
 from ..data.sanity import has_visible
 from ..errors import TformerError
 from ..evaluation import answers
-from ..safe_text import json_line, terminal
+from ..safe_text import terminal
 from ..yesno import parse_bool
 from .options import flag_name, parse_flags
 
 USAGE = """usage: tformer predict [TEXT ...] [--checkpoint PATH] [--top-k N] [--file PATH|-] [--json] [--explain]
-                       [--batch-size N] [--device auto|cpu|cuda] [--max-chars N] [--max-lines N]
+                       [--raw] [--batch-size N] [--device auto|cpu|cuda] [--max-chars N] [--max-lines N]
                        [--runtime torch|onnx] [--outputs-dir DIR] [--] [TEXT ...]
 
 Labels each TEXT (or each line of --file PATH, or of standard input when no TEXT is given and input is piped).
@@ -26,25 +26,26 @@ Flags take their value as `--flag VALUE` or `--flag=VALUE`, spelled with - or _ 
 --top-k, -f is --file. --checkpoint defaults to the best checkpoint of the newest run under outputs/.
 --explain shows which tokens drove each decision (last-layer attention from the pooled position, and attention
 rollout). --runtime onnx runs the run's ONNX export (`tformer export`; --checkpoint may be the export dir) with
-onnxruntime, without torch. Texts longer than --max-chars are cut (a warning says how many); a file line with
-no end in sight (over 64 MiB, or 40 x max-chars bytes) is refused. --json writes one JSON line per text, control
-characters escaped as \\uXXXX."""
+onnxruntime, without torch. Probabilities are calibrated (the temperature training fitted on the validation
+split, saved in the checkpoint); --raw shows the model's uncalibrated ones (the labels are the same). Texts
+longer than --max-chars are cut (a warning says how many); a file line with no end in sight (over 64 MiB, or
+40 x max-chars bytes) is refused. --json writes one JSON line per text, control characters escaped as \\uXXXX."""
 
-DEFAULTS = {"checkpoint": None, "top_k": 1, "file": None, "json": False, "explain": False, "batch_size": 64,
-            "device": "auto", "runtime": "torch",
-            "max_chars": 100_000, "max_lines": 1_000_000, "outputs_dir": "outputs"}
+DEFAULTS = {"checkpoint": None, "top_k": 1, "file": None, "json": False, "explain": False, "raw": False,
+            "batch_size": 64, "device": "auto", "runtime": "torch", "max_chars": 100_000, "max_lines": 1_000_000,
+            "outputs_dir": "outputs"}
 _SHORT = {"-k": "top_k", "-f": "file"}
 
 
 def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
-    opts, texts = parse_flags(argv, DEFAULTS, USAGE, "predict", short=_SHORT, switches=("json", "explain"))
+    opts, texts = parse_flags(argv, DEFAULTS, USAGE, "predict", short=_SHORT, switches=("json", "explain", "raw"))
     counts = ("top_k", "batch_size", "max_chars", "max_lines")
     try:
         opts.update({key: int(opts[key]) for key in counts})
     except ValueError as exc:
         raise TformerError(f"--top-k, --batch-size, --max-chars and --max-lines must be integers "
                            f"({terminal(exc)})") from exc
-    opts.update({key: parse_bool(opts[key], flag_name(key)) for key in ("json", "explain")
+    opts.update({key: parse_bool(opts[key], flag_name(key)) for key in ("json", "explain", "raw")
                  if isinstance(opts[key], str)})
     for key in counts:
         if opts[key] < 1:
@@ -138,13 +139,11 @@ def main(argv: list[str]) -> int:
     blank = sum(not has_visible(t) for t in texts)
     if blank:
         print(f"[tformer] {blank} empty text(s) have no label (marked empty)", file=sys.stderr)
-    results = clf.predict(texts, top_k=opts["top_k"], explain=opts["explain"], batch_size=opts["batch_size"])
+    results = clf.predict(texts, top_k=opts["top_k"], explain=opts["explain"], batch_size=opts["batch_size"],
+                          calibrated=not opts["raw"])
     k = min(opts["top_k"], len(clf.labels))
     if opts["json"]:
-        for r in results:
-            if k == 1:
-                r.pop("top_k")
-            print(json_line(r))
-        return 0
-    answers.print_table(results, k, opts["explain"])
+        answers.print_json_lines(results, k)
+    else:
+        answers.print_table(results, k, opts["explain"], clf.word_pieces if opts["explain"] else None)
     return 0

@@ -54,7 +54,7 @@ def check_label_names(names: list[str], where: str, classes: int) -> None:
                            f"has {extra}); remove the extra names or add rows of those classes")
 
 
-def _normalized(text: str) -> str:
+def normalized_text(text: str) -> str:
     """The text as a reader sees it: compatibility forms folded (NFKC), case folded, runs of whitespace as one."""
     return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
 
@@ -82,14 +82,14 @@ class TrainTexts:
         self.exact, self.normalized = set(), set()
         for t in texts:
             self.exact.add(hash(t))
-            self.normalized.add(hash(_normalized(t)))
+            self.normalized.add(hash(normalized_text(t)))
 
     def kind(self, text: str) -> str | None:
         """'exact', 'normalized' (the same as a train text once case, spacing and Unicode forms are ignored), or
         None for a text training never saw."""
         if hash(text) in self.exact:
             return "exact"
-        return "normalized" if hash(_normalized(text)) in self.normalized else None
+        return "normalized" if hash(normalized_text(text)) in self.normalized else None
 
 
 def overlap(train: TrainTexts, texts) -> dict:

@@ -90,8 +90,8 @@ def _text_columns(cfg: DataConfig) -> list[str]:
     return [cfg.text_column] if isinstance(cfg.text_column, str) else list(cfg.text_column)
 
 
-def _load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[str] | None = None,
-                text_columns: list[str] = ()):
+def load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[str] | None = None,
+               text_columns: list[str] = ()):
     """{split: Dataset} of local files. CSV/TSV cells are read as written: pandas would read a class named `None`
     or `NA` and a text `null` as missing values (and a text column of numbers as numbers), so only an empty cell
     is missing and the text columns stay strings. (JSON and parquet keep their own nulls and types.)"""
@@ -219,7 +219,7 @@ def _load_listed_files(cfg: DataConfig):
         raise TformerError("data=files needs data.train_file=<path> (and optionally data.validation_file, "
                            "data.test_file)")
     train = Path(os.path.expanduser(str(cfg.train_file)))
-    return _load_files({"train": train}, cfg.header, cfg.column_names, _text_columns(cfg)), None, "local files"
+    return load_files({"train": train}, cfg.header, cfg.column_names, _text_columns(cfg)), None, "local files"
 
 
 def _load_folder(cfg: DataConfig, folder: Path):
@@ -228,7 +228,7 @@ def _load_folder(cfg: DataConfig, folder: Path):
     if "train" not in files:
         raise TformerError(f"no train file in {folder}; expected train.parquet, train.csv, train.tsv, "
                            f"train.json or train.jsonl")
-    return (_load_files(files, cfg.header, cfg.column_names, _text_columns(cfg)), _read_label_names(folder),
+    return (load_files(files, cfg.header, cfg.column_names, _text_columns(cfg)), _read_label_names(folder),
             str(folder))
 
 
@@ -280,7 +280,7 @@ def _raw_splits(cfg: DataConfig) -> tuple[dict, list[str] | None, str, dict]:
     # data.validation_file / data.test_file: given splits of data=files, or replacements in any local dataset
     # (e.g. `tformer evaluate test_file=new.csv` scores a new file with the training run's data settings)
     files = {**_local_files(cfg, folder), **listed}
-    return ({**raw, **_load_files(listed, cfg.header, cfg.column_names, _text_columns(cfg))}, names, source,
+    return ({**raw, **load_files(listed, cfg.header, cfg.column_names, _text_columns(cfg))}, names, source,
             {s: str(p) for s, p in files.items()})
 
 

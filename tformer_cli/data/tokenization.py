@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,7 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from ..console import progress
-from ..errors import ConfigError
+from ..errors import ConfigError, TformerError
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the ONNX predict path never loads it
     import torch
@@ -128,6 +129,96 @@ def learn_wordpiece_vocab(words: dict[str, int], vocab_size: int, min_frequency:
     return vocab
 
 
+@dataclass(frozen=True)
+class SpecialLayout:
+    """A tokenizer's special tokens as its tokenizer.json makes them, never by BERT's names: RoBERTa and XLM-R
+    read `<s> text </s>` with `<mask>`, BERT, DeBERTa-v3 and ModernBERT `[CLS] text [SEP]` with `[MASK]`."""
+
+    before: int = 1  # special tokens the post-processor puts before a single text
+    after: int = 1  # ... and after it
+    mask: str | None = "[MASK]"  # the masked-LM mask token (None: the tokenizer has none)
+    tokens: frozenset[str] = frozenset(SPECIAL_TOKENS)  # every special token's string
+    ids: frozenset[int] = frozenset(range(len(SPECIAL_TOKENS)))  # ... and its id
+
+    @property
+    def count(self) -> int:
+        return self.before + self.after
+
+
+BERT_LAYOUT = SpecialLayout()  # our own WordPiece tokenizers' (train_wordpiece): ids 0..4 in SPECIAL_TOKENS order
+
+
+def _bare(token: str) -> str:
+    return token.strip("<>[]|").lower()
+
+
+def _named(tok, role: str, names: tuple[str, ...]) -> str | None:
+    """The tokenizer's token for a role ('pad', 'mask'): the first of the usual names it has, else a special token
+    spelled like one (`<|pad|>`, `[pad]`)."""
+    for name in names:
+        if tok.token_to_id(name) is not None:
+            return name
+    return next((t.content for _, t in sorted(tok.get_added_tokens_decoder().items())
+                 if t.special and _bare(t.content) == role), None)
+
+
+def _probe(tok, specials: dict):
+    """A short text's encoding without special tokens, at least one token long (even cut to max_len)."""
+    try:
+        plain = tok.encode("a b", add_special_tokens=False)
+    except Exception:  # noqa: BLE001 (tokenizers raises a bare Exception: a word-level vocabulary with no unknown)
+        plain = None
+    if plain is None or not plain.ids:  # no 'a', no 'b', no unknown token: one of the tokenizer's own pieces
+        piece = next(tok.id_to_token(i) for i in range(tok.get_vocab_size()) if i not in specials)
+        plain = tok.encode(piece, add_special_tokens=False)
+    return plain
+
+
+def special_layout(tok) -> SpecialLayout:
+    """Read off the tokenizer: a short text encoded without special tokens, then through its post-processor (the
+    `special_tokens_mask` says which tokens it added, on which side), plus every token marked special."""
+    added = {i: t.content for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    before = after = 0
+    if tok.post_processor is not None:
+        plain = _probe(tok, added)
+        e = tok.post_processor.process(plain)
+        flags = e.special_tokens_mask
+        before = next((i for i, f in enumerate(flags) if not f), len(flags))
+        after = len(flags) - before - len(plain.ids)
+        added.update((i, t) for i, t, f in zip(e.ids, e.tokens, flags) if f)
+    return SpecialLayout(before, after, _named(tok, "mask", ("[MASK]", "<mask>")), frozenset(added.values()),
+                         frozenset(added))
+
+
+@dataclass(frozen=True)
+class WordPieces:
+    """How a tokenizer's pieces spell words, to show whole words (predict --explain): WordPiece marks a piece that
+    continues a word ('##ing'); byte-level BPE ('Ġ') and SentencePiece/Metaspace ('▁') mark one that begins a word.
+    decode: the tokenizer's decoder over one word's pieces (byte-level pieces are bytes, shown decoded)."""
+
+    marker: str = "##"
+    starts_word: bool = False
+    specials: frozenset[str] = frozenset(SPECIAL_TOKENS)
+    decode: Callable[[list[str]], str] | None = None  # None: the pieces glued without their markers
+
+
+def word_pieces(tok) -> WordPieces:
+    """Told by the tokenizer's model (a continuation prefix), else its decoder and pre-tokenizer (the scheme that
+    marks a word's start): never guessed from the pieces' spelling."""
+    specials = special_layout(tok).tokens
+    prefix = getattr(tok.model, "continuing_subword_prefix", None)  # WordPiece's '##' (a BPE may have one too)
+    decode = tok.decoder.decode if tok.decoder is not None else None
+    if prefix:
+        return WordPieces(prefix, False, specials, decode)
+    # the decoder and pre-tokenizer say which scheme marks a word's start (either can be a Sequence of several)
+    parts = "".join(part.__getstate__().decode() for part in (tok.decoder, tok.pre_tokenizer) if part is not None)
+    if '"ByteLevel"' in parts:
+        return WordPieces("Ġ", True, specials, decode)
+    if '"Metaspace"' in parts or "\u2581" in parts or "\\u2581" in parts:
+        return WordPieces("\u2581", True, specials, decode)
+    return WordPieces("", True, specials, decode)  # no scheme known: each piece shown on its own
+
+
 LONG_TEXT_MODES = ("truncate", "head_tail", "chunks")
 
 
@@ -147,35 +238,44 @@ class LongText:
         if self.mode not in LONG_TEXT_MODES:
             raise ConfigError(f"data.long_text={self.mode!r} is not one of {', '.join(LONG_TEXT_MODES)}")
 
-    def head(self, max_len: int) -> int:
-        head = self.head_tokens if self.head_tokens is not None else (max_len - 2) // 4
-        if not 0 <= head <= max_len - 2:
-            raise ConfigError(f"data.head_tokens={head} must be between 0 and model.max_len - 2 = {max_len - 2}")
+    def head(self, max_len: int, specials: int = 2) -> int:
+        """head_tokens or its default; specials: the tokens the tokenizer puts around a text (2 for every family
+        we read: [CLS] .. [SEP], <s> .. </s>), checked again at encoding time against the tokenizer's own count."""
+        width = max_len - specials
+        head = self.head_tokens if self.head_tokens is not None else width // 4
+        if not 0 <= head <= width:
+            raise ConfigError(f"data.head_tokens={head} must be between 0 and model.max_len - {specials} = {width}")
         return head
 
-    def overlap(self, max_len: int) -> int:
+    def overlap(self, max_len: int, specials: int = 2) -> int:
         """chunk_overlap or its default, checked against max_len: the one rule for windows, headers and config."""
-        width = max_len - 2
+        width = max_len - specials
         overlap = self.chunk_overlap if self.chunk_overlap is not None else width // 4
         if not 0 <= overlap < width:
-            raise ConfigError(f"data.chunk_overlap={overlap} must be between 0 and model.max_len - 3 = {width - 1}")
+            raise ConfigError(f"data.chunk_overlap={overlap} must be between 0 and model.max_len - {specials + 1} = "
+                              f"{width - 1}")
         return overlap
 
-    def windows(self, seq: list, max_len: int) -> list[list]:
-        """[CLS] body [SEP] -> one sequence of at most max_len, or (chunks) several, each [CLS] part [SEP]."""
+    def windows(self, seq: list, max_len: int, layout: SpecialLayout | None = None) -> list[list]:
+        """specials body specials -> one sequence of at most max_len, or (chunks) several, each with the text's
+        own special tokens around its part (layout: how many the tokenizer puts before and after a text)."""
         if self.mode != "chunks" or len(seq) <= max_len:
-            return [self.cut(seq, max_len)]
-        body, width, overlap = seq[1:-1], max_len - 2, self.overlap(max_len)
+            return [self.cut(seq, max_len, layout)]
+        before, after = (layout or BERT_LAYOUT).before, (layout or BERT_LAYOUT).after
+        body, width = seq[before:len(seq) - after], max_len - before - after
+        overlap = self.overlap(max_len, before + after)
         starts = list(range(0, len(body) - width, width - overlap)) + [len(body) - width]  # the last ends the text
-        return [seq[:1] + body[a:a + width] + seq[-1:] for a in starts]
+        return [seq[:before] + body[a:a + width] + seq[len(seq) - after:] for a in starts]
 
-    def cut(self, seq: list, max_len: int) -> list:
-        """[CLS] a b ... y z [SEP] -> [CLS] + the first head + the last (max_len - 2 - head) + [SEP]."""
+    def cut(self, seq: list, max_len: int, layout: SpecialLayout | None = None) -> list:
+        """[CLS] a b ... y z [SEP] -> [CLS] + the first head + the last (max_len - 2 - head) + [SEP] (with the
+        tokenizer's own special tokens, as many as layout says)."""
         if self.mode != "head_tail" or len(seq) <= max_len:
             return seq
-        head = self.head(max_len)
-        tail = max_len - 2 - head
-        return seq[: 1 + head] + seq[len(seq) - tail - 1:]
+        before, after = (layout or BERT_LAYOUT).before, (layout or BERT_LAYOUT).after
+        head = self.head(max_len, before + after)
+        tail = max_len - before - after - head
+        return seq[: before + head] + seq[len(seq) - tail - after:]
 
     def describe(self, max_len: int) -> str:
         """'chunks of 256 tokens overlapping by 63': what a reading does at this max_len, for headers."""
@@ -222,9 +322,13 @@ def encodings(tok, texts: list[str]):
         yield from tok.encode_batch(texts[start:start + ENCODE_CHUNK])
 
 
-def encode_batch(tok, texts: list[str], max_len: int, long_text: LongText = LongText()) -> list[list[tuple]]:
-    """Per text, its windows' (ids, tokens), each at most max_len long (one window unless long_text is chunks)."""
-    return [list(zip(long_text.windows(e.ids, max_len), long_text.windows(e.tokens, max_len)))
+def encode_batch(tok, texts: list[str], max_len: int, long_text: LongText = LongText(),
+                 layout: SpecialLayout | None = None) -> list[list[tuple]]:
+    """Per text, its windows' (ids, tokens), each at most max_len long (one window unless long_text is chunks).
+    layout: `special_layout(tok)`, read here when not given (a caller encoding many batches reads it once)."""
+    if layout is None and long_text.mode != "truncate":
+        layout = special_layout(tok)
+    return [list(zip(long_text.windows(e.ids, max_len, layout), long_text.windows(e.tokens, max_len, layout)))
             for e in encodings(tok, texts)]
 
 
@@ -234,8 +338,18 @@ def load_tokenizer(path: str | Path, max_len: int, long_text: LongText = LongTex
 
 
 def pad_id(tok) -> int:
-    pid = tok.token_to_id("[PAD]")
-    return 0 if pid is None else pid
+    """The id batches are padded with: the tokenizer's padding config when its file sets one, else its pad token
+    by name ([PAD], <pad>, ...). Never a guessed 0: that is RoBERTa's <s>, and its texts' first token would be
+    masked out as padding. (`configure` turns padding off, so a configured tokenizer is read by name.)"""
+    padding = tok.padding
+    if padding is not None:
+        by_name = tok.token_to_id(str(padding.get("pad_token")))
+        return by_name if by_name is not None else int(padding["pad_id"])
+    name = _named(tok, "pad", ("[PAD]", "<pad>"))
+    if name is None:
+        raise TformerError("the tokenizer has no padding token ([PAD] or <pad>) to fill batches "
+                           "with; add one to its special tokens, or use a tokenizer that has one")
+    return tok.token_to_id(name)
 
 
 def tokenizer_hash(tok) -> str:
@@ -251,9 +365,11 @@ def tokenize_split(ds, tok, max_len: int, desc: str, long_text: LongText = LongT
     features = datasets.Features({"label": ds.features["label"], "doc": datasets.Value("int64"),
                                   "input_ids": datasets.Sequence(datasets.Value("int32"))})
 
+    layout = special_layout(tok)
+
     def encode(batch, indices):  # one row per window; `doc` is the row's document
-        rows = [(w, label, i) for windows, label, i in
-                zip(encode_batch(tok, batch["text"], max_len, long_text), batch["label"], indices) for w, _ in windows]
+        rows = [(w, label, i) for windows, label, i in zip(encode_batch(tok, batch["text"], max_len, long_text, layout),
+                                                            batch["label"], indices) for w, _ in windows]
         bar.update(len(indices))
         return {"input_ids": [r[0] for r in rows], "label": [r[1] for r in rows], "doc": [r[2] for r in rows]}
 

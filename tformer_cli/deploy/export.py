@@ -1,7 +1,9 @@
 """`tformer export`: a checkpoint as an ONNX model plus what reading texts needs (tokenizer, labels, long-text
 settings), so it runs under onnxruntime without torch (`OnnxClassifier`, `tformer predict --runtime onnx`).
 
-The graph is traced with dynamic batch and sequence axes and keeps the padding mask. Every export is checked
+The graph is traced with dynamic batch and sequence axes and keeps the padding mask. It outputs the raw logits
+(what the parity check compares); the checkpoint's calibration temperature goes in export.json and the runtime
+divides by it (`OnnxClassifier`), so both runtimes give the same calibrated probabilities. Every export is checked
 before it is kept: onnxruntime and PyTorch run the same padded batches of shapes the trace never saw, and an fp32
 export whose logits differ by more than `PARITY_TOLERANCE` is refused. Dynamic int8 quantization (weights int8,
 activations quantized on the fly) is offered for a smaller, often faster model; its difference from PyTorch is
@@ -124,6 +126,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
                     "quantization": quantize, "source_checkpoint": _relative_or_absolute(source.path, target.path),
                     "source_weights_sha256": sha256_file(source.weights), "max_len": cfg.max_len, "pad_id": pad,
                     "multi_label": cfg.multi_label, "thresholds": loaded.thresholds,
+                    "temperature": loaded.temperature,  # applied to the graph's logits by OnnxClassifier
                     **long_text.to_meta(), "parity": {"max_abs_logit_diff": worst, "label_agreement": same / total,
                                                       "sequences": total},
                     "tformer_version": __version__, "exported_at": time.time()}

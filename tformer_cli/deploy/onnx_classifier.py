@@ -5,8 +5,10 @@
     clf = OnnxClassifier.load("outputs/train/<date>/<time>")    # its export/onnx, or an export dir itself
     clf.predict(["a gripping, beautifully shot film"], top_k=2)
 
-Same answers as `Classifier` (tests hold the two to 1e-4 in probability), same handling of blank texts and long
-ones (the tokenizer and long-text settings travel in the export dir); no `explain`, which needs attention weights.
+Same answers as `Classifier` (tests hold the two to 1e-4 in probability, calibrated: the checkpoint's temperature
+travels in export.json and is applied to the graph's logits here, as `Classifier` applies it), same handling of
+blank texts and long ones (the tokenizer and long-text settings travel in the export dir); no `explain`, which
+needs attention weights.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from ..classifier import TextPredictor, whole_number
 from ..errors import ConfigError, TformerError
+from ..evaluation.calibration import checked
 from ..store.layout import ExportDir
 from ..store.locate import locate_export
 from ..store.manifest import finite_number, read_json, verify_export
@@ -30,6 +33,7 @@ class OnnxClassifier(TextPredictor):
         self._max_len, self._pad_id = int(info["max_len"]), int(info["pad_id"])
         self.multi_label = bool(info.get("multi_label", False))
         self.thresholds = info.get("thresholds") or ([0.5] * len(labels) if self.multi_label else None)
+        self.temperature = info.get("temperature")  # (None: an export without calibration, T = 1)
 
     @classmethod
     def load(cls, path: str | Path | None = None, *, outputs_dir: str | Path = "outputs",
@@ -57,6 +61,10 @@ class OnnxClassifier(TextPredictor):
         if cuts is not None and not (isinstance(cuts, list) and len(cuts) == len(labels)
                                      and all(finite_number(t) and 0 < t < 1 for t in cuts)):
             raise TformerError(f"export {export}: {export.info.name} has invalid thresholds; export again")
+        wrong = checked(info.get("temperature"), len(labels), bool(info.get("multi_label", False)))
+        if wrong:
+            raise TformerError(f"export {export}: {export.info.name} has temperature="
+                               f"{info.get('temperature')!r:.80}, not {wrong}; export the checkpoint again")
         runner = session(export.model, threads)
         classes = runner.get_outputs()[0].shape[-1]
         if classes != len(labels):
@@ -94,7 +102,7 @@ class OnnxClassifier(TextPredictor):
             out[rows] = self._session.run(None, {"input_ids": batch, "attention_mask": mask})[0]
         return out
 
-    def _probabilities(self, windows, batch_size: int):
+    def _document_logits(self, windows, batch_size: int):
         import numpy as np
 
         flat = [ids for ws in windows for ids, _ in ws]
@@ -103,10 +111,7 @@ class OnnxClassifier(TextPredictor):
         mean = np.zeros((len(windows), logits.shape[1]), dtype=np.float64)
         np.add.at(mean, docs, logits)
         mean /= np.bincount(docs, minlength=len(windows))[:, None]  # a document's windows averaged, as in training
-        if self.multi_label:
-            return (1 / (1 + np.exp(-mean))).astype(np.float32)
-        z = np.exp(mean - mean.max(axis=1, keepdims=True))
-        return (z / z.sum(axis=1, keepdims=True)).astype(np.float32)
+        return mean  # (TextPredictor turns them into probabilities at the temperature)
 
 
 def checked_info(export: ExportDir, info: dict):

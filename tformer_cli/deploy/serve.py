@@ -1,7 +1,9 @@
 """`tformer serve`: a trained classifier behind HTTP (FastAPI on uvicorn).
 
-    POST /predict   body: ["text", ...]  or  {"texts": ["text", ...], "top_k": 2}
+    POST /predict   body: ["text", ...]  or  {"texts": ["text", ...], "top_k": 2, "raw": false}
                     -> {"predictions": [{"text", "label", "probability", "top_k"?} | {"text", "empty": true}, ...]}
+                    probabilities are calibrated (the checkpoint's temperature); "raw": true in the body, or
+                    ?raw=true, gives the model's uncalibrated ones (the same labels)
     GET  /labels    -> {"labels": [...]}
     GET  /health    -> {"status": "ok", "runtime", "checkpoint", "requests", "batches", "texts", ...}
 
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 
 from ..errors import TformerError
 from ..safe_text import terminal
+from ..yesno import parse_bool
 
 
 @dataclass
@@ -217,7 +220,7 @@ class BadRequest(Exception):
 
 
 def parse_request(body: bytes, limits: ServeLimits, n_labels: int) -> tuple[list[str], int]:
-    """(texts, top_k) of a /predict body, or BadRequest saying what is wrong with it."""
+    """(texts, top_k) of a /predict body, or BadRequest saying what is wrong with it (its "raw": `parse_raw`)."""
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -227,9 +230,9 @@ def parse_request(body: bytes, limits: ServeLimits, n_labels: int) -> tuple[list
         raise BadRequest("the body nests JSON too deeply; send a flat list of texts") from None
     top_k = 1
     if isinstance(data, dict):
-        unknown = sorted(set(data) - {"texts", "top_k"})
+        unknown = sorted(set(data) - {"texts", "top_k", "raw"})
         if unknown:
-            raise BadRequest(f"unknown field(s) {', '.join(map(repr, unknown))}; the body takes texts and top_k")
+            raise BadRequest(f"unknown field(s) {', '.join(map(repr, unknown))}; the body takes texts, top_k and raw")
         if "texts" not in data:
             raise BadRequest('the body has no "texts"; send {"texts": ["..."]} or a JSON list of texts')
         top_k = data.get("top_k", 1)
@@ -253,6 +256,25 @@ def parse_request(body: bytes, limits: ServeLimits, n_labels: int) -> tuple[list
     return data, min(top_k, n_labels)
 
 
+def parse_raw(body: bytes, query: str | None) -> bool:
+    """Whether a /predict request asks for raw (uncalibrated) probabilities: "raw": true|false in a JSON object
+    body, or ?raw=true|false (yes/no/1/0/on/off too, as yesno.parse_bool reads them); both given must agree.
+    Called after parse_request, so the body is known to be valid JSON."""
+    data = json.loads(body)
+    given = data.get("raw") if isinstance(data, dict) else None
+    if given is not None and not isinstance(given, bool):
+        raise BadRequest(f"raw={json.dumps(given)[:80]} must be true or false")
+    if query is not None:
+        try:
+            asked = parse_bool(query, "raw")
+        except TformerError as exc:  # (parse_bool's ConfigError)
+            raise BadRequest(f"?raw={query[:80]!r}: {exc}") from None
+        if given is not None and given != asked:
+            raise BadRequest(f"?raw={query[:80]} and the body's raw={json.dumps(given)} disagree; give one")
+        given = asked
+    return bool(given)
+
+
 class MicroBatcher:
     """Gathers the texts of concurrent requests into batches for one model worker."""
 
@@ -272,9 +294,9 @@ class MicroBatcher:
             self._worker.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
-    async def predict(self, texts: list[str], top_k: int) -> list[dict]:
+    async def predict(self, texts: list[str], top_k: int, raw: bool = False) -> list[dict]:
         future = asyncio.get_running_loop().create_future()
-        await self.queue.put((texts, top_k, future))
+        await self.queue.put((texts, top_k, future, raw))
         return await future
 
     async def _run(self) -> None:
@@ -293,20 +315,25 @@ class MicroBatcher:
                     break
                 jobs.append(job)
                 size += len(job[0])
-            texts = [t for job in jobs for t in job[0]]
             k = max(job[1] for job in jobs)
+            # one pass per kind of probability asked for (calibrated, raw): nearly always one
+            groups = [[job for job in jobs if job[3] == raw] for raw in (False, True)]
+            jobs = [job for group in groups for job in group]
             try:
-                results = await loop.run_in_executor(self.executor, lambda: self.classifier.predict(
-                    texts, top_k=k, batch_size=self.max_batch))
+                results = []
+                for group in (g for g in groups if g):
+                    texts = [t for job in group for t in job[0]]
+                    results += await loop.run_in_executor(self.executor, lambda: self.classifier.predict(
+                        texts, top_k=k, batch_size=self.max_batch, calibrated=not group[0][3]))
             except Exception as exc:  # every waiting request learns of it; the worker goes on
                 for job in jobs:
                     if not job[2].done():
                         job[2].set_exception(exc)
                 continue
             self.batches += 1
-            self.texts += len(texts)
+            self.texts += len(results)
             start = 0
-            for job_texts, job_k, future in jobs:
+            for job_texts, job_k, future, _ in jobs:
                 answers = results[start:start + len(job_texts)]
                 start += len(job_texts)
                 for a in answers:
@@ -356,6 +383,7 @@ def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: in
     @app.get("/health")
     async def health():
         return {"status": "ok", "runtime": classifier.runtime, "checkpoint": str(classifier.path),
+                "temperature": classifier.temperature,  # (null: an uncalibrated checkpoint, T = 1)
                 "labels": len(classifier.labels), "requests": stats["requests"], "batches": batcher.batches,
                 "texts": batcher.texts, "uptime_s": round(time.time() - stats["started"], 3)}
 
@@ -380,11 +408,12 @@ def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: in
             return Response(status_code=400)
         try:
             texts, top_k = parse_request(bytes(body), limits, len(classifier.labels))
+            raw = parse_raw(bytes(body), request.query_params.get("raw"))
         except BadRequest as exc:
             return error(str(exc), exc.status)
         stats["requests"] += 1
         try:
-            return {"predictions": await batcher.predict(texts, top_k)}
+            return {"predictions": await batcher.predict(texts, top_k, raw)}
         except Exception as exc:  # (asyncio.CancelledError, a client gone, is a BaseException and passes)
             return internal(request, exc)
 

@@ -4,11 +4,12 @@ rich is imported where it is used: predict --json and runtime=onnx never load it
 from __future__ import annotations
 
 from ..console import screen_console
-from ..safe_text import rich, terminal
+from ..safe_text import json_line, rich, terminal
 
 
-def print_table(results: list[dict], k: int, explained: bool) -> None:
-    """The answers as a rich table (top-k column when k > 1), then the explanations."""
+def print_table(results: list[dict], k: int, explained: bool, pieces=None) -> None:
+    """The answers as a rich table (top-k column when k > 1), then the explanations (their tokens glued into words
+    by `pieces`, the model's tokenizer's WordPieces)."""
     from rich.table import Table  # deferred: predict's cold start (see the module docstring)
 
     table = Table(header_style="bold", show_lines=False)
@@ -34,21 +35,49 @@ def print_table(results: list[dict], k: int, explained: bool) -> None:
     console.print(table)
     for r in results if explained else []:
         if not r.get("empty"):  # shading is lost in a file or a pipe: there each word carries its weight as a number
-            console.print(render_explanation(r) if console.is_terminal else plain_explanation(r))
+            console.print(render_explanation(r, pieces) if console.is_terminal else plain_explanation(r, pieces))
 
 
-def words_and_weights(tokens: list[str], weights: list[float]) -> list[tuple[str, float]]:
-    """Glue WordPiece continuations ('##ing') back onto their word, summing their weights; drop [CLS]/[SEP]."""
-    words: list[list] = []
+def print_json_lines(results: list[dict], k: int) -> None:
+    """One JSON line per answer (--json), control characters escaped; the top-k list only when k > 1."""
+    for r in results:
+        if k == 1:
+            r.pop("top_k")
+        print(json_line(r))
+
+
+def words_and_weights(tokens: list[str], weights: list[float], pieces=None) -> list[tuple[str, float]]:
+    """Glue a word's pieces back together, summing their weights; drop the special tokens. pieces: the tokenizer's
+    `data.tokenization.WordPieces` (None: BERT's: '##ing' continues a word, [CLS] [SEP] [PAD] dropped); byte-level
+    BPE ('Ġgood') and SentencePiece ('▁good') mark the piece that begins a word instead."""
+    marker, starts = (pieces.marker, pieces.starts_word) if pieces is not None else ("##", False)
+    specials = pieces.specials if pieces is not None else ("[CLS]", "[SEP]", "[PAD]")
+    words: list[list] = []  # [pieces, weight]
+    after_special = True
     for t, w in zip(tokens, weights):
-        if t in ("[CLS]", "[SEP]", "[PAD]"):
+        if t in specials:
+            after_special = True
             continue
-        if t.startswith("##") and words:
-            words[-1][0] += t[2:]
+        continues = not t.startswith(marker) if starts else bool(marker) and t.startswith(marker)
+        if continues and words and not after_special:
+            words[-1][0].append(t)
             words[-1][1] += w
         else:
-            words.append([t, w])
-    return [(t, w) for t, w in words]
+            words.append([[t], w])
+        after_special = False
+    decode = pieces.decode if pieces is not None and pieces.decode is not None else None
+    return [(_spelled(p, marker, starts, decode), w) for p, w in words]
+
+
+def _spelled(pieces: list[str], marker: str, starts: bool, decode) -> str:
+    """A word's pieces as its text: through the tokenizer's decoder when there is one (byte-level pieces are
+    bytes: 'Ã©' is é), else without their markers."""
+    word = decode(pieces).strip() if decode is not None else ""
+    if word:
+        return word
+    if starts:
+        return "".join(pieces).removeprefix(marker) if marker else "".join(pieces)
+    return pieces[0] + "".join(p.removeprefix(marker) for p in pieces[1:])
 
 
 def _head(result: dict) -> str:
@@ -56,21 +85,22 @@ def _head(result: dict) -> str:
             else ", ".join(result["labels"]) or "(no label)")
 
 
-def plain_explanation(result: dict):
+def plain_explanation(result: dict, pieces=None):
     """The text with each word's rollout weight after it, `superb(0.41)`: what the shading says, for a file."""
     from rich.text import Text  # deferred: predict's cold start
 
     exp = result["explanation"]
-    words = " ".join(f"{terminal(word)}({w:.2f})" for word, w in words_and_weights(exp["tokens"], exp["rollout"]))
+    pairs = words_and_weights(exp["tokens"], exp["rollout"], pieces)
+    words = " ".join(f"{terminal(word)}({w:.2f})" for word, w in pairs)
     return Text(f"{terminal(_head(result))}: {words}")
 
 
-def render_explanation(result: dict):
+def render_explanation(result: dict, pieces=None):
     """The text with each word's background as strong as its rollout weight (rich markup)."""
     from rich.text import Text  # deferred: predict's cold start
 
     exp = result["explanation"]
-    pairs = words_and_weights(exp["tokens"], exp["rollout"])
+    pairs = words_and_weights(exp["tokens"], exp["rollout"], pieces)
     top = max((w for _, w in pairs), default=1.0) or 1.0
     text = Text(f"{terminal(_head(result))}: ", style="bold")
     for word, w in pairs:

@@ -1,5 +1,6 @@
-"""Files people open after an evaluation: a confusion-matrix PNG, the per-class report, and the errors (a CSV whose
-text and label cells go through safe_text.csv_cell: a spreadsheet shows `=HYPERLINK(...)` as text, never runs it)."""
+"""Files people open after an evaluation: a confusion-matrix PNG, the reliability diagram (calibration.py's numbers
+drawn), the per-class report, and the errors (a CSV whose text and label cells go through safe_text.csv_cell: a
+spreadsheet shows `=HYPERLINK(...)` as text, never runs it)."""
 from __future__ import annotations
 
 import csv
@@ -13,6 +14,7 @@ from matplotlib.ticker import MaxNLocator
 
 from ..safe_text import csv_row, mathtext
 from ..store.atomic import write_json, write_with
+from . import calibration
 
 
 def confusion_matrix_png(path: Path, matrix, label_names: list[str], normalize: bool, title: str) -> Path:
@@ -78,17 +80,53 @@ def training_curves_png(path: Path, history: list[dict], best_epoch: int | None 
     return path
 
 
+def reliability_diagram_png(path: Path, raw_probs, calibrated_probs, labels, multi_label: bool, title: str,
+                            temperature=None) -> Path:
+    """Accuracy against confidence per bin, before (raw) and after temperature scaling, on the diagonal a
+    perfectly calibrated model lies on; below it, bars of how many texts each bin holds (a point of 3 texts
+    means little). The ECE of each curve is in its legend."""
+    matplotlib.use("Agg")
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(5.5, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    top.plot([0, 1], [0, 1], linestyle="--", color="gray", linewidth=1, label="perfectly calibrated")
+    centres = (np.arange(calibration.ECE_BINS) + 0.5) / calibration.ECE_BINS
+    curves = [("raw", raw_probs, "tab:red")]
+    if temperature is not None:
+        curves.append((f"calibrated (T = {calibration.describe(temperature)})", calibrated_probs, "tab:blue"))
+    for i, (name, probs, colour) in enumerate(curves):
+        count, conf, acc = calibration.reliability(probs, labels, multi_label)
+        filled = count > 0
+        top.plot(conf[filled], acc[filled], "o-", color=colour,
+                 label=f"{mathtext(name)}: ECE {calibration.ece(probs, labels, multi_label):.3f}")
+        width = 0.8 / calibration.ECE_BINS / len(curves)
+        bottom.bar(centres + (i - (len(curves) - 1) / 2) * width, count, width=width, color=colour, alpha=0.7)
+    what = "probability of each label" if multi_label else "confidence (top-class probability)"
+    top.set_ylabel("fraction positive" if multi_label else "accuracy")
+    top.set_xlim(0, 1)
+    top.set_ylim(0, 1)
+    top.set_title(mathtext(title), fontsize=10)
+    top.legend(fontsize=8, loc="upper left")
+    bottom.set_xlabel(what)
+    bottom.set_ylabel("count")
+    fig.tight_layout()
+    try:
+        write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    finally:
+        plt.close(fig)
+    return path
+
+
 def report_paths(out_dir: Path) -> dict[str, Path]:
     """The files `write` puts in out_dir (this module owns their names)."""
     return {"confusion_matrix": out_dir / "confusion_matrix.png",
-            "classification_report": out_dir / "classification_report.json", "errors": out_dir / "errors.csv"}
+            "classification_report": out_dir / "classification_report.json", "errors": out_dir / "errors.csv",
+            "reliability_diagram": out_dir / "reliability_diagram.png"}  # (reliability_diagram_png)
 
 
 def write(out_dir: Path, metrics: dict, label_names: list[str], texts, y_true, probs, *, normalize: bool,
           title: str) -> dict[str, Path]:
     """confusion_matrix.png, classification_report.json and errors.csv (most confident mistakes first); a
     multi-label model gets the report and its own errors.csv (no confusion matrix: its labels are not exclusive)."""
-    paths = report_paths(out_dir)
+    paths = {k: v for k, v in report_paths(out_dir).items() if k != "reliability_diagram"}  # (evaluate.py's)
     if metrics.get("multi_label"):
         return _write_multi_label(paths, metrics, label_names, texts, y_true, probs)
     confusion_matrix_png(paths["confusion_matrix"], metrics["confusion_matrix"], label_names, normalize, title)

@@ -6,6 +6,7 @@ from rich.table import Table
 
 from ..console import WIDE, fitting_width, output
 from ..safe_text import markup, rich
+from .calibration import describe
 
 
 def print_metrics(metrics: dict, label_names: list[str], title: str, console=None) -> None:
@@ -23,6 +24,8 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
                     f"{metrics['recall']:.4f}", f"{metrics['f1']:.4f}", *extra,
                     "-" if loss is None else f"{loss:.4f}")
     console.print(summary)
+    if "ece" in metrics:
+        console.print(calibration_table(metrics))
 
     per_class = Table(title="per label (at its threshold)" if multi else "per class", header_style="bold")
     for col in ("label", "precision", "recall", "f1", "support") + (("threshold",) if multi else ()):
@@ -37,6 +40,19 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
 
     if not multi:  # (labels of a multi-label model are not exclusive: no matrix)
         console.print(ConfusionMatrix(label_names, metrics["confusion_matrix"]))
+
+
+def calibration_table(metrics: dict) -> Table:
+    """ECE, Brier and NLL of the raw model and at the checkpoint's temperature (evaluation/calibration.py)."""
+    t = metrics.get("temperature")
+    table = Table(title=f"calibration (temperature {describe(t)}; lower is better)", header_style="bold")
+    for col in ("probabilities", "ECE", "Brier", "NLL"):
+        table.add_column(col, justify="left" if col == "probabilities" else "right")
+    shown = lambda v: "-" if v is None or v != v else f"{v:.4f}"
+    table.add_row("raw", *(shown(metrics.get(f"{k}_raw")) for k in ("ece", "brier", "nll")))
+    if t is not None:
+        table.add_row("calibrated", *(shown(metrics.get(k)) for k in ("ece", "brier", "nll")))
+    return table
 
 
 MATRIX_MAX_CLASSES = 25  # more classes: only the top confusions (the PNG holds the whole matrix)

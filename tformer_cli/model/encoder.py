@@ -17,7 +17,6 @@ so a text's logits do not depend on how much padding its batch needed. On CPU, b
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import asdict, dataclass, fields
 from typing import Callable
 
@@ -28,6 +27,9 @@ from torch import nn
 from ..errors import ConfigError
 from ..registry import registrar
 from ..typed_config import check_ranges
+from . import fast_paths, rotary
+from .disentangled import DisentangledSelfAttention, RelativePositionTable
+from .fast_paths import Dropout, RealTokens
 
 
 @dataclass
@@ -41,7 +43,7 @@ class EncoderConfig:
     max_len: int = 256
     dropout: float = 0.1
     attention_dropout: float = 0.0
-    positions: str = "sinusoidal"  # sinusoidal | learned
+    positions: str = "sinusoidal"  # sinusoidal | learned | rotary (ModernBERT) | none (relative: in attention)
     norm: str = "post"  # post (as in the notebooks and the original paper) | pre
     activation: str = "relu"  # relu | gelu
     pooling: str = "cls"  # cls | mean
@@ -52,6 +54,21 @@ class EncoderConfig:
     embedding_norm: bool = False  # LayerNorm over token + position embeddings (BERT-family: true)
     norm_eps: float = 1e-5  # every LayerNorm's eps (BERT-family: 1e-12)
     multi_label: bool = False  # the logits are independent per label (sigmoid), not one distribution (softmax)
+    # Where a token table narrower than d_model is projected: table (first, no bias) | after_norm (ELECTRA: token +
+    # positions and the embedding LayerNorm stay embedding_dim wide, then a Linear with bias maps them to d_model)
+    embedding_projection: str = "table"
+    attention: str = "standard"  # the self-attention variant (ATTENTIONS): standard | disentangled (DeBERTa)
+    relative_buckets: int = 256  # attention=disentangled: the relative table has 2x this many rows (DeBERTa)
+    # attention=disentangled: distances past relative_buckets / 2 share rows on a log scale reaching this distance;
+    # 0: each distance its own row, clamped at +-relative_buckets (DeBERTa's max_relative_positions)
+    max_relative_positions: int = 512
+    bias: bool = True  # the blocks' linear layers and every LayerNorm have biases (ModernBERT: false)
+    feed_forward: str = "plain"  # plain: down(act(up x)) | gated: down(act(a) * g), [a, g] = up x (ModernBERT GeGLU)
+    first_block_norm: bool = True  # pre-norm: block 0 normalises its input (ModernBERT: no, the embeddings are)
+    rotary_theta: float = 10000.0  # positions=rotary: base of the rotation angles (ModernBERT's global layers: 160000)
+    local_window: int = 0  # >0: all but every global_every-th layer see only keys within local_window // 2 (ModernBERT)
+    global_every: int = 1  # layers 0, n, 2n, ... attend globally, the others locally (ModernBERT: 3)
+    local_rotary_theta: float = 10000.0  # positions=rotary: the local layers' rotary base (ModernBERT: 10000)
 
     # Upper bounds far past any real model, so a typo or a crafted model.json fails here, not as an allocation; what
     # fits this machine is estimated from the whole config (runs/config.py: memory_check).
@@ -59,7 +76,9 @@ class EncoderConfig:
               "n_layers": (0, 1024, "[]"), "n_heads": (1, 1 << 16, "[]"), "d_ff": (1, 1 << 20, "[]"),
               "max_len": (2, 1 << 20, "[]"), "dropout": (0, 1, "[)"), "attention_dropout": (0, 1, "[)"),
               "head_hidden": (0, 1 << 20, "[]"), "embedding_dim": (0, 1 << 16, "[]"), "norm_eps": (0, 1, "(]"),
-              "pad_id": (0, None, "[)")}
+              "pad_id": (0, None, "[)"), "rotary_theta": (1, None, "(]"), "local_rotary_theta": (1, None, "(]"),
+              "local_window": (0, 1 << 20, "[]"), "global_every": (1, 1024, "[]"),
+              "relative_buckets": (2, 1 << 16, "[]"), "max_relative_positions": (0, 1 << 20, "[]")}
 
     def __post_init__(self) -> None:
         check_ranges(type(self), asdict(self), "model")
@@ -70,10 +89,29 @@ class EncoderConfig:
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "
                 "pick n_heads that divides d_model (e.g. model.n_heads=4)"
             )
-        for key, allowed in (("positions", ("sinusoidal", "learned")), ("norm", ("post", "pre")),
-                             ("activation", tuple(ACTIVATIONS)), ("pooling", tuple(POOLINGS))):
+        for key, allowed in (("positions", ("sinusoidal", "learned", "rotary", "none")), ("norm", ("post", "pre")),
+                             ("activation", tuple(ACTIVATIONS)), ("pooling", tuple(POOLINGS)),
+                             ("attention", tuple(ATTENTIONS)), ("embedding_projection", ("table", "after_norm"))):
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"model.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
+        if self.feed_forward not in ("plain", "gated"):
+            raise ConfigError(f"model.feed_forward={self.feed_forward!r} is not one of plain, gated")
+        if self.positions == "rotary" and (self.d_model // self.n_heads) % 2:
+            raise ConfigError(f"model.positions=rotary needs an even head width, not d_model/n_heads="
+                              f"{self.d_model // self.n_heads}; pick n_heads so that d_model/n_heads is even")
+        if not self.first_block_norm and self.norm != "pre":
+            raise ConfigError("model.first_block_norm=false applies to pre-norm blocks only; set model.norm=pre or "
+                              "model.first_block_norm=true")
+        if self.attention != "standard" and (self.positions == "rotary" or self.local_window):
+            raise ConfigError(f"model.attention={self.attention} has positions of its own: it takes neither "
+                              f"model.positions=rotary nor model.local_window; use model.attention=standard")
+        if self.positions == "none" and self.attention == "standard":
+            raise ConfigError("model.positions=none gives standard attention no position information; use sinusoidal, "
+                              "learned or rotary (positions=none is for model.attention=disentangled)")
+        if self.attention == "disentangled" and self.max_relative_positions and \
+                self.max_relative_positions <= self.relative_buckets // 2 + 1:
+            raise ConfigError(f"model.max_relative_positions={self.max_relative_positions} must exceed "
+                              f"model.relative_buckets/2+1 ({self.relative_buckets // 2 + 1}) for log buckets, or be 0")
 
     @classmethod
     def from_dict(cls, d: dict) -> "EncoderConfig":
@@ -83,25 +121,41 @@ class EncoderConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def is_local(self, layer: int) -> bool:
+        """Whether block `layer` attends within `local_window` only (every global_every-th block attends to all)."""
+        return self.local_window > 0 and layer % self.global_every != 0
+
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         """The name and shape of every tensor in `TransformerClassifier(self).state_dict()`, by arithmetic: a saved
         model's weights header is compared with it, and a config's memory estimated, before anything is built (a
         test holds it to the real model's state_dict)."""
         D, F, E = self.d_model, self.d_ff, self.embedding_dim or self.d_model
+        W = E if self.embedding_projection == "after_norm" else D  # the width of positions and the embedding norm
         out: dict[str, tuple[int, ...]] = {"token_embedding.weight": (self.vocab_size, E)}
         if E != D:
             out["embedding_projection.weight"] = (D, E)
+            if W != D:
+                out["embedding_projection.bias"] = (D,)
         if self.positions == "learned":
-            out["position_embedding.weight"] = (self.max_len, D)
+            out["position_embedding.weight"] = (self.max_len, W)
         norms = ["embedding_norm"] if self.embedding_norm else []
+        U = 2 * F if self.feed_forward == "gated" else F  # gated: the value and the gate halves
         for i in range(self.n_layers):
             b = f"blocks.{i}."
-            for name, rows, cols in (("attn.qkv", 3 * D, D), ("attn.out", D, D), ("ff.up", F, D), ("ff.down", D, F)):
+            for name, rows, cols in (("attn.qkv", 3 * D, D), ("attn.out", D, D), ("ff.up", U, D), ("ff.down", D, F)):
                 out[f"{b}{name}.weight"], out[f"{b}{name}.bias"] = (rows, cols), (rows,)
-            norms += [b + "norm1", b + "norm2"]
+            norms += [b + "norm1", b + "norm2"] if i or self.first_block_norm else [b + "norm2"]
         norms += ["final_norm"] if self.norm == "pre" else []
+        if self.attention == "disentangled":  # DeBERTa's relative-position table and its norm, shared by all blocks
+            out["relative_positions.table.weight"] = (2 * self.relative_buckets, D)
+            norms.append("relative_positions.norm")
         for name in norms:
             out[f"{name}.weight"], out[f"{name}.bias"] = (D,), (D,)
+        if W != D:  # (ELECTRA's embedding norm works at the table's width)
+            out |= {k: (W,) for k in ("embedding_norm.weight", "embedding_norm.bias") if k in out}
+        if not self.bias:  # none in the blocks and LayerNorms (the head and embedding projection keep theirs)
+            out = {k: v for k, v in out.items()
+                   if not (k.endswith(".bias") and k.startswith(("blocks.", "embedding_norm.", "final_norm.")))}
         layers = ((("head.0", self.head_hidden, D), ("head.3", self.num_classes, self.head_hidden)) if self.head_hidden
                   else (("head", self.num_classes, D),))
         for name, rows, cols in layers:
@@ -146,89 +200,17 @@ def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
     return table
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], threshold: int) -> torch.Tensor:
-    """A CPU dropout keep-mask: True where a random byte is >= threshold, so P(drop) = threshold / 256.
-
-    Torch's CPU generators are serial, one call per element: `bernoulli_` costs as much as a matmul over the same
-    tensor, and even `random_` on bytes is slow. One 64-bit draw gives 7 uniform bytes (its top byte holds only 7
-    random bits: torch keeps int64 draws in [0, 2^63]), so the mask needs one draw per 7 elements: about 2x faster
-    than `random_` on bytes, 7x faster than `bernoulli_` (measured), and reproducible under torch.manual_seed."""
-    n = math.prod(shape)
-    words = torch.empty(n // 7 + 1, dtype=torch.int64).random_()
-    lanes = slice(0, 7) if sys.byteorder == "little" else slice(1, 8)  # every byte but the draw's top one
-    random_bytes = words.view(torch.uint8).view(-1, 8)[:, lanes].reshape(-1)[:n]
-    return (random_bytes >= threshold).view(shape)
-
-
-class Dropout(nn.Module):
-    """Inverted dropout. On CPU the keep-mask is drawn as random bytes (`keep_mask`), p thus rounded to 1/256;
-    elsewhere it is `F.dropout`."""
-
-    def __init__(self, p: float):
-        super().__init__()
-        self.p = p
-        self.threshold = min(round(p * 256), 255)  # on CPU; p > 255/256 is taken as 255/256
-        self.scale = 256 / (256 - self.threshold)  # 1 / (1 - p): expectations unchanged
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0:
-            return x
-        if x.device.type != "cpu":
-            return F.dropout(x, self.p, training=True)
-        if self.threshold == 0:  # p < 1/512 rounds to no dropout
-            return x
-        return torch.where(keep_mask(x.shape, self.threshold), x, 0.0) * self.scale
-
-
-class RealTokens:
-    """The real tokens of a padded (B, T) batch, as rows of its B*T flattened positions.
-
-    The linear layers, LayerNorms, dropout and feed-forward cost as much per padding position as per real token,
-    and a batch of short texts of mixed lengths is often a third to half padding. Between attentions the encoder
-    can carry only these rows, (N, D) instead of (B, T, D); attention, which needs the (B, T) layout, scatters them
-    back (padding as zero vectors, masked out as keys) and gathers its output again. Every real token sees the
-    same keys as in the padded layout, so its outputs are the same. N is rounded up to a multiple of 16 with
-    padding positions (computed as the padded layout would compute them), so the matmuls see few distinct shapes;
-    a row that is all padding (never in training data) is kept whole, so it too gets the padded layout's logits.
-    """
-
-    MIN_PADDING = 0.15  # below this share of padding positions the gathers cost about what they save (measured)
-
-    def __init__(self, mask: torch.Tensor, multiple: int = 16):
-        B, T = mask.shape
-        keep = (mask.bool() | ~mask.bool().any(dim=1, keepdim=True)).reshape(-1)
-        real = keep.nonzero().squeeze(1)
-        extra = min(-real.numel() % multiple, B * T - real.numel())
-        self.index = torch.cat([real, (~keep).nonzero().squeeze(1)[:extra]]) if extra else real  # (N,)
-        self.shape = (B, T)
-
-    @classmethod
-    def of(cls, mask: torch.Tensor) -> "RealTokens | None":
-        """Rows for a CPU batch with enough padding; None for the padded layout (no padding to speak of; GPUs, where
-        reading the mask would stall the pipeline; ONNX tracing and torch.compile, which need static shapes)."""
-        if mask.device.type != "cpu" or torch.jit.is_tracing() or torch.compiler.is_compiling():
-            return None
-        return cls(mask) if 1 - mask.float().mean().item() >= cls.MIN_PADDING else None
-
-    def gather(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, X) -> (N, X)."""
-        return x.reshape(-1, x.shape[-1]).index_select(0, self.index)
-
-    def scatter(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, X) -> (B, T, X), zeros at the positions not in the rows."""
-        B, T = self.shape
-        return x.new_zeros(B * T, x.shape[-1]).index_copy(0, self.index, x).view(B, T, -1)
-
-
 class MultiHeadSelfAttention(nn.Module):
-    def __init__(self, cfg: EncoderConfig):
+    def __init__(self, cfg: EncoderConfig, layer: int = 0):
         super().__init__()
         self.n_heads, self.d_head = cfg.n_heads, cfg.d_model // cfg.n_heads
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # one matmul for Q, K and V
-        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)  # one matmul for Q, K and V
+        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.attention_dropout = Dropout(cfg.attention_dropout)  # on the attention probabilities (BERT's)
+        self.local = cfg.is_local(layer)  # attends within cfg.local_window only
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: RealTokens | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: RealTokens | None = None,
+                context=None) -> torch.Tensor:
         """x (B, T, D), or (N, D) holding only `rows` of the batch -> the same shape."""
         qkv = self.qkv(x)  # (B, T, 3D) or (N, 3D)
         if rows is not None:
@@ -236,26 +218,43 @@ class MultiHeadSelfAttention(nn.Module):
         B, T, _ = qkv.shape
         D = self.n_heads * self.d_head
         q, k, v = qkv.view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, Dh)
+        q, k, attn_mask = self.positioned(q, k, attn_mask, context)
         on_cpu = x.device.type == "cpu"
         if self.training and on_cpu and self.attention_dropout.threshold > 0:
             y = self.dropped_attention(q, k, v, attn_mask)
-        else:  # softmax(Q K^T / sqrt(Dh) + mask) V; attn_mask (B, 1, 1, T) bool, True = may attend.
+        else:  # softmax(Q K^T / sqrt(Dh) + mask) V; attn_mask (B, 1, 1 or T, T) bool, True = may attend.
             p = self.attention_dropout.p if self.training and not on_cpu else 0.0  # CPU: p < 1/512 is none
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)  # (B, H, T, Dh)
         y = y.transpose(1, 2).reshape(B, T, D)
         return self.out(rows.gather(y) if rows is not None else y)
 
+    def positioned(self, q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None,
+                   context) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Rotary positions applied to q and k (B, H, T, Dh) and, in a local layer, its window ANDed into the
+        padding mask: (B, 1, 1, T) -> (B, 1, T, T). Nothing to do for absolute positions (`embed` added them)."""
+        if not isinstance(context, rotary.Context):
+            return q, k, attn_mask
+        tables = context.tables.get(self.local)
+        if tables is not None:
+            q, k = rotary.rotate(q, *tables), rotary.rotate(k, *tables)
+        if self.local:
+            # (| eye: a padding query whose window holds only padding still sees itself, so no row of the local
+            # mask is empty: some GPU kernels return NaN for an empty row, and a NaN value poisons its neighbours)
+            attn_mask = context.band[None, None] if attn_mask is None else (attn_mask & context.band) | context.eye
+        return q, k, attn_mask
+
     def probabilities(self, q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        """softmax(Q K^T / sqrt(Dh) + mask): q, k (B, H, T, Dh), attn_mask (B, 1, 1, T) -> (B * H, T, T). The mask
-        is an additive bias (the dtype's lowest value at padding) added inside the score matmul (beta = 1);
-        masked keys get exactly 0."""
+        """softmax(Q K^T / sqrt(Dh) + mask): q, k (B, H, T, Dh), attn_mask (B or 1, 1, 1 or T, T) -> (B * H, T, T).
+        The mask is an additive bias (the dtype's lowest value at padding) added inside the score matmul
+        (beta = 1); masked keys get exactly 0."""
         B, H, T, Dh = q.shape
         q, k = q.reshape(B * H, T, Dh), k.reshape(B * H, T, Dh)
         if attn_mask is None:
             return (torch.bmm(q, k.transpose(1, 2)) * Dh ** -0.5).softmax(dim=-1)
+        attn_mask = attn_mask.expand(B, -1, -1, -1)  # (B, 1, 1 or T, T)
         bias = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~attn_mask,
                                                                                           torch.finfo(q.dtype).min)
-        scores = torch.baddbmm(bias.repeat_interleave(H, dim=0).view(B * H, 1, T), q, k.transpose(1, 2),
+        scores = torch.baddbmm(bias.repeat_interleave(H, dim=0).view(B * H, -1, T), q, k.transpose(1, 2),
                                alpha=Dh ** -0.5)
         return scores.softmax(dim=-1)
 
@@ -272,27 +271,38 @@ class MultiHeadSelfAttention(nn.Module):
         exact = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
         with torch.autocast("cpu", enabled=False):
             probs = self.probabilities(q.to(exact), k.to(exact), attn_mask)  # (B * H, T, T)
-            dropped = torch.where(keep_mask(probs.shape, self.attention_dropout.threshold), probs, 0.0)
+            dropped = torch.where(fast_paths.keep_mask(probs.shape, self.attention_dropout.threshold), probs, 0.0)
             y = (dropped @ v.to(exact).reshape(B * H, T, Dh)).mul_(self.attention_dropout.scale)
         return y.view(B, H, T, Dh).to(dtype)
 
-    def attention_weights(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def attention_weights(self, x: torch.Tensor, attn_mask: torch.Tensor | None, context=None) -> torch.Tensor:
         """The explicit softmax(QK^T/sqrt(Dh)) matrix (B, H, T, T), for explanations and tests."""
         B, T, _ = x.shape
         q, k, _ = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        q, k, attn_mask = self.positioned(q, k, attn_mask, context)
         return self.probabilities(q, k, attn_mask).view(B, self.n_heads, T, T)
+
+
+# Self-attention variants by `EncoderConfig.attention`: a class built as cls(cfg, layer_index), called as
+# attn(x, attn_mask, rows, context) where `context` is what `TransformerClassifier.position_context` made for this
+# forward (None for plain attention). A variant whose math differs lives in its own file.
+ATTENTIONS: dict[str, type] = {"standard": MultiHeadSelfAttention, "disentangled": DisentangledSelfAttention}
 
 
 class FeedForward(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
-        self.up = nn.Linear(cfg.d_model, cfg.d_ff)
-        self.down = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.gated = cfg.feed_forward == "gated"
+        self.up = nn.Linear(cfg.d_model, 2 * cfg.d_ff if self.gated else cfg.d_ff, bias=cfg.bias)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
         self.act = ACTIVATIONS[cfg.activation]()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # No dropout inside: the paper drops only sub-layer outputs and embeddings, and on CPU a dropout mask
         # over the (B, T, F) activation costs about as much as the two matmuls around it.
+        if self.gated:  # GLU (Shazeer 2020; ModernBERT's GeGLU): the second half of up(x) gates the first
+            value, gate = self.up(x).chunk(2, dim=-1)  # 2 x (..., F)
+            return self.down(self.act(value) * gate)
         return self.down(self.act(self.up(x)))  # (..., D) -> (..., F) -> (..., D), per token
 
 
@@ -300,21 +310,24 @@ class EncoderBlock(nn.Module):
     """post: x = LN(x + Drop(Attn(x))); x = LN(x + Drop(FF(x)))   (Vaswani et al., the notebooks)
     pre:  x = x + Drop(Attn(LN(x))); x = x + Drop(FF(LN(x)))      (stabler for deep stacks)"""
 
-    def __init__(self, cfg: EncoderConfig):
+    def __init__(self, cfg: EncoderConfig, layer: int = 0):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.attn = MultiHeadSelfAttention(cfg)
+        self.attn = ATTENTIONS[cfg.attention](cfg, layer)
         self.ff = FeedForward(cfg)
-        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        # ModernBERT's block 0 (first_block_norm=false) reads the embeddings as they are: they were just normalised.
+        self.norm1 = (nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias) if layer or cfg.first_block_norm
+                      else nn.Identity())
+        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
         self.dropout = Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: RealTokens | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: RealTokens | None = None,
+                context=None) -> torch.Tensor:
         """x (B, T, D), or (N, D) holding only `rows` of the batch: everything but attention works per token."""
         if self.pre_norm:
-            x = x + self.dropout(self.attn(self.norm1(x), attn_mask, rows))
+            x = x + self.dropout(self.attn(self.norm1(x), attn_mask, rows, context))
             return x + self.dropout(self.ff(self.norm2(x)))
-        x = self.norm1(x + self.dropout(self.attn(x, attn_mask, rows)))
+        x = self.norm1(x + self.dropout(self.attn(x, attn_mask, rows, context)))
         return self.norm2(x + self.dropout(self.ff(x)))
 
 
@@ -325,16 +338,22 @@ class TransformerClassifier(nn.Module):
         emb_dim = cfg.embedding_dim or cfg.d_model
         self.token_embedding = nn.Embedding(cfg.vocab_size, emb_dim, padding_idx=cfg.pad_id)
         # A pretrained table narrower or wider than d_model is mapped by a learned linear projection
-        # (initialised semi-orthogonal, so it keeps the per-dimension scale of the table).
-        self.embedding_projection = nn.Linear(emb_dim, cfg.d_model, bias=False) if emb_dim != cfg.d_model else None
+        # (initialised semi-orthogonal, so it keeps the per-dimension scale of the table): the table itself, or
+        # (ELECTRA, embedding_projection=after_norm) the normalised sum of table and positions, with a bias.
+        self.project_last = cfg.embedding_projection == "after_norm" and emb_dim != cfg.d_model
+        W = self.embedding_width = emb_dim if self.project_last else cfg.d_model  # where positions and norm work
+        self.embedding_projection = nn.Linear(emb_dim, cfg.d_model, bias=self.project_last) \
+            if emb_dim != cfg.d_model else None
         if cfg.positions == "learned":
-            self.position_embedding = nn.Embedding(cfg.max_len, cfg.d_model)
-        else:
-            self.register_buffer("position_table", sinusoidal_table(cfg.max_len, cfg.d_model), persistent=False)
-        self.embedding_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embedding_norm else None
+            self.position_embedding = nn.Embedding(cfg.max_len, W)
+        elif cfg.positions == "sinusoidal":
+            self.register_buffer("position_table", sinusoidal_table(cfg.max_len, W), persistent=False)
+        self.embedding_norm = nn.LayerNorm(W, eps=cfg.norm_eps, bias=cfg.bias) if cfg.embedding_norm else None
         self.embedding_dropout = Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.n_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm == "pre" else None
+        self.blocks = nn.ModuleList(EncoderBlock(cfg, i) for i in range(cfg.n_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias) if cfg.norm == "pre" else None
+        # DeBERTa's relative-position embeddings, one table for every block's disentangled attention
+        self.relative_positions = RelativePositionTable(cfg) if cfg.attention == "disentangled" else None
         if cfg.head_hidden:
             act = ACTIVATIONS[cfg.activation]()
             self.head = nn.Sequential(nn.Linear(cfg.d_model, cfg.head_hidden), act, nn.Dropout(cfg.dropout),
@@ -363,23 +382,41 @@ class TransformerClassifier(nn.Module):
         if T > self.cfg.max_len:
             raise ConfigError(f"sequence of {T} tokens exceeds model.max_len={self.cfg.max_len}")
         x = self.token_embedding(input_ids)  # (B, T, E)
-        if self.embedding_projection is not None:
+        if self.embedding_projection is not None and not self.project_last:
             x = self.embedding_projection(x)  # (B, T, D)
         if self.cfg.scale_embeddings:
-            x = x * math.sqrt(self.cfg.d_model)
+            x = x * math.sqrt(self.embedding_width)
         if self.cfg.positions == "learned":
             x = x + self.position_embedding.weight[:T]
-        else:
+        elif self.cfg.positions == "sinusoidal":
             x = x + self.position_table[:T].to(x.dtype)
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
+        if self.project_last:  # (ELECTRA drops out before this projection, we after it: the same in evaluation)
+            x = self.embedding_projection(x)  # (B, T, E) -> (B, T, D)
         return x  # (B, T, D); `encode` applies the embedding dropout
+
+    def position_context(self, T: int):
+        """What the attention layers need of positions beyond the embeddings, made once per forward for all layers
+        (None for absolute positions, which `embed` adds). Rotary positions and local windows: a `rotary.Context`
+        with the cos/sin tables of each kind of layer (global, local) and the local window's (T, T) band."""
+        cfg = self.cfg
+        if self.relative_positions is not None:  # DeBERTa: the normed table and each distance's row
+            return self.relative_positions(T)
+        if cfg.positions == "rotary" or cfg.local_window:
+            device = self.token_embedding.weight.device
+            kinds = {cfg.is_local(i) for i in range(cfg.n_layers)}  # False: global layers, True: local ones
+            theta = {False: cfg.rotary_theta, True: cfg.local_rotary_theta}
+            tables = ({local: rotary.tables(T, cfg.d_model // cfg.n_heads, theta[local], device) for local in kinds}
+                      if cfg.positions == "rotary" else {})
+            return rotary.Context(tables, rotary.band(T, cfg.local_window, device) if True in kinds else None)
+        return None
 
     def layers(self) -> list[list[nn.Module]]:
         """The model bottom to top: [embeddings], block 0, ..., block N-1, [final norm, head]. Layer-wise learning
         rates and freezing the lower layers walk this list."""
         bottom = [self.token_embedding, self.embedding_projection, getattr(self, "position_embedding", None),
-                  self.embedding_norm]
+                  self.embedding_norm, self.relative_positions]
         top = [self.final_norm, self.head]
         return [[m for m in bottom if m is not None], *([b] for b in self.blocks), [m for m in top if m is not None]]
 
@@ -397,8 +434,9 @@ class TransformerClassifier(nn.Module):
         rows = None if no_padding else RealTokens.of(mask)
         x = self.embed(input_ids)
         x = self.embedding_dropout(rows.gather(x) if rows is not None else x)  # (N, D) or (B, T, D)
+        context = self.position_context(input_ids.shape[1])
         for block in self.blocks:
-            x = block(x, attn_mask, rows)
+            x = block(x, attn_mask, rows, context)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return rows.scatter(x) if rows is not None else x
@@ -424,12 +462,13 @@ class TransformerClassifier(nn.Module):
         B, T = input_ids.shape
         eye = torch.eye(T, device=input_ids.device)
         x = self.embed(input_ids)
+        context = self.position_context(T)
         rollout = eye.expand(B, T, T)
         for block in self.blocks:
-            attn = block.attn.attention_weights(block.norm1(x) if block.pre_norm else x, attn_mask).mean(1)  # (B,T,T)
-            mixed = 0.5 * attn + 0.5 * eye * mask[:, None, :]
+            attn = block.attn.attention_weights(block.norm1(x) if block.pre_norm else x, attn_mask, context).mean(1)
+            mixed = 0.5 * attn + 0.5 * eye * mask[:, None, :]  # attn: (B, T, T)
             rollout = (mixed / mixed.sum(-1, keepdim=True)) @ rollout
-            x = block(x, attn_mask)
+            x = block(x, attn_mask, None, context)
         return {"last": self.pool(attn, mask), "rollout": self.pool(rollout, mask)}
 
     def num_parameters(self) -> int:

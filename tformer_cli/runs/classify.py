@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 from omegaconf import OmegaConf
@@ -20,7 +21,9 @@ from ..data.tokenization import TokenizedSplit
 from ..errors import TformerError
 from ..evaluation import report
 from ..evaluation.artifacts import training_curves_png
-from ..evaluation.evaluate import count, evaluate_split, write_reports
+from ..evaluation import calibration
+from ..evaluation.evaluate import count, score_split, write_reports
+from ..inference import predict_logits
 from ..model import pretrained
 from ..model.encoder import EncoderConfig, TransformerClassifier
 from ..model.mlm import encoder_state
@@ -28,6 +31,7 @@ from ..store.layout import CheckpointDir, RunDir, SweepDir
 from ..safe_text import markup
 from ..training import distributed
 from ..training.loop import Run
+from ..training import recipe
 from ..training.objectives import Classification
 from ..training.state import TrainingState
 from .resume import check_same_data, find_resumable, sweep_job_plan
@@ -119,7 +123,8 @@ def prepare(config: TrainConfig, resume, console, data_report=None) -> Prepared:
         check_same_data(resume.run_dir, resume.loaded.meta.get("data"), resume.loaded.label_names, fingerprint,
                         config.resume_ignore_data_change, console)
     sanity.check(data, data_report)
-    max_len, pre, encoder, init = int(config.model["max_len"]), None, None, None
+    (max_len, fit_later), pre, encoder, init = recipe.planned_max_len(config, data.splits["train"]["text"], resume,
+                                                                       console), None, None, None
     options = config.model_options
     if resume is not None:
         tok = tokenization.load_tokenizer(resume.loaded.tokenizer_file, max_len)
@@ -133,6 +138,8 @@ def prepare(config: TrainConfig, resume, console, data_report=None) -> Prepared:
         tok, pre = build_tokenizer_and_embeddings(config, data.splits["train"]["text"])
         if pre is None:  # learned from the texts: under DDP, rank 0's (WordPiece training is not reproducible
             tok = distributed.same_tokenizer(tok, max_len)  # across processes when merges tie)
+    if fit_later:  # model.max_len=auto, fitted with the tokenizer just built (training/recipe.py)
+        max_len = recipe.fit_max_len(config, tok, data.splits["train"]["text"], init, console)
     tokenization.configure(tok, max_len, config.data.truncation, config.long_text)
     tokenized = {s: TokenizedSplit.from_dataset(tokenization.tokenize_split(ds, tok, max_len, s, config.long_text))
                  for s, ds in data.splits.items()}
@@ -146,7 +153,7 @@ def prepare(config: TrainConfig, resume, console, data_report=None) -> Prepared:
                                           multi_label=config.data.multi_label)
         model = TransformerClassifier(model_cfg)
         pretrained.load_into(model, encoder)
-        return Prepared(data, tok, tokenized, model, model_cfg, encoder.source, fingerprint)
+        return Prepared(data, tok, tokenized, model, model_cfg, f"{encoder.family} model {encoder.source}", fingerprint)
     model_cfg = config.encoder_config(
         vocab_size=pre.weight.shape[0] if pre is not None else tok.get_vocab_size(),
         num_classes=len(data.label_names), embedding_dim=pre.weight.shape[1] if pre is not None else 0,
@@ -255,18 +262,54 @@ def report_run(session: Session, state: TrainingState) -> None:
     best = state.best_metrics
     console.print(f"best checkpoint: {markup(run_dir.best)} (epoch {best.get('epoch')}, {markup(best['monitor'])} "
                   f"{best['best_value']:.4f})", highlight=False)
+    loaded = calibrate(session)
     test = prepared.tokenized.get("test")
     if not config.trainer.test_after_fit or test is None:
         return
-    loaded = checkpoint.load(run_dir.best, session.device)
-    metrics, probs = evaluate_split(loaded.model, test, loaded.label_names, pad_id=prepared.pad_id,
-                                    device=session.device, precision=session.precision,
-                                    batch_size=config.trainer.eval_batch_size, thresholds=loaded.thresholds)
+    scored = score_split(loaded.model, test, loaded.label_names, pad_id=prepared.pad_id, device=session.device,
+                         precision=session.precision, batch_size=config.trainer.eval_batch_size,
+                         thresholds=loaded.thresholds, temperature=loaded.temperature)
     title = f"test ({count(test)}; best checkpoint)"
-    report.print_metrics(metrics, loaded.label_names, title, console)
-    write_json(run_dir.test_metrics, metrics)
-    write_reports(run_dir.test_report, metrics, loaded.label_names, prepared.data.splits["test"]["text"], test,
-                  probs, True, title, console)
+    report.print_metrics(scored.metrics, loaded.label_names, title, console)
+    write_json(run_dir.test_metrics, scored.metrics)
+    write_reports(run_dir.test_report, scored.metrics, loaded.label_names, prepared.data.splits["test"]["text"], test,
+                  scored.probs, True, title, console, raw_probs=scored.raw_probs)
+
+
+def calibrate(session: Session) -> checkpoint.Loaded:
+    """Temperature scaling of the best checkpoint (trainer.calibrate, evaluation/calibration.py): T fitted on the
+    validation split's logits and saved in `best`'s meta.json, with a multi-label model's thresholds moved to the
+    calibrated scale (the same cut on the logits: no predicted label changes). After the best checkpoint is
+    chosen, so a resumed or extended run fits again for whichever model is best now; with trainer.calibrate=false
+    a temperature an earlier fit saved is removed (and the thresholds moved back). Returns the best checkpoint."""
+    config, run_dir, console, prepared = session.config, session.run_dir, session.console, session.prepared
+    loaded = checkpoint.load(run_dir.best, session.device)
+    multi = bool(loaded.model.cfg.multi_label)
+    if not config.trainer.calibrate:
+        if loaded.temperature is None:
+            return loaded
+        checkpoint.update_meta(run_dir.best, {"temperature": None, **(
+            {"thresholds": calibration.rescaled_thresholds(loaded.thresholds, None, loaded.temperature)}
+            if multi else {})})
+        console.print("calibration: off (trainer.calibrate=false); the earlier temperature is removed", highlight=False)
+        return checkpoint.load(run_dir.best, session.device)
+    validation = prepared.tokenized["validation"]
+    logits, _ = predict_logits(loaded.model, validation, batch_size=config.trainer.eval_batch_size,
+                               pad_id=prepared.pad_id, device=session.device, precision=session.precision,
+                               progress="calibrating")
+    logits, y = logits.numpy(), validation.doc_labels.numpy()
+    temperature = calibration.fit_temperature(logits, y, multi)
+    changes = {"temperature": temperature}
+    if multi:  # the cuts follow the probabilities they are applied to
+        changes["thresholds"] = calibration.rescaled_thresholds(loaded.thresholds, temperature, loaded.temperature)
+    checkpoint.update_meta(run_dir.best, changes)
+    before, after = (calibration.ece(calibration.probabilities(logits, t, multi), y, multi)
+                     for t in (None, temperature))
+    edge = " (at the edge of its range: the validation split may be too small or too easy)" if any(
+        t in (calibration.T_MIN, calibration.T_MAX) for t in np.atleast_1d(temperature)) else ""
+    console.print(f"calibration: temperature {calibration.describe(temperature)}{edge}; validation ECE {before:.4f} -> "
+                  f"{after:.4f} (saved in {markup(run_dir.best)})", highlight=False)
+    return checkpoint.load(run_dir.best, session.device)
 
 
 def class_weights(labels, num_classes: int, mode: str | None):

@@ -15,7 +15,7 @@ from ..hydra_setup import compose_tree, group_defaults
 from ..model.encoder import EncoderConfig
 from ..model import pretrained
 from ..model.pretrained import EmbeddingInitConfig
-from ..training import optim
+from ..training import optim, recipe
 from ..training.config import LoggerConfig, LossConfig, OptimizerConfig, ScheduleConfig, TrainerConfig
 from ..typed_config import build, plain
 from ..yesno import bool_or_path
@@ -36,9 +36,10 @@ class ModelOptions:
     freeze_epochs: int
     init: str | None = None  # a `tformer pretrain` run dir: the encoder (and tokenizer) to start from
     long_text: str | None = None  # data.long_text's default for this model (configs/data/_base.yaml reads it)
+    max_len_limit: int | None = None  # model.max_len=auto chooses at most this (training/recipe.py)
 
     RANGES = {"recommended_lr": (0, None, "[)"), "layer_lr_decay": (0, 1, "(]"), "freeze_layers": (0, None, "[)"),
-              "freeze_epochs": (0, None, "[)")}
+              "freeze_epochs": (0, None, "[)"), "max_len_limit": (1, None, "[)")}
 
 
 OPTION_KEYS = tuple(f.name for f in fields(ModelOptions))
@@ -63,15 +64,16 @@ class TrainConfig:
         """From the composed config as plain containers (`typed_config.plain(cfg)`)."""
         out = build(cls, tree)
         out.resume = bool_or_path(out.resume, "resume")  # resume=yes is resume=true, with or without -m
-        if out.long_text.mode != "truncate":  # head_tokens / chunk_overlap fit max_len
-            out.long_text.head(int(out.model["max_len"]))
+        if out.long_text.mode != "truncate":  # head_tokens / chunk_overlap fit max_len (auto: its ceiling)
+            out.long_text.head(int(recipe.numeric_max_len(out.model)))
             if out.long_text.mode == "chunks":
-                out.long_text.overlap(int(out.model["max_len"]))
+                out.long_text.overlap(int(recipe.numeric_max_len(out.model)))
         optim.check(out.optimizer)  # the optimizer's own keys (betas, eps, ...) too
         options = out.model_options  # checks the model's options and shape now, not after the data
         if options.pretrained is None:
             vocab = out.embedding_init.vocab_size if not out.embedding_init.pretrained else None
-            shape = out.encoder_config(vocab_size=vocab or BERT_VOCAB, num_classes=2)
+            shape = out.encoder_config(vocab_size=vocab or BERT_VOCAB, num_classes=2,
+                                       max_len=recipe.numeric_max_len(out.model))  # auto: fitted once data is read
         elif out.embedding_init.pretrained:
             raise ConfigError(f"model.pretrained={options.pretrained} brings its own embeddings and tokenizer; "
                               f"drop embedding_init={out.embedding_init.name}")
@@ -79,7 +81,7 @@ class TrainConfig:
             folder = pretrained.local_model(options.pretrained, options.pretrained_package)
             shape = None
             if folder is not None:
-                from_folder = pretrained.encoder_shape(folder, int(out.model["max_len"]))
+                from_folder = pretrained.encoder_shape(folder, int(recipe.numeric_max_len(out.model, folder)))
                 vocab = pretrained.read_model_config(folder).get("vocab_size")
                 vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else BERT_VOCAB
                 shape = out.encoder_config(**from_folder, vocab_size=vocab, num_classes=2)

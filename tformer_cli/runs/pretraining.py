@@ -32,6 +32,7 @@ from ..model.mlm import MaskedLM
 from ..store.layout import PRETRAINING, CheckpointDir, RunDir
 from ..safe_text import markup
 from ..training.loop import Run
+from ..training import recipe
 from ..training.objectives import MaskedLanguageModeling
 from ..training.state import TrainingState
 from ..typed_config import build
@@ -65,6 +66,9 @@ def pretrain(tree: dict, run_dir: RunDir, overrides=(), model_name: str | None =
     if config.model_options.pretrained or config.model_options.init:
         raise TformerError("tformer pretrain trains a from-scratch encoder (model=tiny|small|base); a pretrained "
                            "encoder (model.pretrained / model.init) is fine-tuned with tformer train")
+    if recipe.is_auto(config.model):  # windows of max_len tokens cover every text: no length to fit to the data
+        raise ConfigError("tformer pretrain reads texts as windows of model.max_len tokens and has no length to fit: "
+                          "give a number, e.g. model.max_len=128")
     resume_from = find_resumable(config.resume, "pretrain") if config.resume else None
     return execute(PretrainJob(options, model_name), config, tree, run_dir, overrides, resume_from).best_value
 
@@ -109,9 +113,8 @@ class PretrainJob:
         elif pre is not None:
             with torch.no_grad():
                 model.encoder.token_embedding.weight.copy_(pre.weight)
-        specials = sorted({tok.token_to_id(t) for t in tokenization.SPECIAL_TOKENS
-                           if tok.token_to_id(t) is not None and t not in ("[MASK]", "[UNK]")})
-        objective = MaskedLanguageModeling(mask_id=tok.token_to_id("[MASK]"), vocab_size=model_cfg.vocab_size,
+        mask_id, specials = mlm_tokens(tok)
+        objective = MaskedLanguageModeling(mask_id=mask_id, vocab_size=model_cfg.vocab_size,
                                            special_ids=specials, seed=config.seed, mask_prob=self.options.mask_prob)
         val_split, train_split = encode(val_texts), encode(train_texts)
         read_as = (f"{len(train_split):,} windows of at most {max_len} tokens" if windows else
@@ -190,22 +193,40 @@ def read_texts(path: Path) -> list[str]:
     return [t for t in ds["text"] if isinstance(t, str)]
 
 
+def mlm_tokens(tok) -> tuple[int, list[int]]:
+    """(mask id, the ids never masked nor drawn as a random replacement): the tokenizer's own mask token and
+    special tokens ([CLS] [SEP] [PAD] or <s> </s> <pad> ...), by what tokenizer.json marks special, not by name.
+    The unknown token stays maskable (as it always was: it stands for real text)."""
+    layout = tokenization.special_layout(tok)
+    if layout.mask is None:
+        raise TformerError("the tokenizer has no mask token ([MASK] or <mask>) for masked-LM pretraining; add one "
+                           "to its special tokens")
+    mask_id = tok.token_to_id(layout.mask)
+    unk = getattr(tok.model, "unk_token", None)
+    keep = {mask_id, tok.token_to_id(unk) if unk else None}
+    specials = set(layout.ids) | {tokenization.pad_id(tok)}
+    return mask_id, sorted(specials - keep)
+
+
 def text_windows(tok, texts: list[str], max_len: int, windows: bool) -> list[list[int]]:
     """Token ids to pretrain on: each text's first max_len tokens, or (windows) all of them, in consecutive windows
-    of max_len tokens, each [CLS] part [SEP], sharing none (a mask draws from every token once per epoch).
+    of max_len tokens, each with the text's special tokens around its part ([CLS] part [SEP], <s> part </s>),
+    sharing none (a mask draws from every token once per epoch).
     Only the ids are kept, a chunk of texts at a time (tokenization.encodings)."""
-    if windows and max_len < 3:
-        raise ConfigError(f"model.max_len={max_len} leaves no room for a token between [CLS] and [SEP]; pretrain "
-                          f"with model.max_len >= 3")
+    layout = tokenization.special_layout(tok)
+    before, after = layout.before, layout.after
+    if windows and max_len < layout.count + 1:
+        raise ConfigError(f"model.max_len={max_len} leaves no room for a token between the tokenizer's {layout.count} "
+                          f"special tokens; pretrain with model.max_len >= {layout.count + 1}")
     if windows:
         tok = Tokenizer.from_str(tok.to_str())
         tok.no_truncation()
-    width, out = max_len - 2, []
+    width, out = max_len - layout.count, []
     for e in tokenization.encodings(tok, texts):
-        ids = e.ids  # [CLS] body [SEP]
+        ids = e.ids  # specials body specials
         if not windows:
             out.append(ids)
             continue
-        body = ids[1:-1]
-        out += [ids[:1] + body[a:a + width] + ids[-1:] for a in range(0, max(len(body), 1), width)]
+        head, body, tail = ids[:before], ids[before:len(ids) - after], ids[len(ids) - after:]
+        out += [head + body[a:a + width] + tail for a in range(0, max(len(body), 1), width)]
     return out

@@ -10,12 +10,13 @@ from ..store.layout import CheckpointDir, RunDir, newest_checkpoints, resolve_re
 from ..console import output
 from ..data.sources import fingerprint_changes
 from ..safe_text import markup
+from ..training import recipe
 
 # Keys that may differ between a run and its resumption (where data comes from, how fast, how loud).
 RESUME_IGNORED = ("resume", "resume_ignore_data_change", "trainer.keep_optimizer_state", "trainer.device",
                   "trainer.num_workers", "trainer.log_every_steps", "trainer.checkpoint_every_steps",
                   "trainer.eval_batch_size", "trainer.test_after_fit", "data.dir", "trainer.compile", "trainer.devices",
-                  "trainer.micro_batches", "logger")
+                  "trainer.micro_batches", "logger", "trainer.calibrate")
 
 
 def find_resumable(resume, task: str, outputs_dir: str | Path = "outputs") -> CheckpointDir:
@@ -85,8 +86,8 @@ def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
         va, vb = a.get(k), b.get(k)
         if isinstance(va, dict) and isinstance(vb, dict):
             keys += config_diff(va, vb, dotted + ".")
-        elif va != vb:
-            keys.append(dotted)
+        elif va != vb and not (dotted == "model.max_len" and recipe.is_auto({"max_len": vb})):
+            keys.append(dotted)  # (model.max_len=auto resumes any run: it keeps the length it trained with)
     return keys
 
 

@@ -15,6 +15,8 @@ run, hf://...) is turned into a directory by locate.py.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ import yaml
 from safetensors import SafetensorError
 
 from ..errors import ConfigError, TformerError
+from ..evaluation.calibration import checked
 from ..model.encoder import EncoderConfig, TransformerClassifier
 from ..typed_config import build
 from . import manifest
@@ -90,6 +93,13 @@ class Loaded:
             return None
         return self.meta.get("thresholds") or [0.5] * len(self.label_names)
 
+    @property
+    def temperature(self) -> float | list[float] | None:
+        """The temperature fitted on validation after training (evaluation/calibration.py): a float for a softmax
+        model, one per label for a multi-label one; None (T = 1, raw probabilities) for a checkpoint without one
+        (saved before calibration existed, with trainer.calibrate=false, or a run's `last`)."""
+        return self.meta.get("temperature")
+
     def saved_config(self) -> dict | None:
         """The run's saved config (None for a checkpoint without one), see `read_config`."""
         return read_config(self.files) if self.files.config.is_file() else None
@@ -139,6 +149,7 @@ def load(path: str | Path | CheckpointDir, device: str | torch.device = "cpu") -
     _check_weights_header(ckpt, cfg)  # shapes checked against the file's header before anything is allocated
     _check_tokenizer(ckpt, cfg.vocab_size)
     _check_thresholds(ckpt, meta.get("thresholds"), cfg)
+    _check_temperature(ckpt, meta.get("temperature"), cfg)
     _check_long_text(ckpt, meta, cfg.max_len)
     try:
         state = safetensors.torch.load_file(str(ckpt.weights))
@@ -202,6 +213,38 @@ def _check_thresholds(ckpt: CheckpointDir, thresholds, cfg) -> None:
                            f"per label of a multi-label model); the files are from different runs or edited")
 
 
+def _check_temperature(ckpt: CheckpointDir, temperature, cfg) -> None:
+    """meta.json's temperature: what every probability is divided by, so a 0, a negative or a NaN one (an edited
+    file) would turn every answer into NaN or flip it; refused by name."""
+    wrong = checked(temperature, cfg.num_classes, cfg.multi_label)
+    if wrong:
+        raise TformerError(f"checkpoint {ckpt}: {ckpt.meta.name} has temperature={temperature!r:.80}, not {wrong}; "
+                           f"the file was edited, retrain or use another checkpoint")
+
+
+def update_meta(target: CheckpointDir, changes: dict) -> None:
+    """Set (or with None remove) keys of a saved checkpoint's meta.json: the calibration fitted after training
+    (temperature, thresholds). Written as `save` writes: a staged copy (the weights hard-linked where the file
+    system allows, else copied) with the new meta.json and manifest, swapped in whole."""
+    meta = manifest.read_json(target, target.meta, allow_nan=True, cap=JSON_CAP)
+    meta = {k: v for k, v in {**meta, **changes}.items() if v is not None or k not in changes}
+    try:
+        with staged_dir(target.path) as staging:
+            tmp = CheckpointDir(staging)
+            for f in target.path.iterdir():
+                if not f.is_file() or f.name in (target.meta.name, target.manifest.name):
+                    continue
+                try:
+                    os.link(f, tmp.path / f.name)  # (never written in place: every write is a new file)
+                except OSError:
+                    shutil.copy2(f, tmp.path / f.name)
+            _write_json(tmp.meta, meta)
+            manifest.write(tmp)
+    except OSError as exc:
+        raise TformerError(f"could not update checkpoint {target}: {write_problem(exc)} (the previous checkpoint "
+                           f"is kept)") from exc
+
+
 def _check_long_text(ckpt: CheckpointDir, meta: dict, max_len: int) -> None:
     """meta.json's long_text, head_tokens and chunk_overlap: what predict and evaluate read texts by."""
     from ..data.tokenization import LongText  # (tokenizers: already imported by whoever loads a checkpoint)
@@ -227,8 +270,9 @@ def _check_tokenizer(ckpt: CheckpointDir, vocab_size: int) -> None:
     """Every id the tokenizer can produce must have a row in the embedding table."""
     tok = manifest.read_json(ckpt, ckpt.tokenizer)
     try:
-        ids = [_token_id(i) for i in tok["model"]["vocab"].values()] + [_token_id(t["id"])
-                                                                       for t in tok.get("added_tokens", [])]
+        vocab = tok["model"]["vocab"]  # token -> id (WordPiece, BPE), or [piece, score] pairs by id (Unigram)
+        ids = ([_token_id(i) for i in vocab.values()] if isinstance(vocab, dict) else [len(vocab) - 1] if vocab
+               else []) + [_token_id(t["id"]) for t in tok.get("added_tokens", [])]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TformerError(f"checkpoint {ckpt}: {ckpt.tokenizer.name} is unreadable ({type(exc).__name__}); retrain "
                            f"or use another checkpoint") from None

@@ -37,6 +37,7 @@ class TrainerConfig:
     checkpoint_every_steps: int
     compile: bool
     test_after_fit: bool
+    calibrate: bool  # fit a temperature on validation after training, saved in `best` (evaluation/calibration.py)
     keep_optimizer_state: bool
     early_stopping: EarlyStoppingConfig
     devices: int  # >1: `tformer train` starts this many processes (launch.py)

@@ -1,0 +1,124 @@
+"""`tformer audit`: a planted wrong label is found, an interrupted audit resumes to the same answer, checkpoint=
+scores with an existing model, copies are listed, and bad input is one line."""
+import random
+import sys
+
+import datasets
+import pandas as pd
+import pytest
+
+from helpers import TINY_TRAINING, interrupted_when, run_tformer, tiny
+from tformer_cli import TformerError, audit, train
+from tformer_cli.data.sources import LoadedData
+from tformer_cli.runs.audit import INSTALL, duplicates
+
+SPORTS = "goal match team score player coach league stadium referee striker".split()
+COOKING = "recipe oven flour sugar bake kitchen pan butter dough whisk".split()
+PLANTED = 10  # a sports text labelled cooking
+FOLDS = tiny("trainer.epochs=3", "audit.folds=3", base=TINY_TRAINING)
+
+
+def separable_rows() -> pd.DataFrame:
+    """160 texts of two vocabularies that share no word: any model tells them apart, so the one flipped label is
+    the one error."""
+    rng = random.Random(0)
+    rows = []
+    for i in range(160):
+        label = "sports" if i % 2 == 0 else "cooking"
+        rows.append({"text": " ".join(rng.choice(SPORTS if label == "sports" else COOKING) for _ in range(8)),
+                     "label": label})
+    rows[PLANTED]["label"] = "cooking"
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def labelled_csv(tmp_path_factory):
+    path = tmp_path_factory.mktemp("audit_data") / "labelled.csv"
+    separable_rows().to_csv(path, index=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def audited(labelled_csv, tmp_path_factory):
+    """One whole k-fold audit of the CSV (the Python API)."""
+    out = tmp_path_factory.mktemp("audit_run")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(out)
+        return audit([*FOLDS, "data=files", f"data.train_file={labelled_csv}"], run_dir=out / "audit")
+
+
+@pytest.mark.slow
+def test_planted_label_error_is_ranked_first(audited):
+    planted = separable_rows().iloc[PLANTED]
+    first = audited.issues.iloc[0]
+    assert (first.text, first.given_label, first.suggested_label) == (planted.text, "cooking", "sports")
+    saved = pd.read_csv(audited.files["label_issues"])
+    assert saved["text"].tolist() == audited.issues["text"].tolist()
+    assert {"text", "given_label", "suggested_label", "score", "fold"} <= set(saved.columns)
+    assert saved["score"].is_monotonic_increasing
+    assert len(audited.scores) == 160 and audited.scores["fold"].nunique() == 3
+    for i in range(3):  # each fold keeps its held-out probabilities, not its checkpoint
+        assert (audited.run_dir / f"fold_{i}" / "out_of_fold.npz").is_file()
+        assert not (audited.run_dir / f"fold_{i}" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_an_interrupted_audit_resumes_with_its_finished_folds(audited, labelled_csv, tmp_path):
+    args = ["audit", *FOLDS, "data=files", f"data.train_file={labelled_csv}"]
+    code, shown = interrupted_when("outputs/audit/*/*/fold_0/out_of_fold.npz", *args, cwd=tmp_path)
+    assert code == 130, shown
+    folder = next(tmp_path.glob("outputs/audit/*/*/fold_0")).parent
+    assert f"resume={folder}" in shown and not (folder / "label_issues.csv").exists()
+    resumed = run_tformer(*args, f"resume={folder}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "fold 1/3: done earlier" in resumed.stdout
+    assert pd.read_csv(folder / "label_issues.csv")["text"].tolist() == audited.issues["text"].tolist()
+    assert len(list(tmp_path.glob("outputs/audit/*/*"))) == 1  # the resume's own new folder was not left behind
+
+
+@pytest.mark.slow
+def test_checkpoint_mode_scores_with_an_existing_model(labelled_csv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = train([*tiny("trainer.epochs=3", base=TINY_TRAINING), "data=files", f"data.train_file={labelled_csv}"],
+                quiet=True)
+    result = audit([f"checkpoint={run.run_dir}"], run_dir=tmp_path / "quick")
+    assert result.mode == "checkpoint" and len(result.scores) == 160
+    assert result.issues["fold"].isna().all()
+    log = (tmp_path / "quick" / "audit.log").read_text()
+    assert "may have trained on" in log
+
+
+def test_copies_within_and_across_splits_are_listed():
+    split = lambda texts, labels: datasets.Dataset.from_dict({"text": texts, "label": labels})
+    data = LoadedData(datasets.DatasetDict({
+        "train": split(["A fine film", "a  FINE film", "dull", "unique"], [1, 0, 0, 1]),
+        "test": split(["dull", "something else"], [0, 1])}), ["neg", "pos"], "test")
+    found = duplicates(data)
+    groups = {g: set(zip(rows["split"], rows["row"])) for g, rows in found.groupby("group")}
+    assert sorted(groups.values(), key=len) == [{("train", 2), ("test", 0)}, {("train", 0), ("train", 1)}]
+    leak = found[found["across_splits"]]
+    assert set(leak["kind"]) == {"exact"} and not leak["labels_differ"].any()
+    near = found[~found["across_splits"]]
+    assert set(near["kind"]) == {"near"} and near["labels_differ"].all()
+
+
+def test_without_cleanlab_the_audit_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "cleanlab", None)  # as if not installed: `import cleanlab` fails
+    monkeypatch.setitem(sys.modules, "cleanlab.filter", None)
+    with pytest.raises(TformerError) as exc:
+        audit(["audit.folds=3"])
+    assert str(exc.value) == INSTALL and "tformer[audit]" in INSTALL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,expected", [
+    (["audit.folds=1"], "audit.folds"),
+    (["data=files", "data.train_file=texts.csv"], "label"),
+])
+def test_bad_input_is_one_line(tmp_path, args, expected):
+    pd.DataFrame({"text": ["one text", "another text", "a third"]}).to_csv(tmp_path / "texts.csv", index=False)
+    done = run_tformer("audit", *args, cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], done.stderr

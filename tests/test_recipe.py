@@ -1,0 +1,69 @@
+"""model.max_len=auto (training/recipe.py): the length fitted to the training texts, its ceilings, and an explicit
+number always winning over it."""
+import json
+import re
+
+import pytest
+import yaml
+
+from helpers import run_tformer, tiny, train_config
+from tformer_cli.errors import ConfigError
+from tformer_cli.training import recipe
+
+
+def test_the_99th_percentile_is_kept_and_one_outlier_in_a_hundred_is_cut():
+    assert recipe.fitted_length([10] * 99 + [200], cap=512) == 16  # 99% fit in 10, rounded up to 16
+    assert recipe.fitted_length([10] * 98 + [200] * 2, cap=512) == 200  # 2% long: they are kept
+
+
+@pytest.mark.parametrize("lengths, cap, expected", [
+    ([17, 17, 17], 512, 24),  # rounded up to a multiple of 8
+    ([3, 4], 512, 8),  # never below 8
+    ([300] * 10, 256, 256),  # never above the ceiling (model.max_len_limit / the model's positions)
+    ([], 64, 64),  # no texts: the ceiling
+])
+def test_fitted_length_rounds_up_within_its_bounds(lengths, cap, expected):
+    assert recipe.fitted_length(lengths, cap) == expected
+
+
+def test_token_lengths_count_special_tokens_and_ignore_the_tokenizers_truncation():
+    from tformer_cli.data import tokenization
+
+    tok = tokenization.train_wordpiece(["a b c d e f g h"] * 20, 100, 4)  # truncates to 4 tokens
+    tok.enable_truncation(max_length=4)
+    assert list(recipe.token_lengths(tok, ["a b c d e f g h", "a"])) == [10, 3]  # [CLS] .. [SEP] included
+
+
+def test_the_minilm_preset_is_auto_and_an_explicit_number_wins():
+    assert recipe.is_auto(train_config("model=minilm_l6").model)
+    cfg = train_config("model=minilm_l6", "model.max_len=128")
+    assert cfg.model["max_len"] == 128 and not recipe.is_auto(cfg.model)
+    assert recipe.planned_max_len(cfg, ["a text"], None, console=None) == (128, False)
+
+
+def test_a_limit_below_one_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="model.max_len_limit=0 must be a whole number >= 1"):
+        train_config("model=minilm_l6", "model.max_len_limit=0")
+
+
+@pytest.mark.parametrize("family, table, usable", [("BertConfig", 40, 40), ("RobertaConfig", 42, 40)])
+def test_auto_stays_within_a_pretrained_models_positions(tmp_path, family, table, usable):
+    import transformers
+
+    config = getattr(transformers, family)(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                           intermediate_size=64, max_position_embeddings=table, pad_token_id=1)
+    config.save_pretrained(tmp_path)  # config.json is all the family reads to say its positions
+    assert recipe.usable_positions(tmp_path, 256) == usable  # RoBERTa's table holds 2 rows it never uses
+    assert recipe.usable_positions(tmp_path, 24) == 24
+
+
+@pytest.mark.slow  # trains
+def test_a_run_with_auto_saves_the_fitted_length_in_model_json(tmp_path):
+    r = run_tformer("train", *tiny("model.max_len=auto"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = re.search(r"max_len (\d+) \(model\.max_len=auto: the 99th percentile", r.stdout)
+    assert said, r.stdout[-2000:]
+    best = next((tmp_path / "outputs" / "train").glob("*/*/checkpoints/best"))
+    saved = json.loads((best / "model.json").read_text())["max_len"]
+    assert saved == int(said.group(1)) and saved % 8 == 0 and saved < 64  # demo sentences are short
+    assert yaml.safe_load((best / "config.yaml").read_text())["model"]["max_len"] == "auto"  # the setting as given

@@ -1,0 +1,219 @@
+"""Calibrated probabilities: temperature scaling, and the numbers that say how far a model's probabilities are from
+the frequencies they claim.
+
+Why: a classifier trained to minimise cross-entropy until its training loss is near zero ends up overconfident on
+new texts (Guo et al., 2017, "On Calibration of Modern Neural Networks"): the demo model said 0.9999 on sentences
+it got wrong. Temperature scaling divides the logits by one number T > 1 (softer) or < 1 (sharper), fitted on
+the validation split after training by minimising the negative log-likelihood there. One parameter cannot
+overfit a validation split of a few hundred texts, and dividing by a positive number never changes which class is
+largest, so accuracy, F1 and every argmax decision stay exactly what they were; only the probabilities move.
+
+    softmax model      p = softmax(z / T)          one T for all classes
+    multi-label model  p_c = sigmoid(z_c / T_c)    one T per label (each label is its own binary problem)
+
+Metrics (each on documents, with the labels of the split):
+    ECE    expected calibration error: confidences cut into 15 equal-width bins, the weighted mean of
+           |accuracy - mean confidence| per bin. Softmax: the top class's probability, right when it is the true
+           class. Multi-label: every (text, label) probability, right when the label is on.
+    Brier  softmax: mean over texts of ||p - onehot(y)||^2 (0 is perfect, 2 the worst); multi-label: the mean of
+           (p_c - y_c)^2 over texts and labels.
+    NLL    softmax: mean -log p_y; multi-label: binary cross-entropy averaged over texts and labels (what the
+           fit minimises, so it never goes up on the split T was fitted on).
+
+numpy only (the reliability diagram is drawn with matplotlib by artifacts.py): `tformer predict` and the torch-free
+ONNX runtime apply the temperature through `probabilities` and must keep their cold start.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+# T is searched in [T_MIN, T_MAX] on a log scale. A real model's T lies around 0.5 .. 5; the range is wide enough
+# for a badly overfitted one (logits 10x too large: T 10) and bounded so that a validation split the model gets
+# entirely right (NLL falls for ever as T -> 0) cannot make it infinitely sure: T stops at T_MIN.
+T_MIN, T_MAX = 0.05, 50.0
+ECE_BINS = 15
+_SEARCH_STEPS = 80  # golden-section steps: the bracket shrinks by 0.618 each, from log(1000) to ~1e-16
+
+
+def fit_temperature(logits, labels, multi_label: bool) -> float | list[float]:
+    """The temperature minimising the NLL of `labels` under `logits / T` (T in [T_MIN, T_MAX]): one float for a
+    softmax model, one per label for a multi-label model. logits (N, C); labels (N,) class ids or (N, C) 0/1.
+
+    A golden-section search over log T: the NLL is convex in 1/T (a log-sum-exp of a linear function of 1/T, less
+    a linear one), hence unimodal in log T, so the search is exact up to float precision, needs no gradient, no
+    learning rate and no starting point, is deterministic, and its answer is always inside the range (LBFGS on T
+    can step to T <= 0 or to NaN on separable data). No examples, or no information in them (a label never on or
+    never off has its NLL falling towards T_MIN for no reason), gives T = 1: the model as trained."""
+    z = np.asarray(logits, dtype=np.float64)
+    if multi_label:
+        y = np.asarray(labels, dtype=np.float64) > 0.5
+        out = []
+        for c in range(z.shape[1]):  # each label its own binary problem
+            informative = len(z) > 0 and y[:, c].any() and (~y[:, c]).any() and np.isfinite(z[:, c]).all()
+            out.append(_golden(lambda t, c=c: _binary_nll(z[:, c], y[:, c], t)) if informative else 1.0)
+        return out
+    y = np.asarray(labels, dtype=np.int64)
+    if len(z) == 0 or not np.isfinite(z).all():
+        return 1.0
+    return _golden(lambda t: _softmax_nll(z, y, t))
+
+
+def _golden(nll) -> float:
+    """argmin over T in [T_MIN, T_MAX] of a function unimodal in log T, rounded to 6 significant digits (what is
+    saved; the NLL is flat there)."""
+    ratio = (math.sqrt(5) - 1) / 2
+    lo, hi = math.log(T_MIN), math.log(T_MAX)
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = nll(math.exp(a)), nll(math.exp(b))
+    for _ in range(_SEARCH_STEPS):
+        if fa <= fb:  # the minimum is left of b
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = nll(math.exp(a))
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = nll(math.exp(b))
+    return float(f"{math.exp((lo + hi) / 2):.6g}")
+
+
+def _softmax_nll(z: np.ndarray, y: np.ndarray, t: float) -> float:
+    s = z / t  # (N, C)
+    top = s.max(axis=1, keepdims=True)
+    log_norm = top[:, 0] + np.log(np.exp(s - top).sum(axis=1))  # (N,) log-sum-exp, shifted: no overflow
+    return float(np.mean(log_norm - s[np.arange(len(s)), y]))
+
+
+def _binary_nll(z: np.ndarray, y: np.ndarray, t) -> float:
+    """Mean binary cross-entropy of sigmoid(z / t): -log sigmoid(s) = softplus(-s), written without overflow."""
+    s = z / t
+    s = np.where(y, s, -s)  # the logit of the observed outcome
+    return float(np.mean(np.logaddexp(0.0, -s)))
+
+
+def checked(temperature, num_classes: int, multi_label: bool) -> str | None:
+    """What is wrong with a saved temperature (meta.json, export.json), or None: a finite number > 0 for a softmax
+    model, a list of one per label for a multi-label model, or null (no calibration)."""
+    def positive(t) -> bool:
+        return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0
+
+    if temperature is None:
+        return None
+    if multi_label:
+        if isinstance(temperature, list) and len(temperature) == num_classes and all(map(positive, temperature)):
+            return None
+        return f"a list of {num_classes} finite numbers > 0 (one per label)"
+    return None if positive(temperature) else "a finite number > 0"
+
+
+def scaled(logits, temperature) -> np.ndarray:
+    """logits / T (float64): T a number, or one per label (broadcast over the last axis); None: unchanged."""
+    z = np.asarray(logits, dtype=np.float64)
+    return z if temperature is None else z / np.asarray(temperature, dtype=np.float64)
+
+
+def probabilities(logits, temperature=None, multi_label: bool = False) -> np.ndarray:
+    """(N, C) float32 probabilities of (N, C) document logits at `temperature` (None: the raw model's):
+    softmax(z / T), or sigmoid(z_c / T_c) per label. float64 inside, so that torch's and the ONNX runtime's
+    answers differ only by their logits."""
+    s = scaled(logits, temperature)
+    if multi_label:
+        return (1 / (1 + np.exp(-s))).astype(np.float32)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+def nll(logits, labels, multi_label: bool, temperature=None) -> float:
+    """Mean negative log-likelihood of the labels under logits / T (computed from logits: no log(0))."""
+    z = scaled(logits, temperature)
+    if len(z) == 0:
+        return float("nan")
+    if multi_label:
+        return _binary_nll(z, np.asarray(labels) > 0.5, 1.0)
+    return _softmax_nll(z, np.asarray(labels, dtype=np.int64), 1.0)
+
+
+def _events(probs, labels, multi_label: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(confidence, right) pairs the ECE and the reliability diagram bin: the top class's probability and
+    whether it is the true class; multi-label: every label's probability and whether the label is on."""
+    p = np.asarray(probs, dtype=np.float64)
+    if multi_label:
+        return p.ravel(), (np.asarray(labels) > 0.5).ravel().astype(np.float64)
+    y = np.asarray(labels, dtype=np.int64)
+    return p.max(axis=1), (p.argmax(axis=1) == y).astype(np.float64)
+
+
+def _bins(confidence: np.ndarray, bins: int) -> np.ndarray:
+    """Bin index of each confidence: bin b holds (edge b, edge b+1] of np.linspace(0, 1, bins + 1), 0 itself the
+    first (compared with the edges, not by confidence x bins, whose rounding moves 0.8 out of (0.7333, 0.8])."""
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    return np.clip(np.searchsorted(edges, confidence, side="left") - 1, 0, bins - 1)
+
+
+def reliability(probs, labels, multi_label: bool, bins: int = ECE_BINS):
+    """Per bin: (count, mean confidence, accuracy) arrays; empty bins have count 0 and NaN means."""
+    confidence, right = _events(probs, labels, multi_label)
+    idx = _bins(confidence, bins)
+    count = np.bincount(idx, minlength=bins).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        conf = np.bincount(idx, weights=confidence, minlength=bins) / count
+        acc = np.bincount(idx, weights=right, minlength=bins) / count
+    return count, conf, acc
+
+
+def ece(probs, labels, multi_label: bool = False, bins: int = ECE_BINS) -> float:
+    """Expected calibration error: sum over bins of (share of events) x |accuracy - mean confidence|."""
+    count, conf, acc = reliability(probs, labels, multi_label, bins)
+    if count.sum() == 0:
+        return float("nan")
+    filled = count > 0
+    return float(np.sum(count[filled] / count.sum() * np.abs(acc[filled] - conf[filled])))
+
+
+def brier(probs, labels, multi_label: bool = False) -> float:
+    """Softmax: mean ||p - onehot(y)||^2 over texts; multi-label: mean (p_c - y_c)^2 over texts and labels."""
+    p = np.asarray(probs, dtype=np.float64)
+    if len(p) == 0:
+        return float("nan")
+    if multi_label:
+        return float(np.mean((p - (np.asarray(labels) > 0.5)) ** 2))
+    onehot = np.eye(p.shape[1])[np.asarray(labels, dtype=np.int64)]  # (N, C)
+    return float(np.mean(np.sum((p - onehot) ** 2, axis=1)))
+
+
+def metrics(logits, labels, multi_label: bool, temperature=None) -> dict:
+    """ece, brier, nll at `temperature` (what consumers get), ece_raw, brier_raw, nll_raw of the model as
+    trained, and the temperature (null: none fitted, the two agree)."""
+    raw = probabilities(logits, None, multi_label)
+    cal = probabilities(logits, temperature, multi_label) if temperature is not None else raw
+    return {"ece": ece(cal, labels, multi_label), "brier": brier(cal, labels, multi_label),
+            "nll": nll(logits, labels, multi_label, temperature), "ece_raw": ece(raw, labels, multi_label),
+            "brier_raw": brier(raw, labels, multi_label), "nll_raw": nll(logits, labels, multi_label),
+            "temperature": temperature}
+
+
+def rescaled_thresholds(thresholds, temperature, old_temperature=None) -> list[float]:
+    """A multi-label model's per-label cuts moved with its temperature, so that p_c >= t_c decides exactly what it
+    decided before: on the logit scale the cut stays where it was. sigmoid(z / T) >= t  <=>  z >= T logit(t), so
+    the cut on calibrated probabilities is sigmoid(logit(t_raw) / T); `old_temperature` (the checkpoint's, when its
+    cuts were moved already) first takes them back to raw: t_raw = sigmoid(T_old logit(t))."""
+    t = np.clip(np.asarray(thresholds, dtype=np.float64), 1e-12, 1 - 1e-12)
+    z = np.log(t) - np.log1p(-t)  # logit(t)
+    if old_temperature is not None:
+        z = z * np.asarray(old_temperature, dtype=np.float64)
+    if temperature is not None:
+        z = z / np.asarray(temperature, dtype=np.float64)
+    return [float(v) for v in 1 / (1 + np.exp(-z))]
+
+
+def describe(temperature) -> str:
+    """'1.84', or for per-label temperatures '0.92 .. 3.1 (median 1.6)'."""
+    if temperature is None:
+        return "none"
+    if isinstance(temperature, list):
+        t = np.asarray(temperature)
+        return f"{t.min():.3g} .. {t.max():.3g} (median {np.median(t):.3g}, one per label)" if len(t) > 1 \
+            else f"{t[0]:.3g}"
+    return f"{temperature:.3g}"

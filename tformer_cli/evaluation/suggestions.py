@@ -1,0 +1,213 @@
+"""`tformer suggest` and `tformer_cli.suggest(...)`: a run and unlabelled texts in, the N to label next out, as a
+table ready to fill in (selection.py chooses them).
+
+    from tformer_cli import suggest
+    picks = suggest("outputs/train/2026-11-22/10-00-00-000000", "unlabeled.csv", n=200)
+    picks.to_csv("to_label.csv", index=False)      # text, label (empty), guess, probability, uncertainty
+
+The model scores the whole pool (class probabilities, the calibrated ones when the checkpoint has them: whatever
+`Classifier.predict_proba` gives), then runs its encoder again on the uncertain candidates only, for the features
+that spread the picks. The texts the run was trained on (its local train / validation / test files, when it read
+any) seed that spread and are never suggested again, so the loop train -> suggest -> label -> train again does not
+ask twice for a label it has.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pandas as pd
+
+from ..classifier import Classifier, whole_number
+from ..console import progress
+from ..data import sources
+from ..data.sanity import has_visible
+from ..errors import ArgumentTypeError, ConfigError, TformerError
+from ..safe_text import terminal
+from . import selection
+
+POOL_CHUNK = 512  # texts per predict_proba call: the progress bar moves, and memory holds one chunk of windows
+MAX_SEEDS = 5000  # labelled texts whose features seed the spread (a seeded sample of more): enough to cover them
+TEXT_FORMATS = (".txt",)  # one text per line, besides sources.FORMATS (csv, tsv, json, jsonl, parquet)
+
+
+def read_texts(path: str | Path, text_column: str = "text") -> list[str]:
+    """The texts of a CSV / TSV / JSON(L) / parquet file's text column, or of a .txt file's lines. A missing cell
+    is an empty text (never suggested); a non-string one (a number) is read as its string."""
+    path = Path(os.path.expanduser(str(path)))
+    if not path.is_file():
+        raise TformerError(f"no such file: {terminal(path)}; check the path")
+    if path.suffix.lower() in TEXT_FORMATS:
+        try:
+            return path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as exc:
+            raise TformerError(f"{terminal(path)} is not valid UTF-8 (byte {exc.start}); convert the file, e.g. "
+                               f"`iconv -f latin1 -t utf-8`") from None
+    if path.suffix.lower() in (".csv", ".tsv") and _header_only(path):
+        return []
+    datasets.disable_progress_bars()  # (its 'Generating train split' bar: ours is the reading bar)
+    ds = sources.load_files({"pool": path}, text_columns=[text_column])["pool"]
+    if text_column not in ds.column_names:
+        raise TformerError(f"column {text_column!r} not found in {terminal(path)}; it has columns "
+                           f"{', '.join(map(terminal, ds.column_names))}; pass text_column=<name>")
+    return ["" if t is None else str(t) for t in ds[text_column][:]]
+
+
+def _header_only(path: Path) -> bool:
+    """A CSV / TSV of no rows (empty, or a header alone): datasets refuses it as 'no data', which says less."""
+    with open(path, "rb") as fh:
+        head = fh.read(1 << 16)
+    return len(head) < 1 << 16 and sum(bool(line.strip()) for line in head.splitlines()) <= 1
+
+
+def _as_texts(given, text_column: str, what: str) -> list[str]:
+    """Texts from a list of strings, a pandas DataFrame's text column, or a file path."""
+    if isinstance(given, (str, Path)):
+        return read_texts(given, text_column)
+    if hasattr(given, "columns"):  # a pandas DataFrame
+        if text_column not in given.columns:
+            raise TformerError(f"column {text_column!r} not in the {what} DataFrame; it has "
+                               f"{', '.join(map(str, given.columns))}; pass text_column=<name>")
+        return ["" if t is None or t != t else str(t) for t in given[text_column]]  # (t != t: NaN)
+    try:
+        texts = list(given)
+    except TypeError:
+        raise ArgumentTypeError(f"{what} must be a list of strings, a DataFrame or a file path, not "
+                                f"{type(given).__name__}") from None
+    if not all(isinstance(t, str) for t in texts):
+        raise ArgumentTypeError(f"{what} must be strings")
+    return texts
+
+
+def run_data(clf) -> dict:
+    """The data settings the run trained with (its saved config's `data`), {} for a checkpoint without one."""
+    saved = clf._loaded.saved_config() or {}
+    return saved.get("data") or {}
+
+
+def run_files(data: dict) -> list[Path]:
+    """The run's own labelled local files that still exist (train / validation / test, under data.dir if set)."""
+    folder = data.get("dir")
+    out = []
+    for key in ("train_file", "validation_file", "test_file"):
+        name = data.get(key)
+        if not name:
+            continue
+        path = Path(os.path.expanduser(str(folder))) / str(name) if folder else Path(os.path.expanduser(str(name)))
+        if path.is_file() and path.suffix.lower() in (".csv", ".tsv", ".json", ".jsonl", ".parquet"):
+            out.append(path)
+    return out
+
+
+def labelled_texts(labelled, clf, text_column: str) -> list[str]:
+    """labelled='auto': the run's own files' texts (none for a run that read a named or Hub dataset); None or
+    False: none; else texts, a DataFrame or a file, as for the pool."""
+    if labelled is None or labelled is False:
+        return []
+    if isinstance(labelled, str) and labelled == "auto":
+        data = run_data(clf)
+        column = data.get("text_column") if isinstance(data.get("text_column"), str) else "text"
+        texts = []
+        for path in run_files(data):
+            try:
+                texts += read_texts(path, column)
+            except TformerError:  # a run's file that changed shape since: it only seeds, so it is skipped
+                continue
+        return texts
+    return _as_texts(labelled, text_column, "labelled")
+
+
+def _scored(clf, texts: list[str], batch_size: int, quiet: bool) -> np.ndarray:
+    """(len(texts), C) probabilities, a chunk at a time under a progress bar."""
+    out = np.full((len(texts), len(clf.labels)), np.nan, dtype=np.float32)
+    with progress(total=len(texts), desc="scoring the pool", unit="text", enabled=not quiet) as bar:
+        for start in range(0, len(texts), POOL_CHUNK):
+            chunk = texts[start:start + POOL_CHUNK]
+            out[start:start + len(chunk)] = clf.predict_proba(chunk, batch_size=batch_size)
+            bar.update(len(chunk))
+    return out
+
+
+def _features(clf, texts: list[str], batch_size: int, quiet: bool, desc: str) -> np.ndarray:
+    parts = []
+    with progress(total=len(texts), desc=desc, unit="text", enabled=not quiet) as bar:
+        for start in range(0, len(texts), POOL_CHUNK):
+            chunk = texts[start:start + POOL_CHUNK]
+            parts.append(clf.embed(chunk, batch_size=batch_size))
+            bar.update(len(chunk))
+    return np.concatenate(parts) if parts else np.zeros((0, 1), dtype=np.float32)
+
+
+def _key(text: str) -> str:
+    """A text as duplicates are found: ends trimmed, and without the quote a CSV written by suggest put before a
+    leading = + - @ (safe_text.csv_cell), so a suggested text labelled and trained on is recognised again."""
+    key = text.strip()
+    return key[1:] if key[:1] == "'" and key[1:2] in ("=", "+", "-", "@") else key
+
+
+def suggest(run=None, texts=None, *, n: int = 100, text_column: str | None = None, uncertainty: str = "margin",
+            pool_factor: int = 10, labelled="auto", batch_size: int = 64, device: str = "auto",
+            outputs_dir: str | Path = "outputs", quiet: bool = False, classifier=None):
+    """The n texts most worth labelling next, as a pandas DataFrame in pick order, indexed by each text's row in
+    the input (`row`): the text column, an empty label column (named as the run's data had them: text / label by
+    default), guess, probability and uncertainty (multi-label: guess is the set over the thresholds, joined by
+    the run's label separator, and `closest_label` / `probability` name the label nearest its threshold).
+
+    run: a run dir or checkpoint dir (None: the newest under outputs_dir); classifier: an already loaded
+    Classifier instead. texts: a file (csv, tsv, json, jsonl, parquet, txt), a list of strings or a DataFrame.
+    uncertainty: margin | entropy (selection.py). pool_factor: uncertain candidates per pick that diversity
+    chooses among (1: uncertainty only). labelled: 'auto' (the run's own data files), None, or texts / a file:
+    never suggested, and the picks keep away from them."""
+    whole_number(n, "n")
+    whole_number(pool_factor, "pool_factor")
+    whole_number(batch_size, "batch_size")
+    if uncertainty not in selection.UNCERTAINTY:
+        raise ConfigError(f"uncertainty={uncertainty!r} is not one of {', '.join(selection.UNCERTAINTY)}")
+    if texts is None:
+        raise ArgumentTypeError("suggest() needs texts: a file path, a list of strings or a DataFrame")
+    clf = classifier or Classifier.load(run, device=device, outputs_dir=outputs_dir)
+    data = run_data(clf)
+    own_text = data.get("text_column") if isinstance(data.get("text_column"), str) else "text"
+    own_label = data.get("label_column") or "label"
+    column = text_column or own_text
+    pool = _as_texts(texts, column, "texts")
+    if not pool:
+        raise TformerError("no texts to choose from: the pool is empty")
+    seen = labelled_texts(labelled, clf, column)
+    keep = selection.eligible([_key(t) for t in pool], [_key(t) for t in seen], has_visible)
+    if n > len(keep):
+        dropped = len(pool) - len(keep)
+        raise ConfigError(f"n={n} is more than the {len(keep)} texts that can be suggested ({len(pool)} in the pool, "
+                          f"{dropped} of them empty, repeated or already labelled); ask for n={max(len(keep), 1)} "
+                          f"or fewer, or add texts")
+    probs = _scored(clf, pool, batch_size, quiet)
+    thresholds = clf.thresholds if clf.multi_label else None
+    seeds = None
+    if seen and pool_factor > 1:
+        rng = np.random.default_rng(0)
+        sample = [seen[i] for i in sorted(rng.choice(len(seen), min(len(seen), MAX_SEEDS), replace=False))]
+        seeds = _features(clf, sample, batch_size, quiet, "features of the labelled texts")
+        seeds = seeds[np.isfinite(seeds).all(1)]
+    features = lambda rows: _features(clf, [pool[i] for i in rows], batch_size, quiet, "features of the candidates")
+    picks = selection.select(probs, n, features=features, labelled_features=seeds, method=uncertainty,
+                             thresholds=thresholds, pool_factor=pool_factor, among=keep)
+    scores = selection.uncertainty(probs[picks], uncertainty, thresholds)
+    # named as the run's training file names them, so labelled rows append to it as they are
+    rows = {own_text: [pool[i] for i in picks], own_label: [None] * len(picks)}
+    labels = clf.labels
+    if clf.multi_label:
+        separator = data.get("label_separator") or "|"
+        p, t = probs[picks], np.asarray(thresholds)[None, :]
+        closest = np.argmin(np.abs(p - t) / np.where(p >= t, 1.0 - t, t).clip(min=1e-12), axis=1)
+        rows["guess"] = [separator.join(labels[c] for c in np.argsort(-r, kind="stable") if r[c] >= t[0, c])
+                         for r in p]
+        rows["closest_label"] = [labels[c] for c in closest]
+        rows["probability"] = [round(float(r[c]), 6) for r, c in zip(p, closest)]
+    else:
+        best = probs[picks].argmax(1)
+        rows["guess"] = [labels[c] for c in best]
+        rows["probability"] = [round(float(probs[i, c]), 6) for i, c in zip(picks, best)]
+    rows["uncertainty"] = [round(float(s), 6) for s in scores]
+    return pd.DataFrame(rows, index=pd.Index(picks, name="row"))

@@ -1,0 +1,102 @@
+"""Overrides from Python values: what `train()` and `audit()` (and an audit's folds) hand Hydra's compose API.
+
+A dict {key: value} becomes the key=value strings `tformer train` takes, each value written as Hydra's override
+grammar reads it back; in-memory data (a DataFrame, a dict of columns, a (texts, labels) pair) becomes data=files
+overrides naming a parquet file of it, stored once under outputs/data/ by its content's hash, so the run's config
+names a file that stays and the same data is the same run (and resumes it).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import ArgumentTypeError, TformerError
+from .store.atomic import write_with
+from .store.layout import in_memory_data as in_memory_data_path
+
+
+def as_overrides(given) -> list[str]:
+    """A list of key=value strings, from one (as the CLI takes them) or from a dict {key: value}."""
+    if isinstance(given, dict):
+        return [f"{key}={override_value(key, value)}" for key, value in given.items()]
+    overrides = [] if isinstance(given, (str, bytes)) else list(given)
+    if isinstance(given, (str, bytes)) or not all(isinstance(o, str) for o in overrides):
+        raise ArgumentTypeError(f"train() takes a list of key=value strings, e.g. train(['model=small']), or a dict, "
+                                f"e.g. train({{'model': 'small'}}), not {given!r:.80}")
+    return overrides
+
+
+def override_value(key, value) -> str:
+    """A Python value as Hydra's override grammar reads it back: true/false, null, [a,b], quoted strings."""
+    if not isinstance(key, str) or not key:
+        raise ArgumentTypeError(f"train()'s dict keys are config keys like 'trainer.epochs', not {key!r:.80}")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
+        return repr(value)
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str):
+        plain = value and all(c.isalnum() or c in "._-/+~" for c in value)
+        return value if plain else "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(override_value(key, v) for v in value) + "]"
+    raise ArgumentTypeError(f"train({{{key!r}: {value!r:.60}}}): a value must be a string, number, bool, None or "
+                            f"list")
+
+
+def in_memory_data(overrides: list[str], splits: dict) -> list[str]:
+    """data=files overrides naming parquet files of the in-memory splits (none given: none)."""
+    given = {split: frame for split, frame in splits.items() if frame is not None}
+    if not given:
+        return []
+    if "train" not in given:
+        raise ArgumentTypeError("validation_data= and test_data= go with data= (the train split)")
+    clash = [o for o in overrides if o.split("=", 1)[0] in ("data", "data.train_file", "data.validation_file",
+                                                            "data.test_file")]
+    if clash:
+        raise TformerError(f"train(data=...) trains on the data given; drop {clash[0]} (or drop data=)")
+    return ["data=files", *[f"data.{split}_file={override_value('data', str(stored(frame_of(frame, split), split)))}"
+                            for split, frame in given.items()]]  # (quoted: a path may hold , = or spaces)
+
+
+def frame_of(data, split: str) -> pd.DataFrame:
+    """A DataFrame of a DataFrame, a dict of columns, or a (texts, labels) pair."""
+    name = "data" if split == "train" else f"{split}_data"
+    if isinstance(data, pd.DataFrame):
+        return data
+    if isinstance(data, dict):
+        try:
+            return pd.DataFrame(data)
+        except ValueError as exc:
+            raise ArgumentTypeError(f"{name}= as a dict of columns: {exc}") from None
+    if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], str):
+        texts, labels = (list(part) for part in data)
+        if len(texts) != len(labels):
+            raise ArgumentTypeError(f"{name}=(texts, labels) has {len(texts)} texts and {len(labels)} labels; give "
+                                    f"one label per text")
+        return pd.DataFrame({"text": texts, "label": labels})
+    raise ArgumentTypeError(f"{name}= takes a pandas DataFrame, a dict of columns or a (texts, labels) pair, not "
+                            f"{type(data).__name__}")
+
+
+def stored(frame: pd.DataFrame, split: str) -> Path:
+    """The frame as parquet under outputs/data/<its content's hash>/: the same data is the same file (so the same
+    run config, and a resume), and the run's config names a file that stays."""
+    buffer = io.BytesIO()
+    try:
+        frame.to_parquet(buffer, index=False)
+    except (ValueError, TypeError, ImportError) as exc:  # pyarrow refuses mixed or odd column types
+        raise ArgumentTypeError(f"the {split} data cannot be stored as parquet ({str(exc).splitlines()[0]}); give "
+                                f"texts as strings and labels as strings or integers") from None
+    content = buffer.getvalue()
+    path = in_memory_data_path(hashlib.sha256(content).hexdigest()[:16], split).resolve()
+    if not path.is_file():
+        write_with(path, lambda tmp: tmp.write_bytes(content))
+    return path

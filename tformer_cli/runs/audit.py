@@ -1,0 +1,425 @@
+"""`tformer audit`: which labels in a labelled dataset are likely wrong, and which texts are copies of each other.
+
+A model scores every labelled row it did not train on: the data is cut into k stratified, seeded folds and fold i
+is scored by a model trained (as `tformer train` would, same model / optimizer / trainer overrides) on the other
+k-1. A row whose given label gets little probability from a model that never saw it is a suspect; cleanlab's
+confident learning (`cleanlab.filter.find_label_issues`) decides which suspects are flagged, from per-class
+thresholds rather than one cut-off, and `cleanlab.rank.get_label_quality_scores` orders them. `checkpoint=<run>`
+skips the training: one existing model scores the rows, quick but on texts it may have trained on (a model agrees
+with the labels it memorised, so errors among its own training rows are under-reported).
+
+Each fold is a training run in its own sub-folder (fold_<i>/) of the audit's folder, like the jobs of a sweep; its
+held-out probabilities are kept as a small file (fold_<i>/out_of_fold.npz) and its checkpoint dropped once they are
+written, so an interrupted audit continues with `resume=<audit dir>` from the first unfinished fold.
+
+Copies are found the way the data checks at the start of every run find them (data/sanity.py: exact text, or the
+same once case, spacing and Unicode forms are folded), here per row and within every split too: duplicates.csv.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from hydra.core.global_hydra import GlobalHydra
+from rich.table import Table
+from sklearn.model_selection import StratifiedKFold
+
+from ..classifier import Classifier
+from ..console import output
+from ..data import sanity, sources
+from ..errors import ArgumentTypeError, ConfigError, TformerError
+from ..hydra_setup import compose_tree
+from ..overrides import as_overrides, in_memory_data, override_value
+from ..safe_text import markup, rich
+from ..store import checkpoint as ckpt
+from ..store.atomic import write_json, write_with
+from ..store.layout import RunDir, resolve_checkpoint, resolve_resumable
+from ..store.ownership import is_ours, new_run_dir
+from ..training.loop import Interrupted
+from ..typed_config import build
+from ..yesno import bool_or_path
+from .classify import configure
+from .config import data_config
+from .in_process import train_overrides
+from .session import log_header
+
+PLAN = "audit.json"  # what the audit is of (data fingerprint, folds, seed): a resume must match it
+ISSUES = "label_issues.csv"  # written last: an audit folder holding it is finished
+DUPLICATES = "duplicates.csv"
+OUT_OF_FOLD = "out_of_fold.npz"  # in fold_<i>/: the rows it held out and their probabilities (no pickle)
+FILTERS = ("prune_by_noise_rate", "prune_by_class", "both", "confident_learning", "predicted_neq_given",
+           "low_normalized_margin", "low_self_confidence")
+SCORES = ("self_confidence", "normalized_margin", "confidence_weighted_entropy")
+SHOWN_CHARS = 200  # of a text in the table (the CSV has it whole)
+INSTALL = "tformer audit needs cleanlab: pip install 'tformer[audit]' (or pip install 'cleanlab>=2.9')"
+
+
+@dataclass
+class AuditOptions:
+    folds: int
+    splits: list[str]
+    top: int
+    filter_by: str
+    score: str
+    keep_checkpoints: bool
+    batch_size: int
+
+    RANGES = {"folds": (2, None, "[)"), "top": (0, None, "[)"), "batch_size": (1, 1 << 20, "[]")}
+
+
+@dataclass
+class AuditResult:
+    run_dir: Path
+    issues: pd.DataFrame  # label_issues.csv: the flagged rows, most suspicious first
+    scores: pd.DataFrame  # every audited row: split, row, text, label, suggested, score, fold, flagged
+    duplicates: pd.DataFrame  # duplicates.csv: one row per text in a group of copies
+    mode: str  # "folds" (out-of-fold probabilities) or "checkpoint" (one model, on texts it may have seen)
+    files: dict = field(default_factory=dict)  # name -> path (label_issues, duplicates, audit plan)
+
+
+def _cleanlab():
+    """cleanlab, the optional audit extra: imported here so that its absence is the one-line INSTALL message."""
+    try:
+        import cleanlab.filter
+        import cleanlab.rank
+    except ImportError:
+        raise TformerError(INSTALL) from None
+    return cleanlab
+
+
+def options_of(tree: dict) -> AuditOptions:
+    options = build(AuditOptions, tree.get("audit") or {}, "audit")
+    if options.filter_by not in FILTERS:
+        raise ConfigError(f"audit.filter_by={options.filter_by} is not one of {', '.join(FILTERS)}")
+    if options.score not in SCORES:
+        raise ConfigError(f"audit.score={options.score} is not one of {', '.join(SCORES)}")
+    wrong = [s for s in options.splits if s not in ("train", "validation", "test")]
+    if wrong or not options.splits:
+        raise ConfigError(f"audit.splits={options.splits} must list train, validation and/or test")
+    return options
+
+
+def run_audit(tree: dict, overrides: list[str], run_dir: RunDir) -> AuditResult:
+    """The audit of the composed `configs/audit.yaml` tree into `run_dir` (or, with resume=, into the audit it
+    names; `run_dir` is then discarded if empty). Shared by the Hydra command and the Python API."""
+    cleanlab = _cleanlab()  # before anything is trained: a missing extra is one line, not a lost hour
+    options = options_of(tree)
+    checkpoint = tree.get("checkpoint")
+    resume = bool_or_path(tree.get("resume"), "resume")
+    train_tree = {k: v for k, v in tree.items() if k not in ("audit", "checkpoint")}
+    train_tree["resume"] = None
+    config, train_tree = configure(train_tree)  # every train key checked now, not after a fold's data load
+    if resume not in (None, False):
+        target = _resumed_audit(resume)
+        if target.resolve() != run_dir.root.resolve():
+            run_dir.discard_if_empty()
+        run_dir = RunDir(target)
+    console = output()
+    console.open_log(run_dir.log("audit"), log_header("audit", overrides, tree, resumed=resume not in (None, False)))
+    mode = "checkpoint" if checkpoint else "folds"
+    if mode == "checkpoint":
+        loaded_path, data_cfg, seed = _checkpoint_data(str(checkpoint), config, overrides)
+    else:
+        loaded_path, data_cfg, seed = None, config.data, config.seed
+    if data_cfg.multi_label:
+        raise TformerError("tformer audit finds errors in single labels; data.multi_label=true is not supported")
+    data = sources.load(data_cfg, seed=seed)
+    sanity.check(data, run_dir.data_report)  # copies between splits (leakage), as every run checks
+    rows = _audited_rows(data, options.splits)
+    names = list(data.label_names)
+    plan = {"mode": mode, "folds": options.folds if mode == "folds" else None, "seed": seed,
+            "splits": options.splits, "rows": len(rows), "classes": names, "data": _fingerprint(rows),
+            "checkpoint": str(loaded_path) if loaded_path else None}
+    _check_plan(run_dir.root / PLAN, plan, resume not in (None, False))
+    console.print(f"[bold]audit[/] {len(rows):,} labelled rows of {markup(data_cfg.name)} "
+                  f"({', '.join(f'{s} {n:,}' for s, n in rows['split'].value_counts(sort=False).items())}), "
+                  f"{len(names)} classes; run dir {markup(run_dir.root)}", highlight=False)
+    if mode == "folds":
+        probs, folds = _out_of_fold(rows, names, options, config, overrides, run_dir)
+    else:
+        probs, folds = _checkpoint_probs(loaded_path, rows, names, options, config), None
+    labels = rows["label"].to_numpy()
+    flagged = cleanlab.filter.find_label_issues(labels, probs, filter_by=options.filter_by, n_jobs=1)
+    quality = cleanlab.rank.get_label_quality_scores(labels, probs, method=options.score)
+    scores = pd.DataFrame({
+        "split": rows["split"], "row": rows["row"], "text": rows["text"],
+        "given_label": [names[i] for i in labels], "suggested_label": [names[i] for i in probs.argmax(1)],
+        "score": np.round(quality, 6), "given_probability": np.round(probs[np.arange(len(labels)), labels], 6),
+        "fold": folds if folds is not None else pd.array([pd.NA] * len(rows), dtype="Int64"), "flagged": flagged})
+    order = np.lexsort((scores["row"].to_numpy(), quality))  # lowest quality first; ties in row order
+    scores = scores.iloc[order].reset_index(drop=True)
+    issues = scores[scores["flagged"]].drop(columns="flagged").reset_index(drop=True)
+    dups = duplicates(data)
+    write_with(run_dir.root / DUPLICATES, lambda tmp: dups.to_csv(tmp, index=False))
+    write_with(run_dir.root / ISSUES, lambda tmp: issues.to_csv(tmp, index=False))
+    console.open_log(run_dir.log("audit"))  # (a fold's training had the log)
+    _report(issues, len(rows), dups, options, mode, loaded_path, run_dir)
+    return AuditResult(run_dir.root, issues, scores, dups, mode,
+                       {"label_issues": run_dir.root / ISSUES, "duplicates": run_dir.root / DUPLICATES,
+                        "plan": run_dir.root / PLAN})
+
+
+def _resumed_audit(resume) -> Path:
+    """The audit folder resume= names (true: the newest under outputs/audit)."""
+    if resume is True:
+        found = sorted((p.parent for p in Path("outputs/audit").glob(f"*/*/{PLAN}")), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise TformerError("resume=true: no audit under outputs/audit to continue; pass resume=<audit dir>")
+        return found[-1]
+    path = Path(str(resume)).expanduser()
+    if not (path / PLAN).is_file():
+        raise TformerError(f"resume={resume} is not an audit folder (it has no {PLAN}); pass the folder an earlier "
+                           f"`tformer audit` printed")
+    return path
+
+
+def _checkpoint_data(checkpoint: str, config, overrides):
+    """(checkpoint dir, data config, seed) of checkpoint mode: the run's own data and seed (so its train and
+    validation rows are the rows it had), unless data=<name> is given; data.<key>=value replaces a key."""
+    found = resolve_checkpoint(checkpoint)
+    if found is None:
+        raise TformerError(f"checkpoint={checkpoint} holds no checkpoint; pass a run dir or a checkpoint dir")
+    saved = ckpt.read_config(found) if found.config.is_file() else None
+    typed = {o.split("=", 1)[0] for o in overrides}
+    if saved is None or "data" in typed or not saved.get("data"):
+        return found.path, config.data, config.seed
+    keys = {k.split(".", 1)[1] for k in typed if k.startswith("data.")}
+    return found.path, data_config(saved["data"], **{k: getattr(config.data, k) for k in keys}), \
+        int(saved.get("seed", config.seed))
+
+
+def _audited_rows(data, splits: list[str]) -> pd.DataFrame:
+    missing = [s for s in splits if s not in data.splits]
+    if missing:
+        raise ConfigError(f"audit.splits: the data has no {missing[0]} split; it has {', '.join(data.splits)}")
+    parts = []
+    for split in splits:
+        ds = data.splits[split]
+        parts.append(pd.DataFrame({"split": split, "row": np.arange(len(ds)), "text": ds["text"][:],
+                                   "label": np.asarray(ds["label"][:], dtype=np.int64)}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def _fingerprint(rows: pd.DataFrame) -> str:
+    digest = hashlib.sha256()
+    for split, text, label in zip(rows["split"], rows["text"], rows["label"]):
+        digest.update(f"{split}\0{label}\0{len(text)}\0".encode())
+        digest.update(text.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def _check_plan(path: Path, plan: dict, resuming: bool) -> None:
+    if path.is_file():
+        before = json.loads(path.read_text(encoding="utf-8"))
+        changed = [k for k in plan if before.get(k) != plan[k]]
+        if changed:
+            what = "the data" if "data" in changed or "rows" in changed else ", ".join(changed)
+            raise TformerError(f"resume={path.parent}: {what} differ(s) from the audit being resumed; resume with "
+                               f"the same overrides, or start a new audit (drop resume=)")
+        return
+    if resuming:
+        raise TformerError(f"{path.parent} has no {PLAN}; start a new audit (drop resume=)")
+    write_json(path, plan)
+
+
+def fold_overrides(overrides: list[str], data_cfg, names: list[str]) -> list[str]:
+    """The train overrides of a fold: the user's model / optimizer / trainer / ... overrides, the data replaced by
+    the fold's file (data=files) with the keys that decide how texts are read kept, and no test pass."""
+    dropped = ("checkpoint", "resume", "audit", "data", "hydra")
+    kept = [o for o in overrides
+            if o.lstrip("+~").split("=", 1)[0].split(".", 1)[0].split("/", 1)[0] not in dropped]
+    reading = {"label_names": names, "truncation": data_cfg.truncation, "long_text": data_cfg.long_text,
+               "head_tokens": data_cfg.head_tokens, "chunk_overlap": data_cfg.chunk_overlap,
+               "validation_fraction": data_cfg.validation_fraction}
+    return [*kept, *[f"data.{k}={override_value(k, v)}" for k, v in reading.items() if v is not None],
+            "trainer.test_after_fit=false"]
+
+
+def assign_folds(labels: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Each row's fold, stratified by class and seeded; every class needs k rows (one in each fold)."""
+    counts = np.bincount(labels)
+    short = [int(c) for c in np.flatnonzero((counts > 0) & (counts < k))]
+    if short:
+        raise TformerError(f"audit.folds={k}: class id {short[0]} has {counts[short[0]]} row(s), fewer than the "
+                           f"folds; lower audit.folds or add rows of that class")
+    fold_of = np.empty(len(labels), dtype=np.int64)
+    for i, (_, held) in enumerate(StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
+                                  .split(np.zeros(len(labels)), labels)):
+        fold_of[held] = i
+    return fold_of
+
+
+def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
+    """(rows, classes) probabilities, each row's from the fold model that did not train on it, and each row's fold."""
+    console = output()
+    labels = rows["label"].to_numpy()
+    k = options.folds
+    fold_of = assign_folds(labels, k, config.seed)
+    probs = np.full((len(rows), len(names)), np.nan, dtype=np.float32)
+    base = fold_overrides(overrides, config.data, names)
+    hint = " ".join(["tformer audit", *[o for o in overrides if not o.startswith("resume=")],
+                     f"resume={run_dir.root}"])
+    i = 0
+    try:
+        for i in range(k):
+            held = np.flatnonzero(fold_of == i)
+            fold = RunDir(run_dir.root / f"fold_{i}")
+            done = fold.root / OUT_OF_FOLD
+            started = time.monotonic()
+            if done.is_file():
+                with np.load(done, allow_pickle=False) as saved:
+                    if not np.array_equal(saved["rows"], held):
+                        raise TformerError(f"{done} scored other rows than fold {i} holds now; start a new audit")
+                    probs[held] = saved["probs"]
+                console.print(f"fold {i + 1}/{k}: done earlier ({len(held):,} rows scored)", highlight=False)
+                continue
+            data_file = run_dir.root / "data" / f"fold_{i}_train.parquet"
+            if not data_file.is_file():
+                train_rows = rows.iloc[np.flatnonzero(fold_of != i)][["text", "label"]]
+                data_file.parent.mkdir(parents=True, exist_ok=True)
+                write_with(data_file, lambda tmp: train_rows.to_parquet(tmp, index=False))
+            args = [*base, "data=files", f"data.train_file={override_value('data', str(data_file.resolve()))}"]
+            best = fold.best.existing() if fold.finished else None
+            if best is None:
+                if resolve_resumable(fold.root) is not None:
+                    args.append(f"resume={override_value('resume', str(fold.root.resolve()))}")
+                elif fold.root.exists() and is_ours(fold.root, "run"):  # stopped before its first checkpoint
+                    shutil.rmtree(fold.root)
+                console.print(f"fold {i + 1}/{k}: training on {len(rows) - len(held):,} rows ...", highlight=False)
+                with _composable():
+                    best = resolve_checkpoint(train_overrides(args, fold.root, quiet=True).run_dir)
+            clf = Classifier.load(best.path, device=config.trainer.device)
+            fold_probs = clf.predict_proba(rows["text"].iloc[held].tolist(), batch_size=options.batch_size)
+            write_with(done, lambda tmp: _save_arrays(tmp, rows=held, probs=fold_probs))
+            probs[held] = fold_probs
+            if not options.keep_checkpoints:
+                shutil.rmtree(fold.checkpoints, ignore_errors=True)
+            data_file.unlink(missing_ok=True)
+            console.open_log(run_dir.log("audit"))  # the fold's training had the log; the audit's continues
+            accuracy = float((fold_probs.argmax(1) == labels[held]).mean())
+            console.print(f"fold {i + 1}/{k}: {len(held):,} held-out rows scored, agreement with their labels "
+                          f"{accuracy:.3f} ({time.monotonic() - started:.0f} s)", highlight=False)
+    except (Interrupted, KeyboardInterrupt):  # finished folds are whole (atomic writes): the audit continues there
+        raise Interrupted(f"audit stopped in fold {i + 1}/{k} (finished folds are kept); continue with: {hint}") \
+            from None
+    shutil.rmtree(run_dir.root / "data", ignore_errors=True)
+    return probs, fold_of
+
+
+def _save_arrays(path: Path, **arrays) -> None:
+    with open(path, "wb") as f:  # (np.savez on a path would add .npz to the temporary name)
+        np.savez(f, **arrays)
+
+
+@contextmanager
+def _composable():
+    """Hydra's compose API (what runs/in_process.py composes a fold's config with) inside the running `tformer
+    audit` job: Hydra allows one initialised instance, so the job's is set aside while a fold composes, then put
+    back."""
+    held = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    GlobalHydra.instance().clear()
+    try:
+        yield
+    finally:
+        GlobalHydra.instance().clear()
+        if held is not None:
+            GlobalHydra.instance().initialize(held)
+
+
+def _checkpoint_probs(path, rows, names, options, config):
+    clf = Classifier.load(path, device=config.trainer.device)
+    if list(clf.labels) != list(names):
+        raise TformerError(f"the data's labels {names[:5]} differ from the checkpoint's {clf.labels[:5]}; audit "
+                           f"the dataset the model was trained on, or use audit.folds=k without checkpoint=")
+    output().print(f"[yellow]note:[/] probabilities of {markup(path)} on rows it may have trained on: a model agrees "
+                   f"with labels it memorised, so errors among its training rows are under-reported; for an honest "
+                   f"audit drop checkpoint= (k-fold, out-of-fold probabilities)", highlight=False)
+    return clf.predict_proba(rows["text"].tolist(), batch_size=options.batch_size)
+
+
+def duplicates(data) -> pd.DataFrame:
+    """Every text that has a copy (exact, or the same up to case, spacing and Unicode form: data/sanity.py's
+    rule), within a split or across splits, one row each, grouped. Groups that cross splits (a test text that is
+    also a train text: leakage) and groups whose copies carry different labels (one of them is wrong) come first."""
+    groups = defaultdict(list)
+    names = list(data.label_names)
+    for split, ds in data.splits.items():
+        for row, (text, label) in enumerate(zip(ds["text"][:], ds["label"][:])):
+            groups[hash(sanity.normalized_text(text))].append((split, row, text, names[label]))
+    found = [g for g in groups.values() if len(g) > 1]
+    found.sort(key=lambda g: (-len({m[0] for m in g}), -len({m[3] for m in g}), -len(g), g[0][0], g[0][1]))
+    out = [{"group": n, "kind": "exact" if len({m[2] for m in g}) == 1 else "near",
+            "across_splits": len({m[0] for m in g}) > 1, "labels_differ": len({m[3] for m in g}) > 1,
+            "split": split, "row": row, "label": label, "text": text}
+           for n, g in enumerate(found) for split, row, text, label in g]
+    columns = ["group", "kind", "across_splits", "labels_differ", "split", "row", "label", "text"]
+    return pd.DataFrame(out, columns=columns)
+
+
+def _report(issues, n_rows, dups, options, mode, checkpoint, run_dir: RunDir) -> None:
+    console = output()
+    share = 100 * len(issues) / max(n_rows, 1)
+    source = "out-of-fold probabilities" if mode == "folds" else f"probabilities of {checkpoint}"
+    if len(issues) and options.top:
+        shown = issues.head(options.top)
+        table = Table(title=rich(f"suspected label errors ({len(shown)} of {len(issues):,}, most suspicious first)"),
+                      header_style="bold")
+        table.add_column("#", justify="right")
+        table.add_column("split:row")
+        table.add_column("text", overflow="fold", max_width=70)
+        table.add_column("given")
+        table.add_column("suggested")
+        table.add_column("score", justify="right")
+        if mode == "folds":
+            table.add_column("fold", justify="right")
+        for n, r in enumerate(shown.itertuples(index=False), 1):
+            text = r.text if len(r.text) <= SHOWN_CHARS else r.text[:SHOWN_CHARS - 3] + "..."
+            cells = [str(n), f"{r.split}:{r.row}", rich(text), rich(r.given_label), rich(r.suggested_label),
+                     f"{r.score:.3f}"]
+            table.add_row(*cells, *([str(int(r.fold))] if mode == "folds" else []))
+        console.print(table)
+    console.print(f"[bold]label issues[/] {len(issues):,} of {n_rows:,} rows ({share:.1f}%) flagged by cleanlab "
+                  f"({options.filter_by}, from {markup(source)}); all in {markup(run_dir.root / ISSUES)}",
+                  highlight=False)
+    if len(dups):
+        g = dups.groupby("group").agg(across=("across_splits", "first"), differ=("labels_differ", "first"))
+        console.print(f"[bold]duplicates[/] {len(g):,} groups of copies ({len(dups):,} rows): "
+                      f"{int(g['across'].sum()):,} across splits (leakage), {int(g['differ'].sum()):,} with different "
+                      f"labels; {markup(run_dir.root / DUPLICATES)}", highlight=False)
+    else:
+        console.print("[bold]duplicates[/] none: no text appears twice (exact or up to case, spacing and Unicode "
+                      "form)", highlight=False)
+
+
+def audit(overrides=(), *, run_dir: str | Path | None = None, data=None, quiet: bool = True) -> AuditResult:
+    """`tformer audit` from Python: the same overrides (a list of key=value strings or a dict); data= a DataFrame
+    (text, label columns), a dict of columns or a (texts, labels) pair to audit instead of a configured dataset."""
+    overrides = as_overrides(overrides)
+    if not isinstance(quiet, bool):
+        raise ArgumentTypeError(f"quiet={quiet!r:.80} must be True or False")
+    overrides += in_memory_data(overrides, {"train": data, "validation": None, "test": None})
+    _cleanlab()
+    tree = compose_tree("audit", overrides)
+    if run_dir is None:
+        stamp = time.strftime("%Y-%m-%d/%H-%M-%S") + f"-{time.time_ns() // 1000 % 1_000_000:06d}"
+        run_dir = Path("outputs") / "audit" / stamp
+    start = RunDir(Path(run_dir).resolve())
+    new_run_dir(start.root, "audit", bool_or_path(tree.get("resume"), "resume"), key="run_dir")
+    screen = output().screen
+    was_quiet, screen.quiet = screen.quiet, screen.quiet or quiet
+    try:
+        return run_audit(tree, overrides, start)
+    except BaseException:
+        output().close_log()
+        start.discard_if_empty()
+        raise
+    finally:
+        screen.quiet = was_quiet

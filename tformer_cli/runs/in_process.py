@@ -1,0 +1,64 @@
+"""A training run started from Python rather than by Hydra's command line: `tformer_cli.train()` (api.py) and each
+fold of `tformer audit` (runs/audit.py). The overrides are composed by Hydra's compose API with the configs
+`tformer train` uses, into a run directory of its own (default outputs/train/<date>/<time>), never over another
+run's."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..classifier import Classifier
+from ..console import output
+from ..hydra_setup import compose_tree
+from ..store.layout import RunDir
+from ..store.ownership import new_run_dir
+from .classify import configure
+from .classify import train as train_run
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    best_checkpoint: Path
+    monitor: str  # the metric early stopping watched (trainer.early_stopping.monitor)
+    best_value: float  # its best value: what a sweeper would optimise
+    history: list[dict]  # per-epoch metrics
+    test_metrics: dict | None  # the best checkpoint on the test split (None with trainer.test_after_fit=false)
+
+    def classifier(self, device: str = "auto") -> Classifier:
+        """The best checkpoint, ready to predict."""
+        return Classifier.load(self.best_checkpoint, device=device)
+
+
+def train_overrides(overrides: list[str], run_dir: str | Path | None = None, quiet: bool = False) -> TrainResult:
+    """Train (or with `resume=...` continue) the run of these key=value overrides; quiet=True prints nothing (the
+    run's train.log still has everything). An error leaves no empty run dir and the log closed."""
+    screen = output().screen
+    was_quiet, screen.quiet = screen.quiet, screen.quiet or quiet
+    try:
+        return _train(overrides, run_dir)
+    finally:
+        screen.quiet = was_quiet
+
+
+def _train(overrides: list[str], run_dir: str | Path | None) -> TrainResult:
+    config, tree = configure(compose_tree("train", overrides))
+    if run_dir is None:
+        stamp = time.strftime("%Y-%m-%d/%H-%M-%S") + f"-{time.time_ns() // 1000 % 1_000_000:06d}"
+        run_dir = Path("outputs") / "train" / stamp
+    start = RunDir(Path(run_dir).resolve())
+    new_run_dir(start.root, "train", config.resume, key="run_dir")  # never over another run
+    try:
+        done = train_run(config, start, tree, overrides)
+    except BaseException:
+        output().close_log()  # an error leaves the run log closed, not collecting the caller's later output
+        start.discard_if_empty()
+        raise
+    run = done.run_dir
+    if run.root != start.root:  # resumed into the run's own directory
+        start.discard_if_empty()
+    return TrainResult(run_dir=run.root, best_checkpoint=run.best.path, monitor=config.trainer.early_stopping.monitor,
+                       best_value=done.best_value, history=json.loads(run.history.read_text()),
+                       test_metrics=json.loads(run.test_metrics.read_text()) if run.test_metrics.is_file() else None)
