@@ -3,7 +3,7 @@ own `train_step` as `tformer train` runs it) against the family's own `transform
 (`AutoModelForSequenceClassification`), on identical batches, in the same process, at the same precision.
 
     python benchmarks/families_speed.py [--families bert,roberta,...] [--steps 10] [--batch 16] [--max-len 128]
-                                        [--hidden 256] [--layers 4]
+                                        [--hidden 256] [--layers 4] [--precision auto|bf16|fp32]
 
 Both sides start from the same random-initialised weights of one small config per family (written with
 `save_pretrained`, so no download is needed; speed depends on the shapes, not on the trained values): hidden
@@ -147,11 +147,12 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=128)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"), help="as trainer.precision")
     args = ap.parse_args()
     device = pick_device("auto")
     own_host_allocator()  # as the CLI does
     allocator = keep_freed_host_memory(device)
-    precision = pick_precision("auto", device)
+    precision = pick_precision(args.precision, device)
     specs = configs(args.hidden, args.layers, args.max_len)
     print(f"fine-tuning step per family: batch {args.batch}, lengths {args.max_len // 4}..{args.max_len}, hidden "
           f"{args.hidden}, {args.layers} layers, device {device}, precision {precision.name}, threads "
