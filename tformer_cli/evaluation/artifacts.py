@@ -17,6 +17,16 @@ from ..store.atomic import write_json, write_with
 from . import calibration
 
 
+
+def save_png(fig, path: Path, dpi: int) -> Path:
+    """Lay the figure out, write it atomically as `path`, and free it (pyplot keeps every open figure)."""
+    fig.tight_layout()
+    try:
+        write_with(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+    finally:
+        plt.close(fig)
+    return path
+
 def confusion_matrix_png(path: Path, matrix, label_names: list[str], normalize: bool, title: str) -> Path:
     matplotlib.use("Agg")
     label_names = [mathtext(n) for n in label_names]
@@ -44,12 +54,7 @@ def confusion_matrix_png(path: Path, matrix, label_names: list[str], normalize: 
                 ax.text(j, i, shown, ha="center", va="center",
                         fontsize=7 if k > 10 else 9, color="white" if m[i, j] > threshold else "black")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    fig.tight_layout()
-    try:
-        write_with(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    finally:
-        plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=120)
 
 
 def training_curves_png(path: Path, history: list[dict], best_epoch: int | None = None, metric: str = "",
@@ -72,12 +77,7 @@ def training_curves_png(path: Path, history: list[dict], best_epoch: int | None 
             ax.axvline(best_epoch, color="gray", linestyle="--", linewidth=1, label=f"best (epoch {best_epoch})")
     a.legend()
     b.legend()
-    fig.tight_layout()
-    try:
-        write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    finally:
-        plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=110)
 
 
 def reliability_diagram_png(path: Path, raw_probs, calibrated_probs, labels, multi_label: bool, title: str,
@@ -107,12 +107,7 @@ def reliability_diagram_png(path: Path, raw_probs, calibrated_probs, labels, mul
     top.legend(fontsize=8, loc="upper left")
     bottom.set_xlabel(what)
     bottom.set_ylabel("count")
-    fig.tight_layout()
-    try:
-        write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    finally:
-        plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=110)
 
 
 def report_paths(out_dir: Path) -> dict[str, Path]:
