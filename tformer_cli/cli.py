@@ -18,12 +18,13 @@ from .errors import Refused, TformerError, hydra_error_line
 from .safe_text import terminal
 from .yesno import parse_bool
 
-USAGE = """usage: tformer {train,evaluate,predict,pretrain,audit,suggest,export,serve,push,report} [overrides ...]
+USAGE = """usage: tformer {train,evaluate,predict,pretrain,distill,audit,suggest,export,serve,push,report} [overrides ...]
 
   tformer train [key=value ...]           train (Hydra overrides; -m for a multirun sweep)
   tformer pretrain [key=value ...]        masked-LM pretraining on unlabeled text; then train model.init=RUN_DIR
   tformer evaluate [checkpoint=PATH ...]  metrics of a checkpoint on a split (default: newest run, test split)
   tformer predict "text" [...]            label texts with a checkpoint (see tformer predict --help)
+  tformer distill teacher=RUN_DIR [...]   a fast student trained on a teacher's probabilities (+ unlabeled texts)
   tformer audit [key=value ...]           likely label errors (k-fold, cleanlab) and duplicate texts of a dataset
   tformer suggest file=PATH n=N           the unlabelled texts most worth labelling next, as a CSV to fill in
   tformer export [checkpoint=PATH]        the checkpoint as ONNX, checked against PyTorch (predict --runtime onnx)
@@ -43,6 +44,7 @@ COMMANDS = {
     "evaluate": ("evaluate", "run", "hydra"),
     "predict": ("predict", "main", "argv"),
     "pretrain": ("pretrain", "run", "hydra"),
+    "distill": ("distill", "run", "hydra"),
     "audit": ("audit", "run", "hydra"),
     "suggest": ("suggest", "main", "argv"),
     "report": ("report", "main", "argv"),
@@ -51,7 +53,7 @@ COMMANDS = {
     "push": ("push", "main", "argv"),
 }
 # `--help`: every key, its value and its YAML comment (commands/help.py)
-KEY_HELP = ("train", "evaluate", "pretrain", "audit")
+KEY_HELP = ("train", "evaluate", "pretrain", "distill", "audit")
 
 
 def _fail(exc: BaseException) -> None:

@@ -284,6 +284,66 @@ def _raw_splits(cfg: DataConfig) -> tuple[dict, list[str] | None, str, dict]:
             {s: str(p) for s, p in files.items()})
 
 
+def read_texts(path: Path, columns: list[str] = ("text",), separator: str = " ", key: str = "mlm.extra_files"
+               ) -> list[str]:
+    """The texts of a parquet / csv / tsv / json / jsonl file: its `columns` joined with `separator` (texts with no
+    visible character dropped). Unlabeled text for `tformer pretrain` (mlm.extra_files) and `tformer distill`."""
+    if not path.is_file() or path.suffix.lower() not in FORMATS:
+        raise TformerError(f"{key}: {path} is not a readable {'/'.join(FORMATS)} file")
+    ds = load_files({"unlabeled": path}, text_columns=list(columns))["unlabeled"]
+    return _joined_texts(ds, list(columns), separator, str(path))
+
+
+def _joined_texts(ds, columns: list[str], separator: str, where: str) -> list[str]:
+    missing = [c for c in columns if c not in ds.column_names]
+    if missing:
+        raise TformerError(f"{where} has no {missing[0]!r} column (it has {', '.join(ds.column_names)}); set "
+                           f"data.text_column")
+    rows = zip(*(_column(ds, c) for c in columns))
+    texts = [separator.join(str(v) for v in vals if v is not None and str(v).strip()) for vals in rows]
+    return [t for t in texts if has_visible(t)]
+
+
+UNLABELED_KEY = "distill.unlabeled"
+
+
+def unlabeled_texts(cfg: DataConfig, entry: str) -> tuple[list[str], str]:
+    """(texts, where they came from) of one `distill.unlabeled` entry: a file, or a split of the dataset that has no
+    labels (IMDB's `unsupervised`), read from the dataset's local folder, else from the Hub. The data config's text
+    column(s) and data.remove apply, as to its labelled texts; texts with no visible character are dropped."""
+    path = Path(os.path.expanduser(str(entry)))
+    folder = None if cfg.name in LOADERS else resolve_dir(cfg)
+    if path.suffix.lower() in FORMATS or path.is_file():
+        located = _located(entry, folder)
+        if not located.is_file():
+            raise TformerError(f"distill.unlabeled: {located} does not exist; give a file (parquet, csv, tsv, json, "
+                               f"jsonl) or the name of a split of data={cfg.name}")
+        texts, where = read_texts(located, _text_columns(cfg), cfg.text_separator, UNLABELED_KEY), str(located)
+    elif folder is not None:
+        found = next((folder / f"{entry}{ext}" for ext in FORMATS if (folder / f"{entry}{ext}").is_file()), None)
+        if found is None:
+            raise TformerError(f"distill.unlabeled={entry}: no {entry}.parquet (or .csv, .tsv, .json, .jsonl) in "
+                               f"{folder}; give a file or a split name the folder has")
+        texts, where = read_texts(found, _text_columns(cfg), cfg.text_separator, UNLABELED_KEY), str(found)
+    elif cfg.hub_id and cfg.name not in LOADERS:
+        hub.offline()
+        try:
+            ds = datasets.load_dataset(str(cfg.hub_id), cfg.hub_config, split=str(entry))
+        except Exception as exc:
+            raise TformerError(f"could not load split {entry!r} of {cfg.hub_id} from the Hugging Face Hub "
+                               f"({hub.why_unavailable()}: {type(exc).__name__}); download it and pass "
+                               f"distill.unlabeled=<file>") from exc
+        column = cfg.hub_text_column or cfg.text_column
+        columns = [column] if isinstance(column, str) else list(column)
+        texts, where = _joined_texts(ds, columns, cfg.text_separator, f"{cfg.hub_id} {entry}"), f"hub:{cfg.hub_id}:{entry}"
+    else:
+        raise TformerError(f"distill.unlabeled={entry} is neither a file nor a split of data={cfg.name} (which has no "
+                           f"folder or Hub copy to hold one); give a file")
+    if cfg.remove:
+        texts = [t for t in (clean(t, list(cfg.remove)) for t in texts) if has_visible(t)]
+    return texts, where
+
+
 def _from_hub(source: str) -> bool:
     return source.startswith("hub:")
 

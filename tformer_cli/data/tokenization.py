@@ -451,6 +451,22 @@ class TokenizedSplit:
         return cls(values, offsets, lab, None if single else torch.as_tensor(docs, dtype=torch.int64))
 
     @classmethod
+    def concat(cls, parts: list["TokenizedSplit"]) -> "TokenizedSplit":
+        """The parts' sequences one after the other, their documents numbered on (a distillation's labelled train
+        split, then its unlabeled texts)."""
+        import torch  # deferred: predict --runtime onnx imports this module and never loads torch
+
+        offsets, docs, start, first_doc = [torch.zeros(1, dtype=torch.int64)], [], 0, 0
+        for part in parts:
+            offsets.append(part.offsets[1:] + start)
+            start += int(part.offsets[-1])
+            docs.append((part.docs if part.docs is not None else torch.arange(len(part))) + first_doc)
+            first_doc += part.n_docs
+        single = all(part.docs is None for part in parts)
+        return cls(torch.cat([p.values for p in parts]), torch.cat(offsets), torch.cat([p.labels for p in parts]),
+                   None if single else torch.cat(docs))
+
+    @classmethod
     def from_windows(cls, windows: list[list[tuple]]) -> "TokenizedSplit":
         """From `encode_batch`'s output: every window of every text, with its text as its document."""
         return cls.from_ids([ids for ws in windows for ids, _ in ws],

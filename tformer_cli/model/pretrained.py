@@ -100,8 +100,15 @@ def load(cfg: EmbeddingInitConfig, d_model: int) -> PretrainedEmbeddings:
         if not keys:
             raise TformerError(f"{folder / 'model.safetensors'} has no word_embeddings table; is it a BERT-family model?")
         weight = f.get_tensor(keys[0]).float()
-    weight = weight * (d_model ** -0.5 / weight.std())
-    return PretrainedEmbeddings(weight, folder / "tokenizer.json", str(folder))
+    return table(weight, folder / "tokenizer.json", str(folder), d_model)
+
+
+def table(weight: torch.Tensor, tokenizer_file: Path, source: str, d_model: int) -> PretrainedEmbeddings:
+    """A pretrained token table for a new encoder of width d_model, scaled to std d_model^-0.5 (times the encoder's
+    sqrt(d_model): unit scale, like the sinusoidal positions it is added to). The same rule for embedding_init's
+    tables and a distillation teacher's."""
+    weight = weight.detach().float().cpu()
+    return PretrainedEmbeddings(weight * (d_model ** -0.5 / weight.std()), Path(tokenizer_file), source)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -104,6 +104,8 @@ class Prepared:
                   if epochs else "")
         if options.init and self.embeddings_source:
             source = f"encoder from the {self.embeddings_source}"
+        elif self.embeddings_source and not (options.pretrained or config.embedding_init.pretrained):
+            source = f"embeddings from {self.embeddings_source}"  # a table prepare() was given (a teacher's)
         else:
             source = ("encoder" if options.pretrained else f"embeddings {config.embedding_init.name}") + \
                 (f" pretrained, from {self.embeddings_source}" if self.embeddings_source else "")
@@ -112,9 +114,10 @@ class Prepared:
                 + (f"; layer-wise lr decay {options.layer_lr_decay}" if options.layer_lr_decay != 1.0 else ""))
 
 
-def prepare(config: TrainConfig, resume, console, data_report=None) -> Prepared:
+def prepare(config: TrainConfig, resume, console, data_report=None, table=None) -> Prepared:
     """Data (checked by data/sanity.py, its report saved at `data_report` unless None), tokenizer (the run's own
-    when resuming) and model (built, or the checkpoint's, checked on load)."""
+    when resuming) and model (built, or the checkpoint's, checked on load). table: a token table and its tokenizer
+    (pretrained.PretrainedEmbeddings) to start from instead of embedding_init's (a distillation teacher's)."""
     data = sources.load(config.data, seed=config.seed)
     console.print(f"[bold]data[/] {markup(config.data.name)} from {markup(data.source)}: " + ", ".join(
         f"{s} {len(ds):,}" for s, ds in data.splits.items()) + f"; {len(data.label_names)} classes")
@@ -135,7 +138,7 @@ def prepare(config: TrainConfig, resume, console, data_report=None) -> Prepared:
         encoder = pretrained.load_encoder(options.pretrained, options.pretrained_package, max_len)
         tok = tokenization.load_tokenizer(encoder.tokenizer_file, max_len)
     else:
-        tok, pre = build_tokenizer_and_embeddings(config, data.splits["train"]["text"])
+        tok, pre = build_tokenizer_and_embeddings(config, data.splits["train"]["text"], table)
         if pre is None:  # learned from the texts: under DDP, rank 0's (WordPiece training is not reproducible
             tok = distributed.same_tokenizer(tok, max_len)  # across processes when merges tie)
     if fit_later:  # model.max_len=auto, fitted with the tokenizer just built (training/recipe.py)
@@ -212,16 +215,21 @@ def _from_pretraining(config: TrainConfig, init, data, tok, tokenized, fingerpri
     return Prepared(data, tok, tokenized, model, model_cfg, source, fingerprint)
 
 
-def build_tokenizer_and_embeddings(config: TrainConfig, train_texts):
-    """(tokenizer, pretrained weight or None) for the chosen embedding_init."""
+def build_tokenizer_and_embeddings(config: TrainConfig, train_texts, table=None):
+    """(tokenizer, pretrained weight or None) for the chosen embedding_init, or for `table` when given."""
     emb, max_len = config.embedding_init, int(config.model["max_len"])
+    if table is not None:
+        return tokenization.load_tokenizer(table.tokenizer_file, max_len), table
     if not emb.pretrained:
         return tokenization.train_wordpiece(train_texts, int(emb.vocab_size), max_len), None
     pre = pretrained.load(emb, int(config.model["d_model"]))
     return tokenization.load_tokenizer(pre.tokenizer_file, max_len), pre
 
 
-def build_run(session: Session, prepared: Prepared) -> Run:
+def build_run(session: Session, prepared: Prepared, objective=None, train: TokenizedSplit | None = None,
+              meta: dict | None = None) -> Run:
+    """The loop's Run of a classifier: classification on the train split, unless a job gives its own objective
+    and train split (distillation: the teacher's logits, and unlabeled texts too) and `meta` for its checkpoints."""
     config, run_dir, resume = session.config, session.run_dir, session.resume
     config_yaml = OmegaConf.to_yaml(OmegaConf.create(session.tree))
     tokenizer_json = prepared.tokenizer.to_str()
@@ -232,6 +240,7 @@ def build_run(session: Session, prepared: Prepared) -> Run:
                         tokenizer_json=tokenizer_json, label_names=label_names, config_yaml=config_yaml,
                         metrics=metrics, meta={"epoch": metrics.get("epoch"), "step": metrics.get("step"),
                                                "data": prepared.data_fingerprint, **config.long_text.to_meta(),
+                                               **(meta or {}),
                                                **({"thresholds": metrics.get("thresholds")}
                                                   if prepared.model_cfg.multi_label else {})},
                         training_state=training_state)
@@ -239,11 +248,11 @@ def build_run(session: Session, prepared: Prepared) -> Run:
     metrics_log = JsonLines(run_dir.metrics_log)
     if resume is not None:
         metrics_log.truncate_after(resume.step)  # what came after the checkpoint is trained (and logged) again
-    weight = class_weights(prepared.tokenized["train"].labels, len(label_names), config.loss.class_weights)
     freeze_epochs, freeze_layers = freeze_plan(config)
-    objective = Classification(label_names, weight.to(session.device) if weight is not None else None,
-                               config.loss.label_smoothing)
-    return Run(model=prepared.model, train=prepared.tokenized["train"], validation=prepared.tokenized["validation"],
+    if objective is None:
+        objective = Classification(label_names, class_weights_of(session, prepared), config.loss.label_smoothing)
+    return Run(model=prepared.model, train=train or prepared.tokenized["train"],
+               validation=prepared.tokenized["validation"],
                objective=objective, pad_id=prepared.pad_id, device=session.device, precision=session.precision,
                trainer=config.trainer, optimizer=config.optimizer, schedule=config.schedule, save_checkpoint=save,
                freeze_epochs=freeze_epochs, freeze_layers=freeze_layers,
@@ -310,6 +319,13 @@ def calibrate(session: Session) -> checkpoint.Loaded:
     console.print(f"calibration: temperature {calibration.describe(temperature)}{edge}; validation ECE {before:.4f} -> "
                   f"{after:.4f} (saved in {markup(run_dir.best)})", highlight=False)
     return checkpoint.load(run_dir.best, session.device)
+
+
+def class_weights_of(session: Session, prepared: Prepared) -> torch.Tensor | None:
+    """loss.class_weights of the labelled train split, on the run's device (None: unweighted)."""
+    weight = class_weights(prepared.tokenized["train"].labels, len(prepared.data.label_names),
+                           session.config.loss.class_weights)
+    return weight.to(session.device) if weight is not None else None
 
 
 def class_weights(labels, num_classes: int, mode: str | None):

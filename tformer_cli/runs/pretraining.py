@@ -15,7 +15,6 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-import datasets
 import torch
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer
@@ -171,7 +170,7 @@ def pretraining_texts(config, options: MlmOptions, console) -> tuple[list[str], 
     if options.use_unsupervised and folder is not None and (folder / "unsupervised.parquet").is_file():
         extra.append(folder / "unsupervised.parquet")
     for path in extra:
-        train += read_texts(path)
+        train += sources.read_texts(path)
     if options.max_texts is not None and len(train) > options.max_texts:
         train = random.Random(config.seed).sample(train, options.max_texts)
     train = [t for t in train if t and t.strip()]
@@ -179,18 +178,6 @@ def pretraining_texts(config, options: MlmOptions, console) -> tuple[list[str], 
                   + "".join(f" + {markup(p.name)}" for p in extra) + f"), {len(validation):,} to validate on",
                   highlight=False)
     return train, validation
-
-
-def read_texts(path: Path) -> list[str]:
-    """The `text` column of a parquet / csv / tsv / json / jsonl file."""
-    kinds = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
-    if not path.is_file() or path.suffix not in kinds:
-        raise TformerError(f"mlm.extra_files: {path} is not a readable {'/'.join(kinds)} file")
-    extra = {"delimiter": "\t"} if path.suffix == ".tsv" else {}
-    ds = datasets.load_dataset(kinds[path.suffix], data_files=str(path), split="train", **extra)
-    if "text" not in ds.column_names:
-        raise TformerError(f"{path} has no `text` column (it has {', '.join(ds.column_names)})")
-    return [t for t in ds["text"] if isinstance(t, str)]
 
 
 def mlm_tokens(tok) -> tuple[int, list[int]]:

@@ -23,10 +23,10 @@ def find_resumable(resume, task: str, outputs_dir: str | Path = "outputs") -> Ch
     """resume=true: the newest unfinished run's last checkpoint (of this task: train or pretrain);
     resume=<run dir or checkpoint dir>: that one."""
     pretraining = task == "pretrain"
-    what = "pretraining run" if pretraining else "run"
+    what = {"pretrain": "pretraining run", "distill": "distillation run"}.get(task, "run")
     if resume is True:  # (resume=true/yes/...: parsed by TrainConfig, yesno.bool_or_path)
         found = [c for c in newest_checkpoints(outputs_dir, "last", pretraining=pretraining)
-                 if c.has_training_state() and not RunDir.of_checkpoint(c).finished]
+                 if c.has_training_state() and not RunDir.of_checkpoint(c).finished and c.task() == task]
         if not found:
             raise TformerError(f"resume=true but no unfinished {what} with a last checkpoint under {outputs_dir}/ "
                                f"(finished runs are never resumed implicitly; a run killed before its first "
@@ -42,8 +42,8 @@ def find_resumable(resume, task: str, outputs_dir: str | Path = "outputs") -> Ch
     if found is None:
         raise TformerError(f"resume={resume}: no last checkpoint with training state there; pass the run directory "
                            f"(outputs/{task}/<date>/<time>)")
-    if found.is_pretraining() != pretraining:
-        other = "pretrain" if found.is_pretraining() else "train"
+    if found.task() != task:
+        other = found.task()
         raise TformerError(f"resume={resume}: that is a `tformer {other}` run; continue it with tformer {other} "
                            f"... resume={resume}")
     return found

@@ -61,6 +61,7 @@ def old_sibling(path: Path) -> Path:
 
 
 PRETRAINING = "masked-lm"  # meta.json "kind" of a `tformer pretrain` checkpoint (classifiers have none)
+DISTILLED_FROM = "distilled_from"  # meta.json key of a `tformer distill` checkpoint: its teacher checkpoint
 
 
 class CheckpointDir:
@@ -94,6 +95,17 @@ class CheckpointDir:
             return json.loads(read_small(self.meta)).get("kind") == PRETRAINING
         except (OSError, ValueError, AttributeError):
             return False
+
+    def task(self) -> str:
+        """The command that trains this kind of checkpoint (pretrain, distill or train), by its meta.json: what
+        resume= continues it with."""
+        try:
+            meta = json.loads(read_small(self.meta))
+        except (OSError, ValueError):
+            return "train"
+        if not isinstance(meta, dict):
+            return "train"
+        return "pretrain" if meta.get("kind") == PRETRAINING else "distill" if meta.get(DISTILLED_FROM) else "train"
 
     def early_stopping(self) -> tuple[str, str]:
         """(monitor, mode) of the run's early stopping, from its saved config; (val_accuracy, max) if unreadable.
@@ -167,7 +179,7 @@ class RunDir:
     wandb = property(lambda self: self.root / "wandb")  # logger=wandb: W&B's own folder (offline runs to sync)
 
     # what a run dir holds before any result
-    BOOKKEEPING = (".hydra", ".lock", "train.log", "evaluate.log", "pretrain.log", MARKER)
+    BOOKKEEPING = (".hydra", ".lock", "train.log", "evaluate.log", "pretrain.log", "distill.log", MARKER)
 
     def discard_if_empty(self) -> bool:
         """Remove this run dir if it holds nothing but bookkeeping (a refused or failed command's folder, or the
@@ -305,6 +317,25 @@ class SweepDir:
         found = [p for p in self.root.iterdir() if RunDir(p).hydra_record.is_dir()] if self.root.is_dir() else []
         number = lambda p: int(p.name.split("_")[0]) if p.name.split("_")[0].isdigit() else 1 << 30
         return sorted(found, key=lambda p: (number(p), p.name))
+
+
+class TeacherCache:
+    """A distillation teacher's logits over a list of texts (runs/distill.py), kept under outputs/teacher_cache/
+    <key>/ where the key names the teacher's weights, how it reads texts and the texts: every student distilled
+    from the same teacher on the same texts (a sweep's jobs, a resumed run) reads them instead of running the
+    teacher again. Written a shard of texts at a time, each shard a file of its own, so an interrupted pass keeps
+    what it finished."""
+
+    def __init__(self, root: str | Path, key: str):
+        self.path = Path(root) / key
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    info = property(lambda self: self.path / "cache.json")  # what the logits are of (teacher, texts, classes)
+
+    def shard(self, k: int) -> Path:
+        return self.path / f"logits-{k:05d}.safetensors"
 
 
 def in_memory_data(content_hash: str, split: str, outputs: str | Path = "outputs") -> Path:

@@ -1,0 +1,236 @@
+"""`tformer distill`: the loss is Hinton et al.'s formula, a student learns its teacher's answers, the teacher's
+logits are computed once and kept (reused, invalidated when the teacher changes, kept shard by shard when a pass is
+interrupted), an interrupted run resumes to the same student, and the student is an ordinary checkpoint."""
+import json
+import math
+import os
+import random
+import shutil
+import signal
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import TINY_TRAINING, compose_config, run_tformer, tiny
+from tformer_cli import Classifier, TformerError, train
+from tformer_cli.data.tokenization import TokenizedSplit
+from tformer_cli.errors import ConfigError
+from tformer_cli.runs import distill as distill_module
+from tformer_cli.runs.distill import distill
+from tformer_cli.store import checkpoint
+from tformer_cli.store.layout import RunDir
+from tformer_cli.training.objectives import Distillation, distillation_loss
+from tformer_cli.typed_config import plain
+
+TOPICS = {"sports": "goal match team score player coach league stadium referee striker".split(),
+          "cooking": "recipe oven flour sugar bake kitchen pan butter dough whisk".split(),
+          "space": "orbit rocket planet star galaxy comet moon launch astronaut telescope".split()}
+# a student: tiny, fp32, trained on its teacher alone (alpha 1) long enough to learn it; `last` is its final state
+STUDENT = tiny("model=tiny", "trainer.epochs=6", "distill.alpha=1.0", "trainer.early_stopping.patience=0",
+               base=TINY_TRAINING)
+
+
+def topic_rows(n: int, seed: int) -> pd.DataFrame:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = list(TOPICS)[i % 3]
+        words = [rng.choice(TOPICS[label]) for _ in range(6)] + [rng.choice(TOPICS[rng.choice(list(TOPICS))])]
+        rows.append({"text": " ".join(rng.sample(words, len(words))), "label": label})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def topic_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("topics")
+    topic_rows(240, 0).to_csv(folder / "train.csv", index=False)
+    topic_rows(60, 1).to_csv(folder / "test.csv", index=False)
+    unlabeled = topic_rows(90, 2)[["text"]]
+    test_copies = pd.read_csv(folder / "test.csv")[["text"]].head(5)  # copies of test texts: dropped
+    pd.concat([unlabeled, test_copies]).to_csv(folder / "unlabeled.csv", index=False)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def teacher(topic_files, tmp_path_factory):
+    """A tiny classifier trained on the topic texts: confident, mostly right (the students' teacher)."""
+    return train(tiny("trainer.epochs=4", "data=files", f"data.train_file={topic_files / 'train.csv'}",
+                      f"data.test_file={topic_files / 'test.csv'}", base=TINY_TRAINING),
+                 run_dir=tmp_path_factory.mktemp("teacher") / "run", quiet=True)
+
+
+def run_distill(tmp_path, name: str, *overrides: str, cache=None) -> RunDir:
+    run = RunDir(tmp_path / name)
+    args = [*STUDENT, *overrides, f"distill.cache_dir={cache or tmp_path / 'cache'}"]
+    distill(plain(compose_config("distill", *args)), run, args)
+    return run
+
+
+def softmax(xs: list[float]) -> list[float]:
+    top = max(xs)
+    e = [math.exp(x - top) for x in xs]
+    return [v / sum(e) for v in e]
+
+
+def test_the_loss_is_the_textbook_formula_on_a_hand_made_batch():
+    """alpha * T^2 * KL(softmax(t/T) || softmax(s/T)) + (1 - alpha) * cross-entropy where there is a label, per row,
+    averaged over the rows: written out in plain floats."""
+    student = torch.tensor([[2.0, 0.5, -1.0], [0.0, 1.0, 0.0], [-0.5, 0.3, 1.2]])
+    teacher = torch.tensor([[1.0, 0.0, -0.5], [0.2, 2.0, -1.0], [0.0, 0.0, 3.0]])
+    labels, labelled = torch.tensor([0, 1, -1]), torch.tensor([True, True, False])  # row 3 has no label
+    T, alpha = 2.0, 0.3
+    expected = 0.0
+    for i in range(3):
+        p = softmax([x / T for x in teacher[i].tolist()])
+        q = softmax([x / T for x in student[i].tolist()])
+        row = alpha * T * T * sum(pc * math.log(pc / qc) for pc, qc in zip(p, q))
+        if labelled[i]:
+            row += (1 - alpha) * -math.log(softmax(student[i].tolist())[int(labels[i])])
+        expected += row / 3
+    got = distillation_loss(student, teacher, labels, labelled, temperature=T, alpha=alpha)
+    assert got.item() == pytest.approx(expected, rel=1e-5)
+    # a student that answers as its teacher does has no soft loss; alpha 1 ignores the labels
+    assert distillation_loss(teacher, teacher, labels, labelled, temperature=T, alpha=1.0).item() == pytest.approx(0, abs=1e-6)
+    # multi-label: each label's yes/no, averaged over labels
+    y = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    p, q = torch.sigmoid(teacher / T), torch.sigmoid(student / T)
+    bernoulli_kl = (p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()).mean(-1)
+    bce = F.binary_cross_entropy_with_logits(student, y, reduction="none").mean(-1)
+    expected = (alpha * T * T * bernoulli_kl + (1 - alpha) * bce * labelled).mean()
+    got = distillation_loss(student, teacher, y, labelled, temperature=T, alpha=alpha, multi_label=True)
+    assert got.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_splits_concatenate_with_their_documents_numbered_on():
+    a = TokenizedSplit.from_ids([[1, 2], [3], [4, 5, 6]], labels=[0, 1, 0], docs=[0, 0, 1])
+    b = TokenizedSplit.from_ids([[7], [8, 9]], labels=[-1, -1])
+    c = TokenizedSplit.concat([a, b])
+    assert c.n_docs == 4 and c.docs.tolist() == [0, 0, 1, 2, 3] and c.labels.tolist() == [0, 1, 0, -1, -1]
+    assert [c.values[c.offsets[i]:c.offsets[i + 1]].tolist() for i in range(len(c))] == \
+        [[1, 2], [3], [4, 5, 6], [7], [8, 9]]
+    assert TokenizedSplit.concat([b, b]).docs is None  # one sequence per document stays so
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["distill.alpha=1.5"], "distill.alpha=1.5 must be"),
+    (["distill.temperature=0"], "distill.temperature=0"),
+    (["distill.embeddings=mine"], "distill.embeddings=mine is not one of auto, teacher, own"),
+    ([], "tformer distill needs teacher=<run dir>"),
+    (["teacher=/nowhere/at/all"], "checkpoint /nowhere/at/all does not exist"),
+])
+def test_bad_settings_are_one_line_before_anything_runs(tmp_path, args, expected):
+    with pytest.raises(TformerError, match=expected):
+        distill(plain(compose_config("distill", *args)), RunDir(tmp_path / "run"), args)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_student_learns_its_teachers_answers_and_is_an_ordinary_checkpoint(teacher, topic_files, tmp_path):
+    """On the texts it learned from, the student gives the teacher's label; evaluate, predict and export (the
+    real commands) read it like any run."""
+    run = run_distill(tmp_path, "student", f"teacher={teacher.run_dir}", f"distill.unlabeled=[{topic_files / 'unlabeled.csv'}]")
+    log = (run.root / "distill.log").read_text()
+    assert "90 texts from" in log and "(5 copies of the data's own texts dropped)" in log
+    assert "embeddings from the teacher's token table" in log
+    texts = pd.read_csv(topic_files / "train.csv")["text"].tolist() + pd.read_csv(topic_files / "unlabeled.csv")["text"].tolist()[:90]
+    mine, theirs = Classifier.load(run.last, device="cpu"), Classifier.load(teacher.run_dir, device="cpu")
+    agree = (mine.predict_proba(texts).argmax(1) == theirs.predict_proba(texts).argmax(1)).mean()
+    assert agree >= 0.97
+    assert json.loads(run.best.meta.read_text())["distilled_from"] == str(teacher.best_checkpoint)
+    assert json.loads(run.test_metrics.read_text())["accuracy"] > 0.8
+    done = run_tformer("evaluate", f"checkpoint={run.root}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    said = run_tformer("predict", f"--checkpoint={run.root}", "--json", "rocket orbit launch", cwd=tmp_path)
+    assert said.returncode == 0 and json.loads(said.stdout)["label"] == "space", said.stderr
+    pytest.importorskip("onnxruntime")
+    exported = run_tformer("export", f"checkpoint={run.root}", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+
+
+@pytest.mark.slow
+def test_an_interrupted_distillation_resumes_to_the_same_student(teacher, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from tformer_cli.training.loop import Interrupted
+
+    settings = [f"teacher={teacher.run_dir}", "trainer.epochs=2", "trainer.batch_size=16"]
+    whole = run_distill(tmp_path, "whole", *settings)
+    real_step = Distillation.step
+
+    def step(self, opt, batch, at, share, micro_batches):
+        if at == 5:  # as a Ctrl-C in the middle of the first epoch
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(self, opt, batch, at, share, micro_batches)
+
+    monkeypatch.setattr(Distillation, "step", step)
+    stopped = RunDir(tmp_path / "stopped")
+    with pytest.raises(Interrupted, match=f"step 6.*resume with: tformer distill .*resume={stopped}"):
+        run_distill(tmp_path, "stopped", *settings)
+    monkeypatch.undo()
+    assert stopped.last.has_training_state() and not stopped.finished
+    with pytest.raises(TformerError, match="that is a `tformer distill` run; continue it with tformer distill"):
+        train([*TINY_TRAINING, f"resume={stopped}"], run_dir=tmp_path / "not_train")
+    run_distill(tmp_path, "fresh", *settings, f"resume={stopped}")
+    a, b = load_file(str(whole.last.weights)), load_file(str(stopped.last.weights))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    losses = lambda run: [(h["train_loss"], h["val_loss"]) for h in json.loads(run.history.read_text())]  # noqa: E731
+    assert losses(whole) == losses(stopped) and len(losses(whole)) == 2
+
+
+@pytest.mark.slow
+def test_the_teachers_logits_are_kept_reused_and_recomputed_for_a_changed_teacher(teacher, tmp_path, monkeypatch):
+    calls = []
+    real = distill_module.predict_logits
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3 and interrupt:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(distill_module, "predict_logits", counted)
+    monkeypatch.setattr(distill_module, "SHARD_TEXTS", 40)  # 192 train texts: 5 shards
+    interrupt = True
+    with pytest.raises(TformerError, match="interrupted while the teacher scored the texts; 80 of 192 are kept"):
+        run_distill(tmp_path, "a", f"teacher={teacher.run_dir}", "trainer.epochs=1")
+    interrupt, calls[:] = False, []
+    first = run_distill(tmp_path, "b", f"teacher={teacher.run_dir}", "trainer.epochs=1")
+    assert len(calls) == 3 and "112 texts" in (first.root / "distill.log").read_text()  # only the 3 shards not kept
+    calls.clear()
+    again = run_distill(tmp_path, "c", f"teacher={teacher.run_dir}", "trainer.epochs=1", "distill.temperature=4")
+    assert calls == [] and "logits of 192 texts read from the cache" in (again.root / "distill.log").read_text()
+    # the same teacher retrained (other weights): its logits are computed again, never read from the old cache
+    changed = RunDir(tmp_path / "teacher2")
+    loaded = checkpoint.load(teacher.best_checkpoint)
+    with torch.no_grad():
+        loaded.model.head.weight.mul_(-1.0)
+    shutil.copytree(teacher.run_dir, changed.root)
+    checkpoint.save(changed.best, loaded.model, model_config=loaded.model_config,
+                    tokenizer_json=loaded.tokenizer_file.read_text(), label_names=loaded.label_names,
+                    config_yaml=loaded.files.config.read_text(), metrics=loaded.metrics, meta=loaded.meta)
+    run_distill(tmp_path, "d", f"teacher={changed.root}", "trainer.epochs=1")
+    assert len(calls) == 5
+
+
+@pytest.mark.slow
+def test_a_teacher_of_other_classes_or_a_conflicting_table_is_refused(teacher, tmp_path):
+    with pytest.raises(TformerError, match="the teacher's classes .* are not the data's"):
+        run_distill(tmp_path, "demo", f"teacher={teacher.run_dir}", "data=demo", "data.n_train=300",
+                    "data.n_validation=100", "data.n_test=100")
+    with pytest.raises(ConfigError, match="distill.embeddings=teacher .* embedding_init=minilm gives it its own"):
+        run_distill(tmp_path, "minilm", f"teacher={teacher.run_dir}", "embedding_init=minilm",
+                    "distill.embeddings=teacher")
+    assert not (tmp_path / "minilm").exists()
+
+
+@pytest.mark.slow
+def test_imdb_unsupervised_split_is_read_by_name(shared_data):
+    from tformer_cli.data.sources import unlabeled_texts
+    from helpers import data_config
+
+    texts, where = unlabeled_texts(data_config("imdb", dir=str(shared_data / "imdb")), "unsupervised")
+    assert len(texts) == 50_000 and where.endswith("unsupervised.parquet")
+    with pytest.raises(TformerError, match="no nothing.parquet"):
+        unlabeled_texts(data_config("imdb", dir=str(shared_data / "imdb")), "nothing")

@@ -1,0 +1,295 @@
+"""The distillation job of the run engine (`tformer distill`): a student (any model preset, usually a small fast one)
+learns from a trained classifier, the teacher, in the same run directories, loop, checkpoints, Ctrl-C and `resume=`
+as `train`, and ends as an ordinary classifier checkpoint (evaluate, predict, export, serve and push read it as any).
+
+What the student learns from (training/objectives.py: `Distillation`): the teacher's probabilities, softened by a
+temperature, on every training text, mixed with the given labels where a text has one. The texts are the data's
+train split plus any unlabeled texts (distill.unlabeled: files, or a split such as IMDB's `unsupervised`), which is
+where distillation gains most: the teacher labels texts nobody labelled. Unlabeled texts that are copies of the
+data's own texts are dropped, so validation and test scores stay honest.
+
+The teacher runs once per (teacher weights, texts), reading each text as it was trained to (its own tokenizer,
+max_len and long-text reading), and its logits are kept in a cache (store/layout.py: `TeacherCache`) shared by every
+student of that teacher on those texts: a sweep over students, or a resumed run, never runs the teacher again.
+
+By default a from-scratch student reads with the teacher's tokenizer and starts from the teacher's token table
+(projected to the student's width when they differ): `distill.embeddings`.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import safetensors.torch
+import torch
+from safetensors import SafetensorError
+
+from ..data import sanity, sources, tokenization
+from ..data.tokenization import LongText, TokenizedSplit
+from ..errors import ConfigError, TformerError
+from ..console import progress
+from ..inference import predict_logits
+from ..model import pretrained
+from ..safe_text import markup
+from ..store import checkpoint
+from ..store.atomic import sha256_file, write_json, write_with
+from ..store.layout import DISTILLED_FROM, CheckpointDir, RunDir, TeacherCache, read_small
+from ..store.locate import locate
+from ..training.loop import Interrupted, Run
+from ..training.objectives import Distillation
+from ..typed_config import build
+from .classify import ClassifierJob, Prepared, build_run, class_weights_of, configure, prepare
+from .resume import find_resumable
+from .session import Session, execute
+
+EMBEDDINGS = ("auto", "teacher", "own")
+SHARD_TEXTS = 2048  # texts per cache shard: what an interrupted teacher pass can lose at most
+
+
+@dataclass
+class DistillOptions:
+    """The `distill:` keys of configs/distill.yaml (their defaults and comments live there)."""
+
+    temperature: float
+    alpha: float
+    unlabeled: list
+    max_unlabeled: int | None
+    embeddings: str
+    cache_dir: str
+    batch_size: int
+
+    RANGES = {"temperature": (0, None, "()"), "alpha": (0, 1, "[]"), "max_unlabeled": (1, None, "[)"),
+              "batch_size": (1, 1 << 20, "[]")}
+
+
+def options_of(tree: dict) -> DistillOptions:
+    options = build(DistillOptions, tree.get("distill") or {}, "distill")
+    if options.embeddings not in EMBEDDINGS:
+        raise ConfigError(f"distill.embeddings={options.embeddings} is not one of {', '.join(EMBEDDINGS)}")
+    options.unlabeled = [str(u) for u in options.unlabeled]
+    return options
+
+
+def distill(tree: dict, run_dir: RunDir, overrides=()) -> float:
+    """Distill into run_dir (or continue the run named by resume=); returns the monitored metric's best value.
+    Without data=<name> the student reads the teacher's data (its saved data config; data.<key>= still applies)."""
+    tree = copy.deepcopy(tree)
+    options = options_of(tree)
+    teacher = find_teacher(tree.get("teacher"))
+    tree["teacher"] = str(teacher.path.resolve()) if not str(tree["teacher"]).startswith("hf://") else tree["teacher"]
+    options.cache_dir = tree["distill"]["cache_dir"] = str(Path(options.cache_dir).expanduser().resolve())
+    tree = with_teacher_data(tree, list(overrides), teacher)
+    config, located = configure({k: v for k, v in tree.items() if k not in ("teacher", "distill")})
+    tree.update(located)
+    teacher_table(options, config)  # (refuses a conflict now, before any data is read)
+    resume_from = find_resumable(config.resume, "distill") if config.resume else None
+    return execute(DistillJob(options, teacher), config, tree, run_dir, overrides, resume_from).best_value
+
+
+def find_teacher(ref) -> CheckpointDir:
+    """The teacher's checkpoint: a run dir (its best), a checkpoint dir or hf://owner/name; a classifier."""
+    if not ref:
+        raise ConfigError("tformer distill needs teacher=<run dir> (a trained classifier: tformer train, or "
+                          "hf://owner/name)")
+    found = locate(str(ref))
+    if found.task() == "pretrain":
+        raise TformerError(f"teacher={ref} is a `tformer pretrain` run (a masked-LM encoder, no classes); a teacher is "
+                           f"a trained classifier: tformer train ... model.init={ref}, then distill from that run")
+    return found
+
+
+def with_teacher_data(tree: dict, overrides: list[str], teacher: CheckpointDir) -> dict:
+    """The composed tree with the teacher's data config where no data=<name> was given (data.<key>= overrides typed
+    on the command line still apply on top of it)."""
+    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides if "=" in o]
+    if "data" in keys:
+        return tree
+    saved = checkpoint.read_config(teacher) if teacher.config.is_file() else None
+    if not isinstance(saved, dict) or not isinstance(saved.get("data"), dict):
+        raise ConfigError(f"teacher {teacher} has no saved config to say which data it was trained on; pass "
+                          f"data=<name> (or data=files data.train_file=...)")
+    typed = {k.split(".", 1)[1]: tree["data"][k.split(".", 1)[1]] for k in keys
+             if k.startswith("data.") and k.split(".", 1)[1] in tree["data"]}
+    tree["data"] = {**saved["data"], **typed}
+    return tree
+
+
+def teacher_table(options: DistillOptions, config) -> bool:
+    """Whether the student starts from the teacher's tokenizer and token table (distill.embeddings): `auto` does
+    for a from-scratch student with random embeddings; a student with a pretrained encoder or table has its own."""
+    own = config.model_options.pretrained or config.model_options.init or config.embedding_init.pretrained
+    if options.embeddings == "teacher" and own:
+        what = ("model.pretrained" if config.model_options.pretrained else "model.init" if config.model_options.init
+                else f"embedding_init={config.embedding_init.name}")
+        raise ConfigError(f"distill.embeddings=teacher gives the student the teacher's tokenizer and token table, but "
+                          f"{what} gives it its own; pass distill.embeddings=own, or drop {what}")
+    return options.embeddings == "teacher" or (options.embeddings == "auto" and not own)
+
+
+class DistillJob(ClassifierJob):
+    task, resumes_sweeps = "distill", False  # (a job of a distill -m sweep is resumed by its run dir)
+
+    def __init__(self, options: DistillOptions, teacher: CheckpointDir):
+        self.options, self.teacher = options, teacher
+
+    def build(self, session: Session) -> tuple[Run, str]:
+        config, console, resume, options = session.config, session.console, session.resume, self.options
+        writes = session.dist is None or session.dist.is_main
+        table = None
+        if resume is None and teacher_table(options, config):
+            loaded = checkpoint.load(self.teacher, "cpu")
+            table = pretrained.table(loaded.model.token_embedding.weight, loaded.tokenizer_file,
+                                     f"the teacher's token table ({self.teacher})", int(config.model["d_model"]))
+        prepared = prepare(config, resume, console, session.run_dir.data_report if writes else None, table=table)
+        session.prepared = prepared
+        self.check_classes(prepared)
+        unlabeled = unlabeled_texts(config, options, prepared.data, console)
+        labelled = prepared.tokenized["train"]
+        train = labelled if not unlabeled else TokenizedSplit.concat(
+            [labelled, tokenize_unlabeled(unlabeled, prepared, config)])
+        texts = list(prepared.data.splits["train"]["text"]) + unlabeled
+        logits = teacher_logits(self.teacher, texts, Path(options.cache_dir), session.device, session.precision,
+                                options.batch_size, console)
+        has_label = torch.arange(len(texts)) < labelled.n_docs
+        objective = Distillation(prepared.data.label_names, logits, has_label, train.docs,
+                                 temperature=options.temperature, alpha=options.alpha,
+                                 multi_label=prepared.model_cfg.multi_label,
+                                 loss_weight=class_weights_of(session, prepared),
+                                 label_smoothing=config.loss.label_smoothing)
+        run = build_run(session, prepared, objective, train, meta={DISTILLED_FROM: str(self.teacher.path)})
+        return run, (f"[bold]student[/] {prepared.describe(config)}; [bold]teacher[/] {markup(self.teacher.path)} "
+                     f"(temperature {options.temperature:g}, alpha {options.alpha:g}), {labelled.n_docs:,} labelled "
+                     f"+ {len(unlabeled):,} unlabeled texts")
+
+    def check_classes(self, prepared: Prepared) -> None:
+        """The teacher must answer with the data's classes, in the same order."""
+        names = json.loads(read_small(self.teacher.labels))
+        multi = bool(json.loads(read_small(self.teacher.model_config)).get("multi_label", False))
+        if list(names) != list(prepared.data.label_names):
+            raise TformerError(f"the teacher's classes {names[:6]} are not the data's {prepared.data.label_names[:6]} "
+                               f"(same names, same order); distill on the data the teacher was trained for")
+        if multi != bool(prepared.model_cfg.multi_label):
+            raise TformerError(f"the teacher is {'multi' if multi else 'single'}-label and the data is not; pass "
+                               f"data.multi_label={str(multi).lower()}")
+
+    def report(self, session: Session, state) -> float:
+        best = super().report(session, state)
+        mine, theirs = session.run_dir.test_metrics, RunDir.of_checkpoint(self.teacher).test_metrics
+        if mine.is_file() and theirs.is_file():
+            student, teacher = (json.loads(p.read_text()).get("accuracy") for p in (mine, theirs))
+            if isinstance(student, float) and isinstance(teacher, float):
+                session.console.print(f"test accuracy: student {student:.4f}, teacher {teacher:.4f} (its run's test "
+                                      f"split; {100 * (student - teacher):+.2f} points)", highlight=False)
+        return best
+
+
+def unlabeled_texts(config, options: DistillOptions, data, console) -> list[str]:
+    """distill.unlabeled's texts (at most distill.max_unlabeled, a seeded sample), without copies of the data's
+    labelled texts: a copy of a test text would let the student learn the teacher's answer to it."""
+    if not options.unlabeled:
+        return []
+    texts, where = [], []
+    for entry in options.unlabeled:
+        found, source = sources.unlabeled_texts(config.data, entry)
+        texts += found
+        where.append(source)
+    labelled = sanity.TrainTexts(t for split in data.splits.values() for t in split["text"][:])
+    kept = [t for t in texts if labelled.kind(t) is None]
+    copies = len(texts) - len(kept)
+    if options.max_unlabeled is not None and len(kept) > options.max_unlabeled:
+        chosen = sorted(random.Random(config.seed).sample(range(len(kept)), options.max_unlabeled))
+        kept = [kept[i] for i in chosen]
+    console.print(f"[bold]unlabeled[/] {len(kept):,} texts from {', '.join(markup(w) for w in where)}"
+                  + (f" ({copies:,} copies of the data's own texts dropped)" if copies else ""), highlight=False)
+    return kept
+
+
+def tokenize_unlabeled(texts: list[str], prepared: Prepared, config) -> TokenizedSplit:
+    """The unlabeled texts as the student reads them (its tokenizer, max_len and long-text reading); their label is
+    a placeholder the loss never reads (-1, or an empty set for multi-label data)."""
+    feature = prepared.data.splits["train"].features["label"]
+    empty = [] if prepared.model_cfg.multi_label else -1
+    ds = datasets.Dataset.from_dict({"text": texts, "label": [empty] * len(texts)},
+                                    features=datasets.Features({"text": datasets.Value("string"), "label": feature}))
+    return TokenizedSplit.from_dataset(tokenization.tokenize_split(ds, prepared.tokenizer, prepared.model_cfg.max_len,
+                                                                   "unlabeled", config.long_text))
+
+
+def cache_key(weights_sha256: str, reading: str, texts: list[str]) -> str:
+    """What a teacher's logits depend on: its weights, how it reads a text, and the texts (in order)."""
+    digest = hashlib.sha256(f"{weights_sha256}|{reading}|{len(texts)}".encode())
+    for t in texts:
+        digest.update(hashlib.sha256(t.encode("utf-8", "surrogatepass")).digest())
+    return digest.hexdigest()[:24]
+
+
+def teacher_logits(teacher: CheckpointDir, texts: list[str], cache_root: Path, device, precision, batch_size: int,
+                   console) -> torch.Tensor:
+    """(len(texts), classes) float32 logits of the teacher, read from its cache where they were computed before,
+    else computed a shard at a time (each shard kept as it is done: Ctrl-C loses at most one)."""
+    loaded = checkpoint.load(teacher, device)
+    max_len, long_text = int(loaded.model_config["max_len"]), LongText.from_meta(loaded.meta)
+    tok = tokenization.load_tokenizer(loaded.tokenizer_file, max_len, long_text)
+    classes = int(loaded.model.cfg.num_classes)
+    reading = f"{max_len}|{long_text}|{tokenization.tokenizer_hash(tok)}"
+    cache = TeacherCache(cache_root, cache_key(sha256_file(teacher.weights), reading, texts))
+    shards = math.ceil(len(texts) / SHARD_TEXTS)
+    info = {"teacher": str(teacher.path), "texts": len(texts), "classes": classes, "shard_texts": SHARD_TEXTS,
+            "reading": long_text.describe(max_len)}
+    rows = lambda k: min(SHARD_TEXTS, len(texts) - k * SHARD_TEXTS)  # noqa: E731
+    done = {k: t for k in range(shards) if (t := _read_shard(cache.shard(k), rows(k), classes)) is not None}
+    if len(done) == shards:
+        console.print(f"[bold]teacher[/] logits of {len(texts):,} texts read from the cache {markup(cache)}",
+                      highlight=False)
+        return torch.cat([done[k] for k in range(shards)]) if shards else torch.zeros(0, classes)
+    if not cache.info.is_file():
+        write_json(cache.info, info)
+    console.print(f"[bold]teacher[/] scoring {len(texts) - sum(rows(k) for k in done):,} texts "
+                  f"({info['reading']}, {precision.name})" + (f"; {sum(rows(k) for k in done):,} already in the cache"
+                                                              if done else "") + f"; cache {markup(cache)}",
+                  highlight=False)
+    pad = tokenization.pad_id(tok)
+    layout = tokenization.special_layout(tok)
+    bar = progress(total=len(texts), initial=sum(rows(k) for k in done), desc="teacher logits", unit="text")
+    try:
+        for k in range(shards):
+            if k in done:
+                continue
+            part = texts[k * SHARD_TEXTS:k * SHARD_TEXTS + rows(k)]
+            split = TokenizedSplit.from_windows(tokenization.encode_batch(tok, part, max_len, long_text, layout))
+            logits, _ = predict_logits(loaded.model, split, batch_size=batch_size, pad_id=pad, device=device,
+                                       precision=precision)
+            if not bool(torch.isfinite(logits).all()):
+                raise TformerError(f"the teacher {teacher} gives NaN or infinite logits; distill from a checkpoint of a "
+                                   f"run that trained well")
+            write_with(cache.shard(k), lambda tmp, t=logits: safetensors.torch.save_file({"logits": t.contiguous()},
+                                                                                         str(tmp)))
+            done[k] = logits
+            bar.update(len(part))
+    except KeyboardInterrupt:
+        kept = sum(rows(k) for k in done)
+        raise Interrupted(f"interrupted while the teacher scored the texts; {kept:,} of {len(texts):,} are kept in "
+                          f"{cache}: the same command goes on from there") from None
+    finally:
+        bar.close()
+    return torch.cat([done[k] for k in range(shards)])
+
+
+def _read_shard(path: Path, rows: int, classes: int) -> torch.Tensor | None:
+    """A cache shard's logits when the file is whole and of the expected shape and finite, else None (computed
+    again)."""
+    if not path.is_file():
+        return None
+    try:
+        logits = safetensors.torch.load_file(str(path))["logits"]
+    except (OSError, SafetensorError, KeyError):
+        return None
+    ok = logits.shape == (rows, classes) and logits.dtype == torch.float32 and bool(torch.isfinite(logits).all())
+    return logits if ok else None
+
