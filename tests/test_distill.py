@@ -180,7 +180,8 @@ def test_an_interrupted_distillation_resumes_to_the_same_student(teacher, tmp_pa
 
 
 @pytest.mark.slow
-def test_the_teachers_logits_are_kept_reused_and_recomputed_for_a_changed_teacher(teacher, tmp_path, monkeypatch):
+def test_the_teachers_logits_are_kept_reused_and_recomputed_for_a_changed_teacher(teacher, topic_files, tmp_path,
+                                                                                   monkeypatch):
     calls = []
     real = distill_module.predict_logits
 
@@ -201,6 +202,11 @@ def test_the_teachers_logits_are_kept_reused_and_recomputed_for_a_changed_teache
     calls.clear()
     again = run_distill(tmp_path, "c", f"teacher={teacher.run_dir}", "trainer.epochs=1", "distill.temperature=4")
     assert calls == [] and "logits of 192 texts read from the cache" in (again.root / "distill.log").read_text()
+    # the same texts and 90 more: the 4 whole shards of the train texts are shared, the rest is scored
+    run_distill(tmp_path, "e", f"teacher={teacher.run_dir}", "trainer.epochs=1",
+                f"distill.unlabeled=[{topic_files / 'unlabeled.csv'}]")
+    assert len(calls) == 4  # (282 texts: 8 shards of 40)
+    calls.clear()
     # the same teacher retrained (other weights): its logits are computed again, never read from the old cache
     changed = RunDir(tmp_path / "teacher2")
     loaded = checkpoint.load(teacher.best_checkpoint)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,9 +220,15 @@ def tokenize_unlabeled(texts: list[str], prepared: Prepared, config) -> Tokenize
                                                                    "unlabeled", config.long_text))
 
 
-def cache_key(weights_sha256: str, reading: str, texts: list[str]) -> str:
-    """What a teacher's logits depend on: its weights, how it reads a text, and the texts (in order)."""
-    digest = hashlib.sha256(f"{weights_sha256}|{reading}|{len(texts)}".encode())
+def cache_key(weights_sha256: str, reading: str) -> str:
+    """A teacher as its logits depend on it: its weights and how it reads a text (max_len, long-text reading,
+    tokenizer). Its cache folder holds shards named by their texts (`shard_key`)."""
+    return hashlib.sha256(f"{weights_sha256}|{reading}".encode()).hexdigest()[:24]
+
+
+def shard_key(texts: list[str]) -> str:
+    """A shard's texts, in order: two runs whose texts start alike (train, then train + unlabeled) share shards."""
+    digest = hashlib.sha256(str(len(texts)).encode())
     for t in texts:
         digest.update(hashlib.sha256(t.encode("utf-8", "surrogatepass")).digest())
     return digest.hexdigest()[:24]
@@ -232,53 +237,49 @@ def cache_key(weights_sha256: str, reading: str, texts: list[str]) -> str:
 def teacher_logits(teacher: CheckpointDir, texts: list[str], cache_root: Path, device, precision, batch_size: int,
                    console) -> torch.Tensor:
     """(len(texts), classes) float32 logits of the teacher, read from its cache where they were computed before,
-    else computed a shard at a time (each shard kept as it is done: Ctrl-C loses at most one)."""
+    else computed SHARD_TEXTS texts at a time, each shard kept as it is done (Ctrl-C loses at most one)."""
     loaded = checkpoint.load(teacher, device)
     max_len, long_text = int(loaded.model_config["max_len"]), LongText.from_meta(loaded.meta)
     tok = tokenization.load_tokenizer(loaded.tokenizer_file, max_len, long_text)
     classes = int(loaded.model.cfg.num_classes)
-    reading = f"{max_len}|{long_text}|{tokenization.tokenizer_hash(tok)}"
-    cache = TeacherCache(cache_root, cache_key(sha256_file(teacher.weights), reading, texts))
-    shards = math.ceil(len(texts) / SHARD_TEXTS)
-    info = {"teacher": str(teacher.path), "texts": len(texts), "classes": classes, "shard_texts": SHARD_TEXTS,
-            "reading": long_text.describe(max_len)}
-    rows = lambda k: min(SHARD_TEXTS, len(texts) - k * SHARD_TEXTS)  # noqa: E731
-    done = {k: t for k in range(shards) if (t := _read_shard(cache.shard(k), rows(k), classes)) is not None}
-    if len(done) == shards:
+    cache = TeacherCache(cache_root, cache_key(sha256_file(teacher.weights),
+                                               f"{max_len}|{long_text}|{tokenization.tokenizer_hash(tok)}"))
+    parts = [texts[a:a + SHARD_TEXTS] for a in range(0, len(texts), SHARD_TEXTS)]
+    files = [cache.shard(shard_key(part)) for part in parts]
+    done = {k: t for k, (part, f) in enumerate(zip(parts, files)) if (t := _read_shard(f, len(part), classes)) is not None}
+    kept = sum(len(parts[k]) for k in done)
+    if len(done) == len(parts):
         console.print(f"[bold]teacher[/] logits of {len(texts):,} texts read from the cache {markup(cache)}",
                       highlight=False)
-        return torch.cat([done[k] for k in range(shards)]) if shards else torch.zeros(0, classes)
+        return torch.cat([done[k] for k in range(len(parts))]) if parts else torch.zeros(0, classes)
     if not cache.info.is_file():
-        write_json(cache.info, info)
-    console.print(f"[bold]teacher[/] scoring {len(texts) - sum(rows(k) for k in done):,} texts "
-                  f"({info['reading']}, {precision.name})" + (f"; {sum(rows(k) for k in done):,} already in the cache"
-                                                              if done else "") + f"; cache {markup(cache)}",
+        write_json(cache.info, {"teacher": str(teacher.path), "classes": classes, "reading": long_text.describe(max_len),
+                                "max_len": max_len})
+    console.print(f"[bold]teacher[/] scoring {len(texts) - kept:,} texts ({long_text.describe(max_len)}, "
+                  f"{precision.name})" + (f"; {kept:,} already in the cache" if kept else "") + f"; cache {markup(cache)}",
                   highlight=False)
-    pad = tokenization.pad_id(tok)
-    layout = tokenization.special_layout(tok)
-    bar = progress(total=len(texts), initial=sum(rows(k) for k in done), desc="teacher logits", unit="text")
+    pad, layout = tokenization.pad_id(tok), tokenization.special_layout(tok)
+    bar = progress(total=len(texts), initial=kept, desc="teacher logits", unit="text")
     try:
-        for k in range(shards):
+        for k, (part, file) in enumerate(zip(parts, files)):
             if k in done:
                 continue
-            part = texts[k * SHARD_TEXTS:k * SHARD_TEXTS + rows(k)]
             split = TokenizedSplit.from_windows(tokenization.encode_batch(tok, part, max_len, long_text, layout))
             logits, _ = predict_logits(loaded.model, split, batch_size=batch_size, pad_id=pad, device=device,
                                        precision=precision)
             if not bool(torch.isfinite(logits).all()):
                 raise TformerError(f"the teacher {teacher} gives NaN or infinite logits; distill from a checkpoint of a "
                                    f"run that trained well")
-            write_with(cache.shard(k), lambda tmp, t=logits: safetensors.torch.save_file({"logits": t.contiguous()},
-                                                                                         str(tmp)))
+            write_with(file, lambda tmp, t=logits: safetensors.torch.save_file({"logits": t.contiguous()}, str(tmp)))
             done[k] = logits
             bar.update(len(part))
     except KeyboardInterrupt:
-        kept = sum(rows(k) for k in done)
+        kept = sum(len(parts[k]) for k in done)
         raise Interrupted(f"interrupted while the teacher scored the texts; {kept:,} of {len(texts):,} are kept in "
                           f"{cache}: the same command goes on from there") from None
     finally:
         bar.close()
-    return torch.cat([done[k] for k in range(shards)])
+    return torch.cat([done[k] for k in range(len(parts))])
 
 
 def _read_shard(path: Path, rows: int, classes: int) -> torch.Tensor | None:

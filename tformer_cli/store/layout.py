@@ -320,11 +320,10 @@ class SweepDir:
 
 
 class TeacherCache:
-    """A distillation teacher's logits over a list of texts (runs/distill.py), kept under outputs/teacher_cache/
-    <key>/ where the key names the teacher's weights, how it reads texts and the texts: every student distilled
-    from the same teacher on the same texts (a sweep's jobs, a resumed run) reads them instead of running the
-    teacher again. Written a shard of texts at a time, each shard a file of its own, so an interrupted pass keeps
-    what it finished."""
+    """A distillation teacher's logits (runs/distill.py), under outputs/teacher_cache/<key>/ where the key names
+    the teacher's weights and how it reads texts: one file per shard of texts, named by those texts. Every student
+    of the same teacher (a sweep's jobs, a resumed run, a run on more texts that start alike) reads the shards it
+    shares instead of running the teacher again, and an interrupted pass keeps the shards it finished."""
 
     def __init__(self, root: str | Path, key: str):
         self.path = Path(root) / key
@@ -332,10 +331,10 @@ class TeacherCache:
     def __str__(self) -> str:
         return str(self.path)
 
-    info = property(lambda self: self.path / "cache.json")  # what the logits are of (teacher, texts, classes)
+    info = property(lambda self: self.path / "teacher.json")  # which teacher, how it reads (for a person looking)
 
-    def shard(self, k: int) -> Path:
-        return self.path / f"logits-{k:05d}.safetensors"
+    def shard(self, texts_key: str) -> Path:
+        return self.path / f"logits-{texts_key}.safetensors"
 
 
 def in_memory_data(content_hash: str, split: str, outputs: str | Path = "outputs") -> Path:
