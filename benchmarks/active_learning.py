@@ -1,10 +1,12 @@
-"""Does `tformer suggest` pick better texts to label than chance? A learning curve on IMDB reviews.
+"""Does `tformer suggest` pick better texts to label than chance? A learning curve on IMDB reviews (or any folder
+of train.parquet / test.parquet with text and label columns, e.g. TREC questions).
 
-    python benchmarks/active_learning.py --imdb ../shared/data/imdb --out /tmp/active_learning
+    python benchmarks/active_learning.py --data data/imdb --out /tmp/active_learning
+    python benchmarks/active_learning.py --data data/trec --pool 4700 --test 500 --out /tmp/al_trec
     python benchmarks/active_learning.py --seeds 0 --rounds 2 --pool 1000 --test 500 --epochs 1   # a quick check
 
-Per seed: --initial labelled reviews (IMDB train), a pool of --pool unlabelled ones and --validation held-out ones
-(disjoint, from the rest of IMDB train) and --test reviews from IMDB test, all seeded samples. Round 0 trains on
+Per seed: --initial labelled texts (train; the same number per class), a pool of --pool unlabelled ones and
+--validation held-out ones (disjoint, from the rest of train) and --test texts from test, all seeded samples. Round 0 trains on
 the initial set. Then, for each strategy, --rounds rounds each label --per-round more reviews from the pool (their
 true labels revealed) and train again from the pretrained encoder on everything labelled so far:
 
@@ -27,17 +29,17 @@ import pandas as pd
 from tformer_cli import suggest, train
 
 
-def splits(imdb: Path, args, seed: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def splits(folder: Path, args, seed: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(initial labelled, validation, pool, test): seeded, disjoint samples; the initial set is class-balanced."""
     rng = np.random.default_rng(seed)
-    source = pd.read_parquet(imdb / "train.parquet")[["text", "label"]]
+    source = pd.read_parquet(folder / "train.parquet")[["text", "label"]]
     order = rng.permutation(len(source))
     shuffled = source.iloc[order].reset_index(drop=True)
     per_class = args.initial // shuffled["label"].nunique()
     initial = shuffled.groupby("label", group_keys=False).head(per_class)
     rest = shuffled.drop(initial.index)
     validation, pool = rest.iloc[:args.validation], rest.iloc[args.validation:args.validation + args.pool]
-    test_source = pd.read_parquet(imdb / "test.parquet")[["text", "label"]]
+    test_source = pd.read_parquet(folder / "test.parquet")[["text", "label"]]
     test = test_source.iloc[rng.permutation(len(test_source))[:args.test]]
     return (initial.reset_index(drop=True), validation.reset_index(drop=True), pool.reset_index(drop=True),
             test.reset_index(drop=True))
@@ -53,8 +55,8 @@ def fit(labelled: pd.DataFrame, validation: pd.DataFrame, test: pd.DataFrame, ar
     return float(result.test_metrics["accuracy"]), result
 
 
-def one_seed(imdb: Path, args, seed: int, out: Path) -> dict:
-    initial, validation, pool, test = splits(imdb, args, seed)
+def one_seed(folder: Path, args, seed: int, out: Path) -> dict:
+    initial, validation, pool, test = splits(folder, args, seed)
     t0 = time.time()
     acc0, first = fit(initial, validation, test, args, seed, out / f"seed{seed}" / "round0")
     print(f"seed {seed} round 0: {len(initial)} labelled, test accuracy {acc0:.4f} ({time.time() - t0:.0f} s)",
@@ -96,7 +98,7 @@ def table(results: dict, sizes: list[int]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict, sizes: list[int], path: Path) -> None:
+def plot(results: dict, sizes: list[int], path: Path, name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,9 +110,9 @@ def plot(results: dict, sizes: list[int], path: Path) -> None:
         ax.plot(sizes, values.mean(0), marker="o", color=colour, label=strategy)
         if len(values) > 1:
             ax.fill_between(sizes, values.min(0), values.max(0), color=colour, alpha=0.2)
-    ax.set_xlabel("labelled reviews")
+    ax.set_xlabel("labelled texts")
     ax.set_ylabel("test accuracy")
-    ax.set_title(f"IMDB: tformer suggest vs random ({len(results)} seed{'s' * (len(results) > 1)})")
+    ax.set_title(f"{name}: tformer suggest vs random ({len(results)} seed{'s' * (len(results) > 1)})")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -119,8 +121,9 @@ def plot(results: dict, sizes: list[int], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--imdb", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "imdb"),
-                    help="folder with IMDB train.parquet / test.parquet (text, label)")
+    ap.add_argument("--data", "--imdb", dest="data",
+                    default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "imdb"),
+                    help="folder with train.parquet / test.parquet (text, label): IMDB by default")
     ap.add_argument("--out", default="/tmp/active_learning", help="results, plots and the runs go here")
     ap.add_argument("--model", default="minilm_l6")
     ap.add_argument("--max-len", type=int, default=128)
@@ -141,13 +144,13 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    results = {seed: one_seed(Path(args.imdb), args, seed, out) for seed in args.seeds}
+    results = {seed: one_seed(Path(args.data), args, seed, out) for seed in args.seeds}
     sizes = [args.initial + r * args.per_round for r in range(args.rounds + 1)]
     (out / "results.json").write_text(json.dumps({"args": vars(args), "labelled": sizes,
                                                   "test_accuracy": {str(s): c for s, c in results.items()}}, indent=2))
     md = table(results, sizes)
     (out / "results.md").write_text(md + "\n")
-    plot(results, sizes, out / "learning_curve.png")
+    plot(results, sizes, out / "learning_curve.png", Path(args.data).name)
     print(md)
     print(f"wrote {out}/results.json, results.md, learning_curve.png ({time.time() - start:.0f} s)")
 

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 
@@ -240,3 +241,17 @@ def test_imdb_unsupervised_split_is_read_by_name(shared_data):
     assert len(texts) == 50_000 and where.endswith("unsupervised.parquet")
     with pytest.raises(TformerError, match="no nothing.parquet"):
         unlabeled_texts(data_config("imdb", dir=str(shared_data / "imdb")), "nothing")
+
+
+@pytest.mark.slow
+def test_a_teacher_and_a_student_that_read_long_texts_as_windows(tiny_run, tmp_path):
+    """The shared tiny run reads texts longer than 24 tokens as windows (its logits: their mean); a student that
+    reads 12-token windows learns each window from its document's teacher logits."""
+    run = run_distill(tmp_path, "windows", f"teacher={tiny_run.run_dir}", "trainer.epochs=1", "model.max_len=12",
+                      "data.long_text=chunks")
+    log = (run.root / "distill.log").read_text()
+    assert "300 labelled + 0 unlabeled texts" in log and "chunks of 24 tokens" in log  # (the teacher's reading)
+    assert re.search(r"test \(100 examples, \d+ windows; best checkpoint\)", log)  # (the student's)
+    assert json.loads(run.best.meta.read_text())["long_text"] == "chunks"
+    assert Classifier.load(run.root, device="cpu").predict(["a film i will not forget"])[0]["label"] in ("negative",
+                                                                                                         "positive")

@@ -14,6 +14,7 @@ from tformer_cli.commands.predict import parse_args as parse_predict
 from tformer_cli.errors import TformerError
 from tformer_cli.hydra_setup import compose_config
 from tformer_cli.runs.audit import options_of
+from tformer_cli.runs.distill import options_of as distill_options
 from tformer_cli.runs.config import TrainConfig
 from tformer_cli.runs.pretraining import MlmOptions
 from tformer_cli.typed_config import build, plain
@@ -33,7 +34,8 @@ PLACEHOLDERS = {"<date>": "2026-01-01", "<time>": "00-00-00", "<run dir>": "outp
                 "<sweep dir>": "outputs/multirun/2026-01-01/00-00-00", "<pretrain run>": "outputs/pretrain/x",
                 "<you>": "me", "<name>": "model", "<revision>": "main", "<p>": "gpu", "<n>": "2",
                 "<folder>": "data/mine", "<more>": "5", "<glue sst2 dir>": "data/sst2"}
-HYDRA_COMMANDS = {"train": "train", "evaluate": "evaluate", "pretrain": "pretrain", "audit": "audit"}
+HYDRA_COMMANDS = {"train": "train", "evaluate": "evaluate", "pretrain": "pretrain", "audit": "audit",
+                  "distill": "distill"}
 KEY_VALUE_COMMANDS = {"export": export, "serve": serve, "push": push, "suggest": suggest}
 # the flags that make `train` print instead of run, and Hydra's -m: not overrides
 RUN_FLAGS = {"-m", "--multirun", "--help", "--hydra-help"}
@@ -111,6 +113,10 @@ def check_command(command: str) -> None:
         elif name == "audit":  # the audit's own keys, then every train key (each fold trains with them)
             options_of(tree)
             build(TrainConfig, {k: v for k, v in tree.items() if k not in ("audit", "checkpoint")})
+        elif name == "distill":  # the distillation's own keys, then every train key (the student trains with them)
+            distill_options(tree)
+            assert tree.get("teacher"), f"tformer distill needs teacher=: {command!r}"
+            build(TrainConfig, {k: v for k, v in tree.items() if k not in ("distill", "teacher")})
     elif name == "predict":
         parse_predict(args)
     elif name in KEY_VALUE_COMMANDS:
@@ -165,7 +171,8 @@ def test_every_documented_command_is_accepted(path, command):
     ("tformer train trainer.epochs=abc", TformerError), ("tformer pretrain mlm.mask_prob=2", TformerError),
     ("tformer predict --topk 3 x", TformerError), ("tformer serve prot=1", TformerError),
     ("tformer audit audit.fold=3", HydraException), ("tformer audit audit.filter_by=best", TformerError),
-    ("tformer suggest fil=x.csv", TformerError),
+    ("tformer suggest fil=x.csv", TformerError), ("tformer distill teacher=x distill.alpha=2", TformerError),
+    ("tformer distill teacher=x distill.temprature=2", HydraException),
     ("tformer frobnicate", AssertionError)])
 def test_the_command_check_refuses_a_typo(bad, error):
     with pytest.raises(error):

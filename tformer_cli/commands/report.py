@@ -109,6 +109,10 @@ def main(argv: list[str]) -> int:
         "trainer": f"{trainer.get('epochs')} epochs, batch {trainer.get('batch_size')}, early stopping on "
                    f"{trainer.get('early_stopping', {}).get('monitor')}, seed {cfg.get('seed')}",
     }
+    if isinstance(cfg.get("distill"), dict):  # a `tformer distill` run
+        kd = cfg["distill"]
+        rows["teacher"] = (f"{cfg.get('teacher')} (temperature {kd.get('temperature')}, alpha {kd.get('alpha')}, "
+                           f"embeddings {kd.get('embeddings')}, unlabeled {kd.get('unlabeled') or 'none'})")
     for key, value in rows.items():
         summary.add_row(key, rich(value))  # values come from a file: shown as written, never as markup
     console.print(summary)
