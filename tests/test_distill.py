@@ -122,9 +122,13 @@ def test_splits_concatenate_with_their_documents_numbered_on():
     (["teacher=/nowhere/at/all"], "checkpoint /nowhere/at/all does not exist"),
 ])
 def test_bad_settings_are_one_line_before_anything_runs(tmp_path, args, expected):
+    from tformer_cli import distill as distill_api
+
     with pytest.raises(TformerError, match=expected):
         distill(plain(compose_config("distill", *args)), RunDir(tmp_path / "run"), args)
-    assert not (tmp_path / "run").exists()
+    with pytest.raises(TformerError, match=expected):  # the Python API: the same line, no folder left
+        distill_api(args, run_dir=tmp_path / "api")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "api").exists()
 
 
 @pytest.mark.slow
@@ -247,8 +251,14 @@ def test_imdb_unsupervised_split_is_read_by_name(shared_data):
 def test_a_teacher_and_a_student_that_read_long_texts_as_windows(tiny_run, tmp_path):
     """The shared tiny run reads texts longer than 24 tokens as windows (its logits: their mean); a student that
     reads 12-token windows learns each window from its document's teacher logits."""
-    run = run_distill(tmp_path, "windows", f"teacher={tiny_run.run_dir}", "trainer.epochs=1", "model.max_len=12",
-                      "data.long_text=chunks")
+    from tformer_cli import distill as distill_api  # (the Python API: the same run)
+
+    student = distill_api({"teacher": str(tiny_run.run_dir), "trainer.epochs": 1, "model.max_len": 12,
+                           "data.long_text": "chunks", "distill.cache_dir": str(tmp_path / "cache"),
+                           **dict(o.split("=", 1) for o in STUDENT if not o.startswith("trainer.epochs"))},
+                          run_dir=tmp_path / "windows", quiet=True)
+    run = RunDir(student.run_dir)
+    assert student.test_metrics is not None and student.monitor == "val_accuracy"
     log = (run.root / "distill.log").read_text()
     assert "300 labelled + 0 unlabeled texts" in log and "chunks of 24 tokens" in log  # (the teacher's reading)
     assert re.search(r"test \(100 examples, \d+ windows; best checkpoint\)", log)  # (the student's)

@@ -2,12 +2,14 @@
 
 Python API (imported on first use, so `import tformer_cli` stays light):
     tformer_cli.train(overrides)      -> TrainResult     (tformer_cli/api.py)
+    tformer_cli.distill(overrides)    -> TrainResult     (tformer_cli/api.py: a student of teacher=<run dir>)
     tformer_cli.Classifier.load(path) -> Classifier      (tformer_cli/classifier.py)
     tformer_cli.audit(overrides)      -> AuditResult     (tformer_cli/runs/audit.py)
     tformer_cli.suggest(run, texts, n=100) -> DataFrame  (tformer_cli/evaluation/suggestions.py)
 """
 __version__ = "0.1.0"
-__all__ = ["AuditResult", "Classifier", "TrainResult", "TformerError", "audit", "suggest", "train", "__version__"]
+__all__ = ["AuditResult", "Classifier", "TrainResult", "TformerError", "audit", "distill", "suggest", "train",
+           "__version__"]
 
 
 def __getattr__(name: str):
@@ -15,7 +17,7 @@ def __getattr__(name: str):
         from .classifier import Classifier
 
         return Classifier
-    if name in ("train", "TrainResult"):
+    if name in ("train", "distill", "TrainResult"):
         from . import api
 
         return getattr(api, name)

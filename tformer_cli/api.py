@@ -24,7 +24,7 @@ from .errors import ArgumentTypeError, TformerError
 from .overrides import as_overrides, in_memory_data
 from .runs.in_process import TrainResult, train_overrides
 
-__all__ = ["TrainResult", "train"]
+__all__ = ["TrainResult", "distill", "train"]
 
 
 def train(overrides: list[str] | tuple[str, ...] | dict = (), *, run_dir: str | Path | None = None, data: Any = None,
@@ -40,3 +40,21 @@ def train(overrides: list[str] | tuple[str, ...] | dict = (), *, run_dir: str | 
         raise ArgumentTypeError(f"quiet={quiet!r:.80} must be True or False")
     overrides += in_memory_data(overrides, {"train": data, "validation": validation_data, "test": test_data})
     return train_overrides(overrides, run_dir, quiet)
+
+
+def distill(overrides: list[str] | tuple[str, ...] | dict = (), *, run_dir: str | Path | None = None,
+            quiet: bool = False) -> TrainResult:
+    """`tformer distill` from Python: the overrides of the command (teacher=<run dir> among them), the student's
+    TrainResult; raises TformerError with the CLI's one-line messages.
+
+        from tformer_cli import distill
+        student = distill({"teacher": "outputs/train/<date>/<time>", "distill.unlabeled": ["unlabeled.csv"]})
+    """
+    overrides = as_overrides(overrides)
+    if run_dir is not None and not isinstance(run_dir, (str, Path)):
+        raise ArgumentTypeError(f"run_dir={run_dir!r:.80} must be a path (str or pathlib.Path)")
+    if any(o.startswith("-") for o in overrides):
+        raise TformerError(f"distill() takes key=value overrides only, not {[o for o in overrides if o[:1] == '-']}")
+    if not isinstance(quiet, bool):
+        raise ArgumentTypeError(f"quiet={quiet!r:.80} must be True or False")
+    return train_overrides(overrides, run_dir, quiet, task="distill")

@@ -11,4 +11,4 @@ from ..typed_config import plain
 def run(cfg) -> float:
     """The Hydra entry point; returns the monitored metric's best value (what a sweeper optimises)."""
     hydra = HydraConfig.get()
-    return distill(plain(cfg), RunDir(hydra.runtime.output_dir), list(hydra.overrides.task))
+    return distill(plain(cfg), RunDir(hydra.runtime.output_dir), list(hydra.overrides.task)).best_value

@@ -45,7 +45,7 @@ from ..training.objectives import Distillation
 from ..typed_config import build
 from .classify import ClassifierJob, Prepared, build_run, class_weights_of, configure, prepare
 from .resume import find_resumable
-from .session import Session, execute
+from .session import Session, Trained, execute
 
 EMBEDDINGS = ("auto", "teacher", "own")
 SHARD_TEXTS = 2048  # texts per cache shard: what an interrupted teacher pass can lose at most
@@ -75,9 +75,10 @@ def options_of(tree: dict) -> DistillOptions:
     return options
 
 
-def distill(tree: dict, run_dir: RunDir, overrides=()) -> float:
-    """Distill into run_dir (or continue the run named by resume=); returns the monitored metric's best value.
-    Without data=<name> the student reads the teacher's data (its saved data config; data.<key>= still applies)."""
+def distill(tree: dict, run_dir: RunDir, overrides=()) -> Trained:
+    """Distill into run_dir (or continue the run named by resume=): where the run was written and the monitored
+    metric's best value. Without data=<name> the student reads the teacher's data (its saved data config;
+    data.<key>= still applies)."""
     tree = copy.deepcopy(tree)
     options = options_of(tree)
     teacher = find_teacher(tree.get("teacher"))
@@ -88,7 +89,7 @@ def distill(tree: dict, run_dir: RunDir, overrides=()) -> float:
     tree.update(located)
     teacher_table(options, config)  # (refuses a conflict now, before any data is read)
     resume_from = find_resumable(config.resume, "distill") if config.resume else None
-    return execute(DistillJob(options, teacher), config, tree, run_dir, overrides, resume_from).best_value
+    return execute(DistillJob(options, teacher), config, tree, run_dir, overrides, resume_from)
 
 
 def find_teacher(ref) -> CheckpointDir:

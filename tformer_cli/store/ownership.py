@@ -131,8 +131,8 @@ def new_run_dir(path: str | Path, task: str, resume: bool | str | None, key: str
                                f"drop {key} (a resume goes on in its own run's folder)")
     elif taken:
         run = RunDir(path)
-        if run.finished and task == "train":
-            raise TformerError(f"{path} holds a finished run; train it further with `tformer train <same overrides> "
+        if run.finished and task in ("train", "distill"):
+            raise TformerError(f"{path} holds a finished run; train it further with `tformer {task} <same overrides> "
                                f"trainer.epochs=<more> resume={path}`, or pass a new {key}")
         if run.hydra_record.is_dir() or run.checkpoints.is_dir() or is_ours(path, "run"):
             how = f"continue it with `tformer {task} <same overrides> resume={path}`, or " if task != "evaluate" else ""
