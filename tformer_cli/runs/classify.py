@@ -251,7 +251,7 @@ def build_run(session: Session, prepared: Prepared, objective=None, train: Token
     freeze_epochs, freeze_layers = freeze_plan(config)
     if objective is None:
         objective = Classification(label_names, class_weights_of(session, prepared), config.loss.label_smoothing)
-    return Run(model=prepared.model, train=train or prepared.tokenized["train"],
+    return Run(model=prepared.model, train=train if train is not None else prepared.tokenized["train"],
                validation=prepared.tokenized["validation"],
                objective=objective, pad_id=prepared.pad_id, device=session.device, precision=session.precision,
                trainer=config.trainer, optimizer=config.optimizer, schedule=config.schedule, save_checkpoint=save,

@@ -175,14 +175,18 @@ class DistillJob(ClassifierJob):
             raise TformerError(f"the teacher's classes {names[:6]} are not the data's {prepared.data.label_names[:6]} "
                                f"(same names, same order); distill on the data the teacher was trained for")
         if multi != bool(prepared.model_cfg.multi_label):
-            raise TformerError(f"the teacher is {'multi' if multi else 'single'}-label and the data is not; pass "
+            kind = lambda m: "multi-label" if m else "single-label"  # noqa: E731
+            raise TformerError(f"the teacher is {kind(multi)} and the data {kind(not multi)}; pass "
                                f"data.multi_label={str(multi).lower()}")
 
     def report(self, session: Session, state) -> float:
         best = super().report(session, state)
         mine, theirs = session.run_dir.test_metrics, RunDir.of_checkpoint(self.teacher).test_metrics
         if mine.is_file() and theirs.is_file():
-            student, teacher = (json.loads(p.read_text()).get("accuracy") for p in (mine, theirs))
+            try:
+                student, teacher = (json.loads(read_small(p)).get("accuracy") for p in (mine, theirs))
+            except (OSError, ValueError, AttributeError):  # (the teacher run's file: shown if readable)
+                student = teacher = None
             if isinstance(student, float) and isinstance(teacher, float):
                 session.console.print(f"test accuracy: student {student:.4f}, teacher {teacher:.4f} (its run's test "
                                       f"split; {100 * (student - teacher):+.2f} points)", highlight=False)

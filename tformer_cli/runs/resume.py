@@ -20,7 +20,7 @@ RESUME_IGNORED = ("resume", "resume_ignore_data_change", "trainer.keep_optimizer
 
 
 def find_resumable(resume, task: str, outputs_dir: str | Path = "outputs") -> CheckpointDir:
-    """resume=true: the newest unfinished run's last checkpoint (of this task: train or pretrain);
+    """resume=true: the newest unfinished run's last checkpoint (of this task: train, pretrain or distill);
     resume=<run dir or checkpoint dir>: that one."""
     pretraining = task == "pretrain"
     what = {"pretrain": "pretraining run", "distill": "distillation run"}.get(task, "run")

@@ -91,10 +91,7 @@ class CheckpointDir:
 
     def is_pretraining(self) -> bool:
         """A `tformer pretrain` (masked-LM) checkpoint, by its meta.json."""
-        try:
-            return json.loads(read_small(self.meta)).get("kind") == PRETRAINING
-        except (OSError, ValueError, AttributeError):
-            return False
+        return self.task() == "pretrain"
 
     def task(self) -> str:
         """The command that trains this kind of checkpoint (pretrain, distill or train), by its meta.json: what
