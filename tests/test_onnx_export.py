@@ -89,7 +89,11 @@ def test_int8_export_is_smaller_and_reports_its_difference(exported, run):
     assert q.path == run / "export" / "onnx-int8" and q.bytes < exported.bytes
     assert 0.0 <= q.label_agreement <= 1.0 and np.isfinite(q.max_abs_logit_diff)
     clf = OnnxClassifier.load(q.path)
-    assert clf.info["quantization"] == "int8"
+    assert clf.info["quantization"] == "int8" and clf.info["int8_recipe"]["per_channel"] is True
+    import onnx
+
+    scales = [t for t in onnx.load(str(q.path / "model.onnx")).graph.initializer if t.name.endswith("_scale")]
+    assert any(len(t.dims) == 1 and t.dims[0] > 1 for t in scales)  # one weight scale per output channel
     assert [r["label"] in clf.labels for r in clf.predict(["never boring", LONG])] == [True, True]
 
 
