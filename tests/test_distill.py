@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from helpers import TINY_TRAINING, compose_config, run_tformer, tiny
 from tformer_cli import Classifier, TformerError, train
+from tformer_cli.commands import report
 from tformer_cli.data.tokenization import TokenizedSplit
 from tformer_cli.errors import ConfigError
 from tformer_cli.runs import distill as distill_module
@@ -155,7 +156,7 @@ def test_a_student_learns_its_teachers_answers_and_is_an_ordinary_checkpoint(tea
 
 
 @pytest.mark.slow
-def test_an_interrupted_distillation_resumes_to_the_same_student(teacher, tmp_path, monkeypatch):
+def test_an_interrupted_distillation_resumes_to_the_same_student(teacher, tmp_path, monkeypatch, capsys):
     from safetensors.torch import load_file
 
     from tformer_cli.training.loop import Interrupted
@@ -175,6 +176,8 @@ def test_an_interrupted_distillation_resumes_to_the_same_student(teacher, tmp_pa
         run_distill(tmp_path, "stopped", *settings)
     monkeypatch.undo()
     assert stopped.last.has_training_state() and not stopped.finished
+    report.main([str(stopped.root)])  # `tformer report` of the stopped run says which command continues it
+    assert f"tformer distill <its overrides> resume={stopped}" in " ".join(capsys.readouterr().out.split())
     with pytest.raises(TformerError, match="that is a `tformer distill` run; continue it with tformer distill"):
         train([*TINY_TRAINING, f"resume={stopped}"], run_dir=tmp_path / "not_train")
     run_distill(tmp_path, "fresh", *settings, f"resume={stopped}")

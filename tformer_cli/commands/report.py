@@ -4,9 +4,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
+from rich.table import Table
+
+from ..console import screen_console
 from ..errors import TformerError
+from ..evaluation import artifacts
+from ..evaluation.report import print_history, print_metrics
+from ..safe_text import markup, rich
 from ..store import manifest
 from ..store.layout import RunDir, SweepDir, newest_checkpoints
+from ..sweeps.summary import summarize
 
 RUN_FILE_CAP = 64 << 20  # history.json and test_metrics.json: kilobytes when written
 
@@ -52,49 +60,18 @@ def shown(path: Path, show, *args) -> None:
                            f"checkpoint again to rewrite it") from None
 
 
-def main(argv: list[str]) -> int:
-    if argv and argv[0] in ("-h", "--help"):
-        print("usage: tformer report [RUN_DIR | SWEEP_DIR]   (default: the newest run under outputs/)")
-        return 0
-    if argv:
-        run_dir = RunDir(Path(argv[0]).expanduser())
-    else:
-        runs = newest_checkpoints("outputs", "best") or newest_checkpoints("outputs", "last")
-        if not runs:
-            raise TformerError(f"no run under {Path('outputs').resolve()}/; pass a run directory")
-        run_dir = RunDir.of_checkpoint(runs[-1])
-    if not run_dir.root.is_dir():
-        raise TformerError(f"run directory {run_dir} does not exist; pass outputs/train/<date>/<time>")
-    if SweepDir(run_dir.root).is_sweep():  # a -m sweep: one row per job (running, finished or died)
-        from ..console import screen_console
-        from ..sweeps.summary import summarize
-
-        summarize(run_dir.root, screen_console())
-        return 0
-    ckpts = [c for c in (run_dir.best.existing(), run_dir.last.existing()) if c is not None and c.config.is_file()]
-    if not ckpts:
-        raise TformerError(f"{run_dir} has no best or last checkpoint; is it a `tformer train` run dir?")
-
-    import yaml
-    from rich.table import Table
-
-    from ..console import screen_console
-
-    from ..evaluation import artifacts
-    from ..evaluation.report import print_history, print_metrics
-
-    console = screen_console()
+def summary_table(run_dir: RunDir, ckpt):
+    """The run's settings (data, model, embeddings, optimizer, trainer, and a distilled run's teacher) as a table,
+    from the checkpoint's saved config."""
     try:
-        cfg = yaml.safe_load(manifest.read_text(ckpts[0], ckpts[0].config))
+        cfg = yaml.safe_load(manifest.read_text(ckpt, ckpt.config))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise TformerError(f"{ckpts[0].config} is unreadable ({type(exc).__name__}); use another checkpoint") from None
+        raise TformerError(f"{ckpt.config} is unreadable ({type(exc).__name__}); use another checkpoint") from None
     if not isinstance(cfg, dict):
-        raise TformerError(f"{ckpts[0].config} is not a mapping of settings; use another checkpoint")
+        raise TformerError(f"{ckpt.config} is not a mapping of settings; use another checkpoint")
     model, data, opt, sched, emb, trainer = (cfg.get(k) if isinstance(cfg.get(k), dict) else {}
                                              for k in ("model", "data", "optimizer", "schedule", "embedding_init",
                                                        "trainer"))
-    from ..safe_text import markup, rich
-
     summary = Table(title=markup(f"run {run_dir}"), show_header=False)
     summary.add_column(style="bold")
     summary.add_column()
@@ -115,7 +92,31 @@ def main(argv: list[str]) -> int:
                            f"embeddings {kd.get('embeddings')}, unlabeled {kd.get('unlabeled') or 'none'})")
     for key, value in rows.items():
         summary.add_row(key, rich(value))  # values come from a file: shown as written, never as markup
-    console.print(summary)
+    return summary
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: tformer report [RUN_DIR | SWEEP_DIR]   (default: the newest run under outputs/)")
+        return 0
+    if argv:
+        run_dir = RunDir(Path(argv[0]).expanduser())
+    else:
+        runs = newest_checkpoints("outputs", "best") or newest_checkpoints("outputs", "last")
+        if not runs:
+            raise TformerError(f"no run under {Path('outputs').resolve()}/; pass a run directory")
+        run_dir = RunDir.of_checkpoint(runs[-1])
+    if not run_dir.root.is_dir():
+        raise TformerError(f"run directory {run_dir} does not exist; pass outputs/train/<date>/<time>")
+    if SweepDir(run_dir.root).is_sweep():  # a -m sweep: one row per job (running, finished or died)
+        summarize(run_dir.root, screen_console())
+        return 0
+    ckpts = [c for c in (run_dir.best.existing(), run_dir.last.existing()) if c is not None and c.config.is_file()]
+    if not ckpts:
+        raise TformerError(f"{run_dir} has no best or last checkpoint; is it a `tformer train` run dir?")
+
+    console = screen_console()
+    console.print(summary_table(run_dir, ckpts[0]))
     last = run_dir.last.existing()
     source = run_dir.history if run_dir.finished else last.training_json if last else None
     history = read_run_json(run_dir.history, list) if run_dir.finished else \
@@ -129,7 +130,7 @@ def main(argv: list[str]) -> int:
     if best:
         shown(best_ckpt.metrics, print_best, best, console)
     if not run_dir.finished:
-        task = "pretrain" if best_ckpt is not None and best_ckpt.is_pretraining() else "train"
+        task = (best_ckpt or last).task() if (best_ckpt or last) is not None else "train"
         console.print(f"[yellow]the run did not finish[/]; resume it with `tformer {task} <its overrides> "
                       f"resume={markup(run_dir)}`", highlight=False)
     if run_dir.test_metrics.is_file():

@@ -60,6 +60,23 @@ def parity_batches(vocab_size: int, max_len: int, pad_id: int, seed: int = 0):
     return out
 
 
+def quantize_int8(model: Path) -> None:
+    """Replace an fp32 ONNX file by its int8 version (INT8_RECIPE)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    fp32 = model.with_name("fp32.onnx")
+    model.rename(fp32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)  # its advice to pre-process goes to the root logger
+        try:
+            quantize_dynamic(str(fp32), str(model), **{**INT8_RECIPE,
+                                                       "weight_type": QuantType[INT8_RECIPE["weight_type"]]})
+        finally:
+            logging.disable(logging.NOTSET)
+    fp32.unlink()
+
+
 def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quantize: str | None = None,
                 opset: int = 17) -> Exported:
     """Write an export dir (default: <run dir>/export/onnx, or onnx-int8) and check it against PyTorch."""
@@ -106,19 +123,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
                                                 "attention_mask": {0: "batch", 1: "sequence"},
                                                 "logits": {0: "batch"}})
             if quantize == "int8":
-                from onnxruntime.quantization import QuantType, quantize_dynamic
-
-                fp32 = tmp.path / "fp32.onnx"
-                tmp.model.rename(fp32)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    logging.disable(logging.WARNING)  # its advice to pre-process goes to the root logger
-                    try:
-                        quantize_dynamic(str(fp32), str(tmp.model), **{
-                            **INT8_RECIPE, "weight_type": QuantType[INT8_RECIPE["weight_type"]]})
-                    finally:
-                        logging.disable(logging.NOTSET)
-                fp32.unlink()
+                quantize_int8(tmp.model)
             worst, same, total = _parity(model, session(tmp.model, threads=0), cfg, pad)
             if not worst <= (PARITY_TOLERANCE if quantize is None else float("inf")):  # NaN: never kept
                 raise TformerError(f"the ONNX export of {source} differs from PyTorch by {worst:.2e} in the logits "
