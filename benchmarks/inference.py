@@ -120,8 +120,8 @@ def int8_recipes(fp32_model: Path, out_dir: Path) -> dict[str, Path]:
     # dynamically: MatMulConstBOnly)
     recipes = {
         "onnxruntime defaults": {},
-        "per-channel, 7-bit weights (the default)": {"per_channel": True, "reduce_range": True},
-        "per-channel": {"per_channel": True},
+        "per-channel (the default)": {"per_channel": True},
+        "per-channel, 7-bit weights": {"per_channel": True, "reduce_range": True},
         "token table fp32": linear,
         "token table fp32, per-channel": {**linear, "per_channel": True},
         "token table fp32, per-channel, 7-bit weights": {**linear, "per_channel": True, "reduce_range": True},
