@@ -23,9 +23,11 @@ import numpy as np
 import pandas as pd
 
 from tformer_cli import audit, train
+from tformer_cli.data.newsgroups import clean
 
 READING = {"imdb": ["data.truncation=left"],  # the verdict is at the end of a review
            "twenty_newsgroups": ["data.remove=[headers,footers,quotes]"]}
+REMOVED = {"twenty_newsgroups": ("headers", "footers", "quotes")}
 
 
 def noisy_sample(root: Path, args) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
@@ -50,7 +52,11 @@ def noisy_sample(root: Path, args) -> tuple[pd.DataFrame, pd.DataFrame, list[str
 
 
 def trained_accuracy(frame: pd.DataFrame, test_file: Path, common: list[str], run_dir: Path) -> float:
+    """Test accuracy of a model trained on `frame` (with --resume, a finished run in run_dir is read, not redone)."""
     path = run_dir.with_suffix(".parquet")
+    done = run_dir / "test_metrics.json"
+    if done.is_file() and path.is_file() and pd.read_parquet(path).equals(frame[["text", "label"]].reset_index(drop=True)):
+        return float(json.loads(done.read_text())["accuracy"])
     frame[["text", "label"]].to_parquet(path, index=False)
     done = train([*common, "data=files", f"data.train_file={path}", f"data.test_file={test_file}"], run_dir=run_dir,
                  quiet=True)
@@ -70,6 +76,8 @@ def main() -> None:
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("outputs/bench_audit_noise"))
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the audit in --out (finished folds and trainings on the same rows are kept)")
     parser.add_argument("overrides", nargs="*", help="more `tformer train` overrides, e.g. embedding_init=minilm")
     args = parser.parse_args()
 
@@ -85,17 +93,21 @@ def main() -> None:
               f"seed={args.seed}", f"data.label_names={labels}", *READING[args.dataset], *args.overrides]
 
     started = time.monotonic()
-    result = audit([*common, f"audit.folds={args.folds}", "data=files", f"data.train_file={train_file}"],
-                   run_dir=out / "audit", quiet=False)
+    resume = [f"resume={out / 'audit'}"] if args.resume else []
+    result = audit([*common, f"audit.folds={args.folds}", "data=files", f"data.train_file={train_file}", *resume],
+                   run_dir=None if args.resume else out / "audit", quiet=False)
     audit_s = time.monotonic() - started
-    # the audit's rows are the loaded splits' (validation carved from train): matched back by text and label
-    flipped_keys = set(zip(noisy.loc[noisy["flipped"], "text"], noisy.loc[noisy["flipped"], "label"].map(names.__getitem__)))
+    # the audit's rows are the loaded splits' (validation carved from train), their texts as read (20 Newsgroups:
+    # headers, footers and quotes removed): matched back by the text as read and the given label
+    read = [clean(t, REMOVED.get(args.dataset, ())) for t in noisy["text"]]
+    keys = list(zip(read, noisy["label"].map(names.__getitem__)))
+    flipped_keys = {k for k, f in zip(keys, noisy["flipped"]) if f}
     is_flipped = lambda frame: np.array([(t, g) in flipped_keys for t, g in zip(frame["text"], frame["given_label"])])
     hits = int(is_flipped(result.issues).sum())
     n_flipped, n_flagged = int(noisy["flipped"].sum()), len(result.issues)
     top = is_flipped(result.scores.head(n_flipped))
     flagged = set(zip(result.issues["text"], result.issues["given_label"]))
-    kept = noisy[[(t, names[g]) not in flagged for t, g in zip(noisy["text"], noisy["label"])]]
+    kept = noisy[[k not in flagged for k in keys]]
 
     noisy_acc = trained_accuracy(noisy, test_file, common, out / "train_noisy")
     cleaned_acc = trained_accuracy(kept, test_file, common, out / "train_cleaned")
