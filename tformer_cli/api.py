@@ -27,17 +27,23 @@ from .runs.in_process import TrainResult, train_overrides
 __all__ = ["TrainResult", "distill", "train"]
 
 
-def train(overrides: list[str] | tuple[str, ...] | dict = (), *, run_dir: str | Path | None = None, data: Any = None,
-          validation_data: Any = None, test_data: Any = None, quiet: bool = False) -> TrainResult:
-    """Train (or with `resume=...` continue) one run; raises TformerError with the CLI's one-line messages."""
+def checked_arguments(name: str, overrides, run_dir, quiet) -> list[str]:
+    """The overrides as key=value strings, and the other arguments of train() / distill() checked: one line each."""
     overrides = as_overrides(overrides)
     if run_dir is not None and not isinstance(run_dir, (str, Path)):
         raise ArgumentTypeError(f"run_dir={run_dir!r:.80} must be a path (str or pathlib.Path)")
     if any(o.startswith("-") for o in overrides):
-        raise TformerError(f"train() takes key=value overrides only, not {[o for o in overrides if o[:1] == '-']}; "
+        raise TformerError(f"{name}() takes key=value overrides only, not {[o for o in overrides if o[:1] == '-']}; "
                            f"for sweeps call it once per setting")
     if not isinstance(quiet, bool):
         raise ArgumentTypeError(f"quiet={quiet!r:.80} must be True or False")
+    return overrides
+
+
+def train(overrides: list[str] | tuple[str, ...] | dict = (), *, run_dir: str | Path | None = None, data: Any = None,
+          validation_data: Any = None, test_data: Any = None, quiet: bool = False) -> TrainResult:
+    """Train (or with `resume=...` continue) one run; raises TformerError with the CLI's one-line messages."""
+    overrides = checked_arguments("train", overrides, run_dir, quiet)
     overrides += in_memory_data(overrides, {"train": data, "validation": validation_data, "test": test_data})
     return train_overrides(overrides, run_dir, quiet)
 
@@ -50,11 +56,5 @@ def distill(overrides: list[str] | tuple[str, ...] | dict = (), *, run_dir: str 
         from tformer_cli import distill
         student = distill({"teacher": "outputs/train/<date>/<time>", "distill.unlabeled": ["unlabeled.csv"]})
     """
-    overrides = as_overrides(overrides)
-    if run_dir is not None and not isinstance(run_dir, (str, Path)):
-        raise ArgumentTypeError(f"run_dir={run_dir!r:.80} must be a path (str or pathlib.Path)")
-    if any(o.startswith("-") for o in overrides):
-        raise TformerError(f"distill() takes key=value overrides only, not {[o for o in overrides if o[:1] == '-']}")
-    if not isinstance(quiet, bool):
-        raise ArgumentTypeError(f"quiet={quiet!r:.80} must be True or False")
+    overrides = checked_arguments("distill", overrides, run_dir, quiet)
     return train_overrides(overrides, run_dir, quiet, task="distill")

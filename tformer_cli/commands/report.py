@@ -130,8 +130,7 @@ def main(argv: list[str]) -> int:
     if best:
         shown(best_ckpt.metrics, print_best, best, console)
     if not run_dir.finished:
-        task = (best_ckpt or last).task() if (best_ckpt or last) is not None else "train"
-        console.print(f"[yellow]the run did not finish[/]; resume it with `tformer {task} <its overrides> "
+        console.print(f"[yellow]the run did not finish[/]; resume it with `tformer {ckpts[0].task()} <its overrides> "
                       f"resume={markup(run_dir)}`", highlight=False)
     if run_dir.test_metrics.is_file():
         labels = manifest.read_json(ckpts[0], ckpts[0].labels)
