@@ -1,6 +1,14 @@
-import pytest
+import os
 
-from helpers import SHARED_DATA, TINY_RUN, copy_run
+# One CPU thread in every test process and every `tformer` a test starts (before torch is imported): pytest runs a
+# worker per core, so more would only wait on each other, and the tests that compare runs bit for bit (a resume, the
+# same seed twice) need a fixed thread count; with `auto` it follows the machine's load (tformer_cli/cores.py,
+# tested in tests/test_cores.py with the variable unset).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+
+from helpers import SHARED_DATA, TINY_RUN, copy_run  # noqa: E402
 
 
 @pytest.fixture(scope="session")

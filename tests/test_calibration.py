@@ -103,8 +103,9 @@ def test_saved_temperatures_are_checked():
 
 def test_reliability_diagram_is_written(tmp_path):
     z, y = calibrated_set(n=500)
-    path = artifacts.reliability_diagram_png(tmp_path / "r.png", calibration.probabilities(10 * z), softmax(z), y,
-                                             False, "test $x$", temperature=10.0)
+    curves = {"raw": calibration.reliability(calibration.probabilities(10 * z), y, False),
+              "calibrated": calibration.reliability(softmax(z), y, False)}
+    path = artifacts.reliability_diagram_png(tmp_path / "r.png", curves, False, "test $x$", temperature=10.0)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -12,6 +12,7 @@ import pytest
 from helpers import TFORMER, TINY_TRAINING, copy_run, run_tformer, tiny
 from tformer_cli.errors import TformerError
 from tformer_cli.evaluation import artifacts
+from tformer_cli.evaluation.rows import reduce as reduce_rows
 from tformer_cli.safe_text import csv_cell, json_line, mathtext, terminal
 from tformer_cli.store.locate import parse_ref
 
@@ -54,7 +55,8 @@ def test_errors_csv_cells_are_text_to_a_spreadsheet(tmp_path):
     labels = ["=cmd|' /C calc'!A0", "-neg"]
     metrics = {"confusion_matrix": [[0, 2], [2, 0]], "per_class": {}}
     probs = np.array([[0.2, 0.8], [0.9, 0.1], [0.3, 0.7], [0.6, 0.4]])
-    paths = artifacts.write(tmp_path, metrics, labels, texts, [0, 1, 0, 1], probs, normalize=False, title="t")
+    answers = reduce_rows([(np.arange(4), np.log(probs))], [0, 1, 0, 1])
+    paths = artifacts.write(tmp_path, metrics, labels, texts, rows=answers, normalize=False, title="t")
     rows = list(csv.DictReader(paths["errors"].open(encoding="utf-8", newline="")))
     cells = [c for r in rows for c in (r["text"], r["true_label"], r["predicted_label"])]
     assert len(rows) == 4 and not [c for c in cells if c[:1] in ("=", "+", "-", "@", "\t", "\r")]

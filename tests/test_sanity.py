@@ -7,7 +7,7 @@ import pytest
 
 from helpers import TINY_RUN, TINY_TRAINING, data_config, run_tformer, train_config
 from tformer_cli import Classifier
-from tformer_cli.data import sanity, sources
+from tformer_cli.data import sanity, sources, visible
 from tformer_cli.errors import TformerError
 
 ZERO_WIDTH = "\u200b\u200d\u0301 \u2060"  # zero-width space and joiner, a combining accent, a word joiner
@@ -28,9 +28,9 @@ def reviews(n, start=0):
 
 def test_visible_characters_are_what_counts():
     for empty in ("", "   \t\n", ZERO_WIDTH, "\u0301\u0302", "\x00\x7f", "\u3000\u00a0"):
-        assert not sanity.has_visible(empty), repr(empty)
+        assert not visible.has_visible(empty), repr(empty)
     for text in ("a", " 7 ", "\u200b.", "e\u0301", "\u4e2d", "\U0001f600", "null"):
-        assert sanity.has_visible(text), repr(text)
+        assert visible.has_visible(text), repr(text)
 
 
 def test_pandas_missing_value_words_are_real_labels_and_texts(tmp_path):

@@ -8,7 +8,7 @@
 
 Imports only torch, safetensors and tokenizers (no Hydra, datasets, scikit-learn or transformers), like the CLI's
 `predict`; `OnnxClassifier` (deploy/onnx_classifier.py) answers the same calls from an exported model without torch. Every text gets an answer in input order; a text with no visible character (empty, spaces, zero-width
-or combining characters only: data/sanity.has_visible, the rule training drops such texts by) is marked
+or combining characters only: data/visible.has_visible, the rule training drops such texts by) is marked
 `"empty": True` (and a row of NaN in `predict_proba`) rather than given a confident label it has no grounds for.
 
 Probabilities are calibrated: the logits divided by the temperature fitted on validation after training
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .data.sanity import has_visible
+from . import cores
+from .data.visible import has_visible
 from .errors import ArgumentTypeError, ConfigError, TformerError
 from .safe_text import valid_unicode
 
@@ -265,10 +266,14 @@ class Classifier(TextPredictor):
         return out
 
     def _fit_threads(self, tokens: int) -> None:
+        """One thread for a little work; else the process's share of the cores (the server claims one: cores.py),
+        or torch's usual count."""
         import torch
 
         weights = sum(m.weight.numel() for m in self._loaded.model.modules() if isinstance(m, torch.nn.Linear))
-        torch.set_num_threads(1 if 2 * tokens * weights < LITTLE_WORK_FLOPS else self.cpu_threads)
+        share = cores.active()
+        many = min(self.cpu_threads, share.threads) if share is not None else self.cpu_threads
+        torch.set_num_threads(1 if 2 * tokens * weights < LITTLE_WORK_FLOPS else many)
 
     def _attention(self, ids: list[list[int]], batch_size: int) -> list[dict]:
         """Per sequence: {'last': [...], 'rollout': [...]} token weights (special tokens included)."""

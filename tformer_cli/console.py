@@ -8,10 +8,12 @@ the whole story even when the terminal scrollback is gone.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -184,6 +186,31 @@ def progress(iterable=None, *, total: int | None = None, desc: str = "", unit: s
         return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, leave=False, dynamic_ncols=True,
                     disable=not enabled, unit_scale=unit_scale)
     return PlainProgress(iterable, total=total, desc=desc, unit=unit, initial=initial)
+
+
+@contextlib.contextmanager
+def heartbeat(desc: str, measure, unit: str = "MB"):
+    """Progress for work done by a library call that reports none (datasets converting a data file): a thread reads
+    `measure()` (how far it is, in `unit`s) every second into a `progress` bar, so a log still gets a line every
+    TFORMER_PROGRESS_SECONDS."""
+    bar, done = progress(total=None, desc=desc, unit=unit), threading.Event()
+
+    def watch():
+        while not done.wait(1.0):
+            try:
+                value = int(measure())
+            except OSError:  # (the folder it counts is being renamed)
+                value = bar.n
+            bar.update(max(0, value - bar.n))  # (0: a line still says how long it has been)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield bar
+    finally:
+        done.set()
+        watcher.join()
+        bar.close()
 
 
 def progress_seconds() -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import cores
 from .console import progress as progress_bar
 from .data.batching import BatchLoader
 from .data.tokenization import TokenizedSplit
@@ -20,15 +21,45 @@ def predict_proba(model, split: TokenizedSplit, *, batch_size: int, pad_id: int,
     return (logits.sigmoid() if model.cfg.multi_label else logits.softmax(-1)), loss
 
 
-@torch.inference_mode()
 def predict_logits(model, split: TokenizedSplit, *, batch_size: int, pad_id: int, device: torch.device,
                    precision, loss_weight: torch.Tensor | None = None, progress: str | None = None):
     """(document logits (documents, C) float32 on CPU, mean cross-entropy over documents). Logits, not
     probabilities, for calibration: an overconfident model's small probabilities underflow to 0 in float32, and
-    log(0) would lose what a temperature needs."""
+    log(0) would lose what a temperature needs. Holds documents x classes numbers: scoring a split with many
+    classes goes through `logit_blocks` (evaluation/rows.py keeps a few numbers per text)."""
+    logits = torch.empty(split.n_docs, model.cfg.num_classes)
+    for index, block in logit_blocks(model, split, batch_size=batch_size, pad_id=pad_id, device=device,
+                                     precision=precision, progress=progress):
+        logits[index] = block
+    return logits, loss_of(logits, split.doc_labels, bool(model.cfg.multi_label), loss_weight)
+
+
+def loss_of(logits: torch.Tensor, targets: torch.Tensor, multi_label: bool, loss_weight=None,
+            reduction: str = "mean") -> float:
+    """The validation loss of document logits: mean cross-entropy (class-weighted sum over documents divided by
+    their number), or for a multi-label model binary cross-entropy averaged over documents and labels. Unlabelled
+    texts (predict passes none) have no loss: 0. reduction="sum": the sum, for losses taken block by block."""
+    if multi_label:
+        labelled = len(logits) and targets.shape == logits.shape
+        if not labelled:
+            return 0.0
+        loss = F.binary_cross_entropy_with_logits(logits, targets.float(), reduction="sum")
+        return float(loss) if reduction == "sum" else float(loss) / max(logits.numel(), 1)
+    weight = None if loss_weight is None else loss_weight.cpu()
+    loss = float(F.cross_entropy(logits, targets, weight=weight, reduction="sum"))
+    return loss if reduction == "sum" else loss / max(len(logits), 1)
+
+
+@torch.inference_mode()
+def logit_blocks(model, split: TokenizedSplit, *, batch_size: int, pad_id: int, device: torch.device, precision,
+                 progress: str | None = None):
+    """(document indices (B,) int64, their logits (B, C) float32 on CPU) for every document of the split, a batch
+    at a time in the order batches run (longest first). Documents read as several windows (long_text=chunks) are
+    summed window by window into a (documents, C) table, whose means come out at the end."""
     model.eval()
-    logits_all = torch.empty(len(split), model.cfg.num_classes)
     loader = BatchLoader(split, batch_size, pad_id, shuffle=False, pin_memory=device.type == "cuda")
+    windows = split.docs is not None
+    total = torch.zeros(split.n_docs, model.cfg.num_classes) if windows else None
     bar = None
     if progress:
         # counted in tokens, not batches: batches go longest first, so by batches the first minutes of a
@@ -39,21 +70,21 @@ def predict_logits(model, split: TokenizedSplit, *, batch_size: int, pad_id: int
             ids = batch["input_ids"].to(device, non_blocking=True)
             mask = batch["attention_mask"].to(device, non_blocking=True)
             with precision.autocast():
-                logits_all[batch["index"]] = model(ids, mask).float().cpu()
+                logits = model(ids, mask).float().cpu()
             if bar is not None:
                 bar.update(int(batch["attention_mask"].sum()))  # the host copy: no wait on the device
+            cores.rebalance()
+            if windows:
+                total.index_add_(0, split.docs[batch["index"]], logits)
+            else:
+                yield batch["index"], logits
     finally:  # an error or Ctrl-C mid-pass must not leave a half-drawn bar above its message
         if bar is not None:
             bar.close()
-    logits = document_logits(logits_all, split.docs)
-    if model.cfg.multi_label:  # per label: sigmoid, binary cross-entropy averaged over documents and labels
-        targets = split.doc_labels  # (unlabelled texts, as predict passes them, have no targets: no loss)
-        labelled = len(logits) and targets.shape == logits.shape
-        loss = F.binary_cross_entropy_with_logits(logits, targets.float()) if labelled else 0.0
-        return logits, float(loss)
-    weight = None if loss_weight is None else loss_weight.cpu()
-    loss = F.cross_entropy(logits, split.doc_labels, weight=weight, reduction="sum") / max(len(logits), 1)
-    return logits, float(loss)
+    if windows:
+        mean = total / torch.bincount(split.docs, minlength=split.n_docs).clamp(min=1).unsqueeze(1).to(total.dtype)
+        for start in range(0, split.n_docs, batch_size):
+            yield torch.arange(start, min(start + batch_size, split.n_docs)), mean[start:start + batch_size]
 
 
 def document_logits(logits: torch.Tensor, docs: torch.Tensor | None) -> torch.Tensor:

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 
+from . import cores
 from .errors import TformerError
 
 
@@ -69,7 +70,7 @@ def launch_ranks(n: int, args: list[str]) -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     print(f"[tformer] starting {n} processes (DistributedDataParallel on this machine)", flush=True)
-    threads = str(max(1, (os.cpu_count() or 1) // n))  # (as torchrun: the cores shared, not oversubscribed)
+    threads = str(max(1, cores.usable_cores()[0] // n))  # the usable cores shared, not oversubscribed
     procs = []
     for rank in range(n):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import cores
 from ..store.atomic import write_json
 from ..errors import TformerError
 from ..store.layout import RunDir
@@ -53,18 +54,24 @@ def run(cfg) -> float:
 
 def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, overrides=()) -> float:
     from ..console import output
-    from ..data import sanity, sources, tokenization
-    from ..evaluation import report
-    from ..evaluation.evaluate import count, score_split, write_reports
     from ..hardware import keep_freed_host_memory, pick_device, pick_precision
-    from ..store import checkpoint
-    from ..store.locate import locate
 
     console = output()
     console.open_log(run_dir.log("evaluate"), log_header("evaluate", overrides, tree))
     device = pick_device(config.device)
     keep_freed_host_memory(device)
     precision = pick_precision(config.precision, device)
+    with cores.claimed(config.threads, "threads", device.type, console.print):
+        return _evaluate(config, run_dir, console, device, precision)
+
+
+def _evaluate(config: EvaluateConfig, run_dir: RunDir, console, device, precision) -> float:
+    from ..data import sanity, sources, tokenization
+    from ..evaluation import report
+    from ..evaluation.evaluate import count, score_split, write_reports
+    from ..store import checkpoint
+    from ..store.locate import locate
+
     loaded = checkpoint.load(locate(config.checkpoint or None, config.outputs_dir), device)
     saved = loaded.saved_config()
     data_cfg = config.data_config((saved or {}).get("data"), f"{loaded.path} ({loaded.files.config.name})")
@@ -93,7 +100,7 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
     result = score_split(loaded.model, split, loaded.label_names, pad_id=tokenization.pad_id(tok), device=device,
                          precision=precision, batch_size=config.batch_size, thresholds=loaded.thresholds,
                          temperature=loaded.temperature)  # (the checkpoint's calibration; raw ones as *_raw)
-    metrics, probs = result.metrics, result.probs
+    metrics = result.metrics
     metrics.update({"checkpoint": str(loaded.path), "split": config.split, "data": data_cfg.name,
                     **long_text.to_meta()})
     scored = getattr(data_cfg, f"{config.split}_file", None)  # a file given for this split is what was scored
@@ -101,6 +108,5 @@ def evaluate(config: EvaluateConfig, run_dir: RunDir, tree: dict | None = None, 
     report.print_metrics(metrics, loaded.label_names, title, console)
     write_json(run_dir.eval_metrics, metrics)
     console.print(f"metrics written to {markup(run_dir.eval_metrics)}", highlight=False)
-    write_reports(run_dir.root, metrics, loaded.label_names, texts["text"], split, probs, config.normalize, title,
-                  console, raw_probs=result.raw_probs)
+    write_reports(run_dir.root, result, loaded.label_names, texts, config.normalize, title, console)
     return float(metrics["accuracy"])

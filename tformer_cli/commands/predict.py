@@ -8,7 +8,7 @@ from __future__ import annotations
 import codecs
 import sys
 
-from ..data.sanity import has_visible
+from ..data.visible import has_visible
 from ..errors import TformerError
 from ..evaluation import answers
 from ..safe_text import terminal

@@ -13,16 +13,18 @@ from ..evaluation import artifacts
 from ..evaluation.report import print_history, print_metrics
 from ..safe_text import markup, rich
 from ..store import manifest
-from ..store.layout import RunDir, SweepDir, newest_checkpoints
+from ..store.layout import OWN_FILE_CAP, RunDir, SweepDir, newest_checkpoints
 from ..sweeps.summary import summarize
 
-RUN_FILE_CAP = 64 << 20  # history.json and test_metrics.json: kilobytes when written
+PER_CLASS_BYTES = 4096  # test_metrics.json grows by a per-class entry (its name and four numbers) per class
 
 
-def read_run_json(path: Path, kind: type):
-    """A run's JSON file, its size bounded before it is read and its shape checked: one line naming it otherwise."""
+def read_run_json(path: Path, kind: type, classes: int = 0):
+    """A run's JSON file, its size bounded before it is read (above anything tformer writes for `classes`
+    classes: layout.OWN_FILE_CAP plus PER_CLASS_BYTES a class) and its shape checked: one line naming it
+    otherwise."""
     try:
-        if path.stat().st_size > RUN_FILE_CAP:
+        if path.stat().st_size > OWN_FILE_CAP + PER_CLASS_BYTES * classes:
             raise ValueError(f"{path.stat().st_size:,} bytes")
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -134,7 +136,7 @@ def main(argv: list[str]) -> int:
                       f"resume={markup(run_dir)}`", highlight=False)
     if run_dir.test_metrics.is_file():
         labels = manifest.read_json(ckpts[0], ckpts[0].labels)
-        shown(run_dir.test_metrics, print_metrics, read_run_json(run_dir.test_metrics, dict), labels,
+        shown(run_dir.test_metrics, print_metrics, read_run_json(run_dir.test_metrics, dict, len(labels)), labels,
               "test (best checkpoint)", console)
     files = [p for p in (run_dir.training_curves, *artifacts.report_paths(run_dir.test_report).values(),
                          run_dir.best.path) if p.exists()]

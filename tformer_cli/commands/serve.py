@@ -1,8 +1,10 @@
 """`tformer serve [checkpoint=PATH] [runtime=torch|onnx] [host=127.0.0.1] [port=8000] ...`"""
 from __future__ import annotations
 
+import contextlib
 import sys
 
+from .. import cores
 from ..errors import TformerError
 from ..safe_text import terminal
 from ..yesno import parse_bool
@@ -69,6 +71,7 @@ def main(argv: list[str]) -> int:
     except ImportError:
         raise TformerError("tformer serve needs FastAPI and uvicorn: pip install 'tformer[serve]'") from None
     from ..deploy.serve import ConnectionLimits, ServeLimits, bind, create_app, run_server
+    from ..classifier import threads_by_work
     from .predict import load_predictor
 
     sock = bind(opts["host"], opts["port"])  # before the model loads: a taken port fails at once
@@ -81,6 +84,11 @@ def main(argv: list[str]) -> int:
     print(f"[tformer] serving {terminal(clf.path)} ({clf.runtime}, {len(clf.labels)} labels) on http://{shown}:{port}  "
           f"(POST /predict, GET /labels, GET /health; Ctrl-C stops)", flush=True)
     connections = ConnectionLimits(**{key: opts[key] for key in (*SECONDS, "max_connections")})
-    run_server(app, sock, access_log=opts["access_log"], connections=connections)
+    share = contextlib.nullcontext()
+    if opts["runtime"] == "torch":  # a little work on one thread, more on this process's share of the cores
+        threads_by_work()  # (beside a training: the share the training leaves, cores.py)
+        share = cores.claimed(None, "OMP_NUM_THREADS", sets_torch=False)
+    with share:
+        run_server(app, sock, access_log=opts["access_log"], connections=connections)
     print("[tformer] server stopped", file=sys.stderr, flush=True)
     return 0

@@ -1,43 +1,35 @@
 """What is wrong with a dataset that loads fine: the checks that run on the loaded splits at the start of every
-`train` and `evaluate`, before any token is computed, and the one rule for a text that says nothing.
+`train` and `evaluate`, before any token is computed (the rule for a text that says nothing: data/visible.py).
 
 A model scored on texts it trained on reports a skill it does not have, and nothing in the metrics shows it; a
 class no row has is trained as a phantom; a class named `None` is a real class that other tools read as missing.
-These are cheap to find (hashes, never pairwise comparisons: IMDB's 50,000 reviews take about a second) and
-expensive to find later, so every run checks, prints a short block, and keeps the findings in its run dir
-(data_report.json). A mistake that makes the run meaningless is refused in one line; the rest are warnings.
-
-Imports nothing heavy: `classifier.py` (predict's cold start) takes `has_visible` from here.
+These are cheap to find (64-bit hashes of the texts, read from Arrow a block at a time and kept as sorted arrays:
+8 bytes a text, never a pairwise comparison) and expensive to find later, so every run checks, prints a short
+block, and keeps the findings in its run dir (data_report.json). A mistake that makes the run meaningless is
+refused in one line; the rest are warnings.
 """
 from __future__ import annotations
 
 import unicodedata
-from collections import Counter
 from pathlib import Path
 
-from ..console import output
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..console import output, progress
 from ..errors import TformerError
 from ..safe_text import markup
 from ..store.atomic import sha256_file, write_json
+from . import arrow
 
-# Unicode categories that draw nothing on their own: separators (Zs, Zl, Zp: spaces, line breaks), controls (Cc),
-# format characters (Cf: U+200B ZERO WIDTH SPACE, ...), surrogates (Cs) and non-spacing or enclosing marks (Mn, Me:
-# combining accents, which decorate a character that is not there). Unassigned (Cn: an emoji newer than Python's
-# Unicode tables), private-use (Co) and spacing marks (Mc) may well show, so they count as visible.
-_INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf", "Cs", "Mn", "Me"})
 
 # pandas.read_csv's default missing-value strings: tformer reads them as text, other tools as "no value".
 PANDAS_NA_STRINGS = frozenset({"#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
                                "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"})
 EXAMPLES = 3  # texts shown (and saved) per finding
 SHOWN_CHARS = 80
-
-
-def has_visible(text: str) -> bool:
-    """True when the text has a character that shows: anything but spaces, controls, format characters and
-    combining marks. A text without one carries nothing to classify: the loaders drop it, predict marks it empty.
-    Stops at the first visible character, so long texts cost next to nothing."""
-    return any(unicodedata.category(ch) not in _INVISIBLE_CATEGORIES for ch in text)
 
 
 def check_label_names(names: list[str], where: str, classes: int) -> None:
@@ -74,47 +66,84 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+ASCII_SPACE = r"[ \t\n\r\x0b\x0c\x1c-\x1f]+"  # what str.split() splits ASCII text at
+UNEVEN_SPACE = r"[\t\n\r\x0b\x0c\x1c-\x1f]|  |^ | $"  # ... where " ".join(text.split()) changes an ASCII text
+
+
+def _hashes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(exact, normalized) 64-bit hashes of a block of texts. `normalized_text` of an ASCII text is its lower case
+    with whitespace runs as one space and none at the ends: done by Arrow, the whitespace only where it is uneven
+    (few texts); other texts go through `normalized_text` one by one."""
+    exact = pd.util.hash_array(texts.to_numpy(zero_copy_only=False), categorize=False)
+    folded = pc.ascii_lower(texts)
+    uneven = np.flatnonzero(pc.fill_null(pc.match_substring_regex(texts, UNEVEN_SPACE), False).to_numpy(
+        zero_copy_only=False))
+    folded = folded.to_numpy(zero_copy_only=False)
+    if len(uneven):
+        part = pa.array(folded[uneven], type=texts.type)
+        folded[uneven] = pc.utf8_trim(pc.replace_substring_regex(part, ASCII_SPACE, " "), " ").to_numpy(
+            zero_copy_only=False)
+    others = np.flatnonzero(~pc.string_is_ascii(texts).to_numpy(zero_copy_only=False))
+    if len(others):
+        folded[others] = [normalized_text(t) for t in texts.take(pa.array(others)).to_pylist()]
+    return exact, pd.util.hash_array(folded, categorize=False)
+
+
 class TrainTexts:
-    """The train texts as two sets of hashes (exact, normalized), built once and asked about every other split.
-    Python's string hash: 64 bits, so a false match needs billions of texts, and no copy of the texts is kept."""
+    """The train texts as two sorted arrays of hashes (exact, normalized), asked about every other split: 64 bits,
+    so a false match needs billions of texts, and no copy of the texts is kept."""
 
-    def __init__(self, texts):
-        self.exact, self.normalized = set(), set()
-        for t in texts:
-            self.exact.add(hash(t))
-            self.normalized.add(hash(normalized_text(t)))
+    def __init__(self, splits, bar=None):
+        """splits: a split (datasets.Dataset), or a list of them whose texts all count."""
+        parts = []
+        for ds in splits if isinstance(splits, (list, tuple)) else [splits]:
+            for _, texts in arrow.blocks(ds, "text"):
+                parts.append(_hashes(texts))
+                if bar is not None:
+                    bar.update(len(texts))
+        self.exact = np.sort(np.concatenate([p[0] for p in parts])) if parts else np.zeros(0, np.uint64)
+        self.normalized = np.sort(np.concatenate([p[1] for p in parts])) if parts else np.zeros(0, np.uint64)
 
-    def kind(self, text: str) -> str | None:
-        """'exact', 'normalized' (the same as a train text once case, spacing and Unicode forms are ignored), or
-        None for a text training never saw."""
-        if hash(text) in self.exact:
-            return "exact"
-        return "normalized" if hash(normalized_text(text)) in self.normalized else None
+    def kinds(self, texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """(is a train text, is a train text up to case, spacing and Unicode form but not exactly) per text."""
+        exact, normalized = _hashes(texts)
+        same = _within(exact, self.exact)
+        return same, ~same & _within(normalized, self.normalized)
 
 
-def overlap(train: TrainTexts, texts) -> dict:
-    """How many of `texts` are train texts, exact and normalized (not exact), with a few examples of each."""
-    out = {"rows": len(texts), "exact": 0, "normalized": 0, "exact_examples": [], "normalized_examples": []}
-    for text in texts:
-        kind = train.kind(text)
-        if kind:
-            out[kind] += 1
-            if len(out[f"{kind}_examples"]) < EXAMPLES:
-                out[f"{kind}_examples"].append(_shown(text))
+    def known(self, texts: list[str]) -> np.ndarray:
+        """Per text of a list, whether it is one of these texts, exactly or up to case, spacing and Unicode form."""
+        exact, normalized = self.kinds(pa.array(texts, type=pa.large_string())) if texts else (np.zeros(0, bool),) * 2
+        return exact | normalized
+
+
+def _within(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    at = np.searchsorted(sorted_set, values).clip(max=max(len(sorted_set) - 1, 0))
+    return (sorted_set[at] == values) if len(sorted_set) else np.zeros(len(values), dtype=bool)
+
+
+def overlap(train: TrainTexts, ds, bar=None) -> dict:
+    """How many texts of the split `ds` are train texts, exact and normalized (not exact), with a few examples."""
+    out = {"rows": len(ds), "exact": 0, "normalized": 0, "exact_examples": [], "normalized_examples": []}
+    for _, texts in arrow.blocks(ds, "text"):
+        if bar is not None:
+            bar.update(len(texts))
+        for kind, found in zip(("exact", "normalized"), train.kinds(texts)):
+            out[kind] += int(found.sum())
+            room = EXAMPLES - len(out[f"{kind}_examples"])
+            if room > 0 and found.any():
+                picked = texts.take(pa.array(np.flatnonzero(found)[:room])).to_pylist()
+                out[f"{kind}_examples"] += [_shown(t) for t in picked]
     return out
 
 
-def _column(ds, name: str) -> list:
-    """A column as a list, read in one go (iterating a datasets column reads it row by row: seconds on IMDB)."""
-    column = ds[name]
-    return column[:] if not isinstance(column, list) else column
-
-
-def _class_counts(labels) -> Counter:
-    counts: Counter = Counter()
-    for label in labels:
-        counts.update(label if isinstance(label, list) else [label])
-    return counts
+def _class_counts(ds) -> np.ndarray:
+    """Rows per class id (a multi-label row counts once for each of its labels)."""
+    labels = arrow.column(ds, "label")
+    if pa.types.is_list(labels.type) or pa.types.is_large_list(labels.type):
+        labels = pc.list_flatten(labels)
+    values = labels.to_numpy() if len(labels) else np.zeros(0, dtype=np.int64)
+    return np.bincount(values.astype(np.int64)) if len(values) else np.zeros(0, dtype=np.int64)
 
 
 def _percent(n: int, total: int) -> str:
@@ -151,9 +180,12 @@ def build(data, evaluated: str | None = None) -> dict:
             if split == evaluated:
                 warnings.append(f"{split}: {files[split]} is the training file: these scores are on texts the model "
                                 f"trained on")
-    train = TrainTexts(_column(splits["train"], "text")) if compared else None
+    rows = len(splits["train"]) + sum(len(splits[s]) for s in compared) if compared else 0
+    with progress(total=rows, desc="checking for train texts in other splits", unit="text") as bar:
+        train = TrainTexts(splits["train"], bar) if compared else None
+        found_in = {split: overlap(train, splits[split], bar) for split in compared}
     for split in compared:
-        found = overlap(train, _column(splits[split], "text"))
+        found = found_in[split]
         report["overlap_with_train"][split] = found
         rows = found["rows"]
         if found["exact"]:
@@ -165,8 +197,8 @@ def build(data, evaluated: str | None = None) -> dict:
                             f"Unicode form (e.g. {found['normalized_examples'][0]!r})")
     names = list(data.label_names)
     if "train" in splits:
-        counts = _class_counts(_column(splits["train"], "label"))
-        missing = [names[i] for i in range(len(names)) if not counts.get(i)]
+        counts = np.pad(_class_counts(splits["train"]), (0, len(names)))
+        missing = [names[i] for i in np.flatnonzero(counts[:len(names)] == 0)]
         report["classes_without_train_rows"] = missing
         if missing:
             warnings.append(f"train: no rows of class(es) {', '.join(map(repr, missing[:5]))}; the model cannot "

@@ -15,16 +15,19 @@ from typing import Any, Callable
 
 import datasets
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from sklearn.datasets import fetch_20newsgroups
 
 from .. import hub
-from ..console import output, progress
+from ..console import heartbeat, output, progress
 from ..errors import TformerError
 from ..store.atomic import sha256_file
-from . import demo
+from . import arrow, demo
 from .config import DataConfig
 from .newsgroups import clean
-from .sanity import check_label_names, has_visible
+from .sanity import check_label_names
+from .visible import has_visible
 
 SPLIT_ALIASES = {"train": ["train"], "validation": ["validation", "valid", "val", "dev"], "test": ["test"]}
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
@@ -116,14 +119,22 @@ def load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[
                 if not csv_header:
                     kwargs["column_names"] = list(csv_names or [])
                     kwargs["header"] = None
+            cache = [None]
             try:
-                out[split] = datasets.load_dataset(fmt, data_files=str(path.resolve()), split="train",
-                                                   cache_dir=_content_cache_dir(path), **kwargs)
+                with heartbeat(f"reading {path.name}", lambda: _megabytes(cache[0])):  # (big files: minutes)
+                    cache[0] = Path(_content_cache_dir(path))  # (hashing the file: seconds a GB)
+                    out[split] = datasets.load_dataset(fmt, data_files=str(path.resolve()), split="train",
+                                                       cache_dir=str(cache[0]), **kwargs)
             except Exception as exc:  # datasets raises many types for unreadable files
                 raise TformerError(f"could not read {path} as {fmt}: {str(exc).splitlines()[0]}; check the file's "
                                    f"format and encoding (UTF-8)") from exc
             bar.update(1)
     return out
+
+
+def _megabytes(folder: Path) -> float:
+    """MB of the files under `folder` (what datasets has written of a file's Arrow copy so far)."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6 if folder and folder.is_dir() else 0.0
 
 
 def _content_cache_dir(path: Path) -> str:
@@ -136,21 +147,28 @@ def _content_cache_dir(path: Path) -> str:
 
 def fingerprint(data: LoadedData, splits=("train", "validation")) -> dict:
     """What a run trained on, compact enough for a checkpoint's meta.json: per split the row count and a SHA-256
-    of every text and label in order, plus the label names. Resume compares it to refuse changed data."""
+    of every text and label in order, plus the label names. Resume compares it to refuse changed data. Hashed from
+    Arrow a block at a time (the texts joined by NUL, then the labels): no Python string per row."""
     out: dict = {"label_names": list(data.label_names)}
     for split in splits:
         ds = data.splits[split]
         h = hashlib.sha256()
-        for text in _column(ds, "text"):
-            h.update(text.encode("utf-8", "surrogatepass"))
-            h.update(b"\0")
-        labels = _column(ds, "label")
-        if labels and isinstance(labels[0], list):  # multi-label: each row's set of ids
-            h.update(json.dumps(labels).encode())
+        for _, texts in arrow.blocks(ds, "text"):
+            if len(texts):  # each text then a NUL, as text.encode("utf-8") + b"\0" row by row
+                one = pa.ListArray.from_arrays(pa.array([0, len(texts)], pa.int32()), texts.cast(pa.large_string()))
+                h.update(pc.binary_join(one, pa.scalar("\0", pa.large_string()))[0].as_buffer() or b"")
+                h.update(b"\0")
+        if _is_label_sets(ds):  # multi-label: the JSON of every row's list of ids, as json.dumps(all rows)
+            parts = [json.dumps(labels.to_pylist())[1:-1] for _, labels in arrow.blocks(ds, "label") if len(labels)]
+            h.update(("[" + ", ".join(parts) + "]").encode())
         else:
-            h.update(np.asarray(labels, dtype=np.int64).tobytes())
+            h.update(arrow.numbers(ds, "label").tobytes())
         out[split] = {"rows": len(ds), "sha256": h.hexdigest()}
     return out
+
+
+def _is_label_sets(ds) -> bool:
+    return hasattr(ds.features["label"], "feature")  # Sequence(ClassLabel): multi-label
 
 
 def fingerprint_changes(before: dict, after: dict) -> list[str]:
@@ -380,7 +398,18 @@ def _to_text_label(ds, cfg, split: str, from_hub: bool = False):
 def _unlabelled(ds, multi_label: bool = False) -> bool:
     """A split whose labels are all missing or -1 (GLUE's hidden test labels) cannot be evaluated on. (With
     multi-label data a missing label is an empty label set, a real answer: only -1 marks hidden labels.)"""
-    return len(ds) > 0 and all((x is None and not multi_label) or x == -1 for x in _column(ds, "label"))
+    if len(ds) == 0:
+        return False
+    labels = arrow.column(ds, "label")
+    hidden = pc.fill_null(pc.equal(labels, -1), False) if _numeric(labels.type) else \
+        pa.array(np.zeros(len(labels), dtype=bool))
+    if not multi_label:
+        hidden = pc.or_(hidden, pc.is_null(labels))
+    return bool(pc.all(hidden).as_py())
+
+
+def _numeric(t) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
 
 
 def _column(ds, name: str) -> list:
@@ -408,13 +437,86 @@ def _classes_used(splits: dict, names, where: str) -> int:
     """The highest class id any split uses, plus one (what user-written names are checked against)."""
     if _named_by_source(where):
         return len(names)
-    ids = [int(x) for ds in splits.values() for x in _column(ds, "label") if x is not None and not isinstance(x, str)]
-    return max(ids) + 1 if ids else 0
+    highest = [pc.max(labels).as_py() for labels in (arrow.column(ds, "label") for ds in splits.values())
+               if _numeric(labels.type) and len(labels)]
+    highest = [int(x) for x in highest if x is not None]
+    return max(highest) + 1 if highest else 0
 
 
 def _encode_labels(splits: dict, names: list[str] | None, where: str) -> tuple[dict, list[str]]:
     """Map string labels to ids (sorted names) or validate integer ids against 0..K-1 (K: the names given in
-    `where`, if any)."""
+    `where`, if any). Read as Arrow columns (no Python object per row) when the train labels are strings or
+    integers, as every loader gives them; anything else takes the general path, which says what is wrong."""
+    kind = _arrow_kind(arrow.column(splits["train"], "label").type)
+    if kind is None:
+        return _encode_labels_listed(splits, names, where)
+    train = arrow.column(splits["train"], "label")
+    if train.null_count:
+        raise TformerError("the train split has rows with no label; drop them or fill the label column")
+    distinct = pc.unique(train)
+    if len(distinct) < 2:
+        raise TformerError(f"the train split has a single class ({train[0].as_py()}); a classifier needs examples "
+                           f"of at least two classes")
+    if kind == "str":
+        names = sorted(distinct.to_pylist())
+        value_set = pa.array(names, type=train.type)
+        for split, ds in splits.items():
+            labels = arrow.column(ds, "label")
+            ids = pc.index_in(labels, value_set=value_set) if _arrow_kind(labels.type) == "str" else None
+            if ids is None or ids.null_count:
+                seen = set(names)
+                unseen = sorted({x for x in (pc.unique(labels).to_pylist()) if x not in seen}, key=str)
+                raise TformerError(f"the {split} split has labels not seen in training: "
+                                   f"{', '.join(map(str, unseen[:5]))}; add them to the train data or drop those rows")
+            splits[split] = _with_labels(ds, ids.to_numpy().astype(np.int64))
+    else:
+        values = np.unique(train.to_numpy())
+        if names:
+            check_label_names(list(names), where, _classes_used(splits, names, where))
+        k = len(names) if names else len(values)
+        _check_ids(values.tolist(), k)
+        names = list(names) if names else [str(i) for i in range(k)]
+        allowed = set(values.tolist())
+        for split, ds in splits.items():
+            labels = arrow.column(ds, "label")
+            if _arrow_kind(labels.type) == "int" and not labels.null_count and np.isin(labels.to_numpy(), values).all():
+                continue
+            unseen = sorted({str(x) for x in pc.unique(labels).to_pylist() if _as_int(x) not in allowed},
+                            key=lambda v: (len(v), v))
+            if not unseen:  # (whole numbers of another type: 1.0)
+                continue
+            raise TformerError(f"the {split} split has labels not seen in training: "
+                               f"{', '.join(map(str, unseen[:5]))}; check the split files")
+    feature = datasets.ClassLabel(names=names)
+    return {s: ds.cast_column("label", feature) for s, ds in splits.items()}, names
+
+
+def _arrow_kind(t) -> str | None:
+    """'str' or 'int' for a label column of strings or integers, None for anything else."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "str"
+    return "int" if pa.types.is_integer(t) else None
+
+
+def _with_labels(ds, ids: np.ndarray):
+    """The split with its label column replaced by `ids` (no rewrite of its texts unless it is a filtered view)."""
+    return ds.remove_columns("label").add_column("label", ids)
+
+
+def _check_ids(values: list[int], k: int) -> None:
+    """Integer labels (sorted, distinct) must be 0..k-1; numbered from 1 is named as such."""
+    if values and (values[0] < 0 or values[-1] >= k):
+        shown = ", ".join(map(str, values[:8])) + (", ..." if len(values) > 8 else "")
+        if values == list(range(1, len(values) + 1)):  # numbered from 1 (AG News, Yelp, many CSV exports)
+            raise TformerError(f"labels must be 0..{k - 1} for {k} classes, found {shown}: numbered from 1; add "
+                               f"data.label_offset=1 to shift them to 0..{len(values) - 1}")
+        raise TformerError(f"labels must be 0..{k - 1} for {k} classes, found {shown}; renumber the label column, "
+                           f"add a labels.txt naming every class, or use string labels")
+
+
+def _encode_labels_listed(splits: dict, names: list[str] | None, where: str) -> tuple[dict, list[str]]:
+    """`_encode_labels` of labels that are neither strings nor integers (floats, booleans, nested values), read
+    as Python values: whole floats are class ids; anything else is refused in one line."""
     train_labels = _column(splits["train"], "label")
     kinds = {type(x).__name__ for x in train_labels if x is not None}
     if any(x is None for x in train_labels):
@@ -448,13 +550,7 @@ def _encode_labels(splits: dict, names: list[str] | None, where: str) -> tuple[d
         if names:
             check_label_names(list(names), where, _classes_used(splits, names, where))
         k = len(names) if names else len(values)
-        if values and (values[0] < 0 or values[-1] >= k):
-            shown = ", ".join(map(str, values[:8])) + (", ..." if len(values) > 8 else "")
-            if values == list(range(1, len(values) + 1)):  # numbered from 1 (AG News, Yelp, many CSV exports)
-                raise TformerError(f"labels must be 0..{k - 1} for {k} classes, found {shown}: numbered from 1; add "
-                                   f"data.label_offset=1 to shift them to 0..{len(values) - 1}")
-            raise TformerError(f"labels must be 0..{k - 1} for {k} classes, found {shown}; renumber the label column, "
-                               f"add a labels.txt naming every class, or use string labels")
+        _check_ids(values, k)
         names = list(names) if names else [str(i) for i in range(k)]
         for split, ds in splits.items():
             unseen = sorted({str(x) for x in _column(ds, "label") if _as_int(x) not in values}, key=lambda v: (len(v), v))
@@ -577,8 +673,9 @@ def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
     for split in list(splits):
         ds = splits[split]
         before = len(ds)
-        ds = ds.filter(lambda b: [isinstance(t, str) and has_visible(t) for t in b["text"]], batched=True,
-                       desc=f"dropping empty texts ({split})")
+        keep = arrow.visible(ds)
+        if not keep.all():  # (a split that is all visible, as most are, stays as it was read: no index mapping)
+            ds = ds.select(np.flatnonzero(keep))
         if len(ds) == 0:
             raise TformerError(f"the {split} split is empty after dropping empty texts (none of its {before} rows has "
                                f"a visible character); check data.text_column")

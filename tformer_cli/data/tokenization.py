@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from ..console import progress
 from ..errors import ConfigError, TformerError
+from ..store.atomic import write_with
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the ONNX predict path never loads it
     import torch
@@ -27,9 +29,11 @@ if TYPE_CHECKING:  # torch is imported where tensors are made: the ONNX predict 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def train_wordpiece(texts, vocab_size: int, max_len: int, min_frequency: int = 2):
+def train_wordpiece(texts, vocab_size: int, max_len: int, min_frequency: int = 2, total: int | None = None):
     """A BERT-style uncased WordPiece tokenizer learned from the training texts; the same texts give the same
-    tokenizer.json in every process (runs, their token caches and their accuracy are reproducible).
+    tokenizer.json in every process (runs, their token caches and their accuracy are reproducible). texts: a list,
+    or any iterable of texts with their number as `total` (a big split's sample streamed from Arrow, see
+    `vocabulary_sample`).
 
     Not `trainers.WordPieceTrainer`: it breaks ties between equally frequent merges by the pieces' ids, and gives
     the `##c` pieces their ids in hash-map order, random per process, so two runs learned different pieces. A plain
@@ -40,9 +44,11 @@ def train_wordpiece(texts, vocab_size: int, max_len: int, min_frequency: int = 2
     tok.normalizer = normalizers.BertNormalizer(lowercase=True, clean_text=True, strip_accents=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    texts = texts[:]  # one list (a datasets Column would be read row by row, seconds on IMDB)
+    if total is None:
+        texts = texts[:]  # one list (a datasets Column would be read row by row, seconds on IMDB)
+        total = len(texts)
     # the first long wait of a new dataset: a bar says what it is (on a terminal; a line a minute in a log)
-    with progress(total=len(texts), desc=f"learning a {vocab_size:,}-piece tokenizer", unit="text") as bar:
+    with progress(total=total, desc=f"learning a {vocab_size:,}-piece tokenizer", unit="text") as bar:
         counts = word_counts(tok, texts, bar)
         bar.set_postfix(now="merging pieces")
         vocab = learn_wordpiece_vocab(counts, vocab_size, min_frequency)
@@ -67,13 +73,15 @@ def word_counts(tok, texts, bar=None) -> Counter:
     split at whitespace, and only the distinct chunks that are not plain letters and digits are pre-tokenized
     (BertPreTokenizer splits off punctuation). Same counts as the per-text calls (tested)."""
     chunks: Counter = Counter()
+    last = 0
     for i, text in enumerate(texts, 1):
         clean = text.translate(_ASCII_CLEAN).lower() if text.isascii() else tok.normalizer.normalize_str(text)
         chunks.update(clean.split())
         if bar is not None and i % 1000 == 0:  # (`bar`: train_wordpiece's progress)
             bar.update(1000)
+        last = i
     if bar is not None:
-        bar.update(len(texts) % 1000)
+        bar.update(last % 1000)
     words: Counter = Counter()
     for chunk, n in chunks.items():
         if chunk.isalnum():  # no punctuation or whitespace: one word
@@ -310,6 +318,27 @@ def configure(tok, max_len: int, side: str | None = None, long_text: LongText = 
     return tok
 
 
+# The vocabulary of a big train split is learned from a seeded sample of its texts holding about this many
+# characters: its most frequent pieces are already certain there (a few seconds of counting a million characters),
+# and learning stays a bounded wait at any size. Smaller splits are read whole.
+VOCABULARY_CHARS = 100_000_000
+
+
+def vocabulary_sample(ds, seed: int) -> tuple[object, int, int]:
+    """(the texts the vocabulary is learned from, streamed a block at a time, how many, how many the split has) of a
+    train split (a datasets.Dataset): every text, or above VOCABULARY_CHARS characters a seeded sample of them."""
+    from . import arrow  # deferred: predict imports this module and never loads pyarrow
+
+    rows = arrow.sample_rows(len(ds), seed, arrow.text_lengths(ds), VOCABULARY_CHARS)
+    part = ds if len(rows) == len(ds) else ds.select(rows)
+
+    def texts():
+        for _, block in arrow.blocks(part, "text"):
+            yield from block.to_pylist()
+
+    return texts(), len(rows), len(ds)
+
+
 ENCODE_CHUNK = 2048  # texts per encode_batch call in `encodings`
 
 
@@ -330,6 +359,14 @@ def encode_batch(tok, texts: list[str], max_len: int, long_text: LongText = Long
         layout = special_layout(tok)
     return [list(zip(long_text.windows(e.ids, max_len, layout), long_text.windows(e.tokens, max_len, layout)))
             for e in encodings(tok, texts)]
+
+
+def encode_ids(tok, texts: list[str], max_len: int, long_text: LongText = LongText(),
+               layout: SpecialLayout | None = None) -> list[list[list[int]]]:
+    """Per text, its windows' ids (`encode_batch` without the tokens' strings, which only explanations read)."""
+    if layout is None and long_text.mode != "truncate":
+        layout = special_layout(tok)
+    return [long_text.windows(e.ids, max_len, layout) for e in encodings(tok, texts)]
 
 
 def load_tokenizer(path: str | Path, max_len: int, long_text: LongText = LongText(), side: str | None = None):
@@ -368,8 +405,8 @@ def tokenize_split(ds, tok, max_len: int, desc: str, long_text: LongText = LongT
     layout = special_layout(tok)
 
     def encode(batch, indices):  # one row per window; `doc` is the row's document
-        rows = [(w, label, i) for windows, label, i in zip(encode_batch(tok, batch["text"], max_len, long_text, layout),
-                                                            batch["label"], indices) for w, _ in windows]
+        rows = [(w, label, i) for windows, label, i in zip(encode_ids(tok, batch["text"], max_len, long_text, layout),
+                                                            batch["label"], indices) for w in windows]
         bar.update(len(indices))
         return {"input_ids": [r[0] for r in rows], "label": [r[1] for r in rows], "doc": [r[2] for r in rows]}
 
@@ -378,6 +415,62 @@ def tokenize_split(ds, tok, max_len: int, desc: str, long_text: LongText = LongT
     with progress(total=len(ds), desc=f"tokenizing {desc}", unit="text") as bar:
         return ds.map(encode, batched=True, batch_size=2000, with_indices=True, remove_columns=ds.column_names,
                       features=features, new_fingerprint=fingerprint)
+
+
+def _flat_ids(ds) -> tuple[np.ndarray, np.ndarray]:
+    """(values int32, offsets int64 from 0) of a tokenized split's `input_ids`. A split cached on disk by datasets
+    gets them memory-mapped from a flat copy beside its Arrow file (written once, a chunk at a time): token ids take
+    page cache, not process memory, and a training set larger than RAM still trains. An in-memory split (built in
+    Python) gets them copied in one pass."""
+    import pyarrow as pa  # deferred: predict's cold start (~150 ms, and predict never reads Arrow)
+
+    if ds._indices is not None:  # a select()/shuffle() view: materialise the rows it points at
+        ds = ds.flatten_indices()
+    column = ds.data.column("input_ids")  # ChunkedArray of list<int32>, memory-mapped from the cache
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    counts = [int(c.offsets[-1].as_py()) - int(c.offsets[0].as_py()) if len(c) else 0 for c in chunks]
+    cached = [Path(f["filename"]) for f in ds.cache_files]
+    if len(cached) == 1 and ds._fingerprint:
+        base = cached[0].parent / f"tokens-{ds._fingerprint}"
+        values_file, offsets_file = base.with_suffix(".ids.npy"), base.with_suffix(".offsets.npy")
+        if not (values_file.is_file() and offsets_file.is_file()):
+            write_with(values_file, lambda tmp: _fill(np.lib.format.open_memmap(tmp, "w+", np.int32, (sum(counts),)),
+                                                      chunks))
+            write_with(offsets_file, lambda tmp: _save(tmp, _offsets(chunks)))
+        values, offsets = np.load(values_file, mmap_mode="r"), np.load(offsets_file)
+        if len(values) == sum(counts) and len(offsets) == len(ds) + 1:
+            return values, offsets
+    return _fill(np.empty(sum(counts), dtype=np.int32), chunks), _offsets(chunks)
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as f:  # (np.save(path) would add ".npy" to a temporary name)
+        np.save(f, array)
+
+
+def _fill(out: np.ndarray, chunks) -> np.ndarray:
+    """The chunks' token ids one after another into `out` (flushed when it is a memory map)."""
+    at = 0
+    for chunk in chunks:
+        if len(chunk):
+            o = chunk.offsets.to_numpy()
+            part = chunk.values.to_numpy(zero_copy_only=False)[o[0]:o[-1]]
+            out[at:at + len(part)] = part
+            at += len(part)
+    if isinstance(out, np.memmap):
+        out.flush()
+    return out
+
+
+def _offsets(chunks) -> np.ndarray:
+    """Sequence starts and the end (int64, from 0) of list chunks laid end to end."""
+    parts, at = [np.zeros(1, dtype=np.int64)], 0
+    for chunk in chunks:
+        if len(chunk):
+            o = chunk.offsets.to_numpy().astype(np.int64)
+            parts.append(o[1:] - o[0] + at)
+            at += int(o[-1] - o[0])
+    return np.concatenate(parts)
 
 
 @dataclass
@@ -415,27 +508,26 @@ class TokenizedSplit:
     @classmethod
     def from_dataset(cls, ds) -> "TokenizedSplit":
         import pyarrow as pa  # deferred: predict's cold start (~150 ms, and predict never reads Arrow)
+        import pyarrow.compute  # noqa: F401 (pa.compute)
         import torch  # deferred: predict --runtime onnx imports this module and never loads torch
 
-        column = ds.data.column("input_ids")  # ChunkedArray of list<int32>, memory-mapped from the cache
-        if ds._indices is not None:  # a select()/shuffle() view: materialise the rows it points at
-            column = ds.flatten_indices().data.column("input_ids")
-        arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        offsets = arr.offsets.to_numpy().astype(np.int64)
-        values = arr.values.to_numpy(zero_copy_only=False)
-        start = offsets[0]
-        table = ds.with_format("numpy")
+        values, offsets = _flat_ids(ds)
         feature = ds.features["label"]
+        labels_column = ds.with_format("arrow")["label"]  # (a whole column: one Arrow array, never row by row)
         if hasattr(feature, "feature"):  # multi-label: each row's set of ids -> a multi-hot row (N, C) float
+            ids = labels_column.combine_chunks() if isinstance(labels_column, pa.ChunkedArray) else labels_column
             labels = np.zeros((len(ds), feature.feature.num_classes), dtype=np.float32)
-            for row, ids in enumerate(ds["label"]):
-                labels[row, ids] = 1.0
+            counts = pa.compute.list_value_length(ids).to_numpy(zero_copy_only=False)
+            rows = np.repeat(np.arange(len(ds)), np.nan_to_num(counts).astype(np.int64))
+            labels[rows, pa.compute.list_flatten(ids).to_numpy().astype(np.int64)] = 1.0
         else:
-            labels = np.asarray(table["label"], dtype=np.int64)
-        docs = np.asarray(table["doc"], dtype=np.int64) if "doc" in ds.column_names else None
+            labels = labels_column.to_numpy().astype(np.int64)
+        docs = ds.with_format("arrow")["doc"].to_numpy().astype(np.int64) if "doc" in ds.column_names else None
         single = docs is None or (len(docs) and int(docs.max()) + 1 == len(docs))
-        return cls(torch.from_numpy(np.array(values[start:offsets[-1]], dtype=np.int32)),
-                   torch.from_numpy(offsets - start), torch.from_numpy(labels),
+        with warnings.catch_warnings():  # a memory-mapped cache is read-only: nothing writes into token ids
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            ids = torch.from_numpy(values)
+        return cls(ids, torch.from_numpy(np.asarray(offsets)), torch.from_numpy(labels),
                    None if single else torch.from_numpy(docs))
 
     @classmethod

@@ -27,14 +27,23 @@ def save_png(fig, path: Path, dpi: int) -> Path:
         plt.close(fig)
     return path
 
-def confusion_matrix_png(path: Path, matrix, label_names: list[str], normalize: bool, title: str) -> Path:
+def confusion_matrix_png(path: Path, metrics: dict, label_names: list[str], normalize: bool, title: str) -> Path:
+    """The whole matrix up to metrics.DENSE_CONFUSION_CLASSES classes; above, a readable view of the classes most
+    often confused (PNG_CLASSES of them, from the metrics' top confusions): their counts among themselves, the
+    diagonal their correct texts, rows normalised by each class's whole support."""
     matplotlib.use("Agg")
-    label_names = [mathtext(n) for n in label_names]
+    k_all = len(label_names)
+    if metrics.get("confusion_matrix") is not None:
+        counts, shown, support = np.asarray(metrics["confusion_matrix"], dtype=float), list(label_names), None
+    else:
+        counts, shown, support = _confused_view(metrics, label_names)
+        title = f"{title}: the {len(shown)} classes most often confused, of {k_all:,}"
+    label_names = [mathtext(n) for n in shown]
     title = mathtext(title)
-    counts = np.asarray(matrix, dtype=float)
     m = counts
     if normalize:  # each row sums to 1: recall per true class on the diagonal
-        m = counts / np.clip(counts.sum(axis=1, keepdims=True), 1, None)
+        rows = counts.sum(axis=1, keepdims=True) if support is None else support[:, None]
+        m = counts / np.clip(rows, 1, None)
     k = len(label_names)
     size = min(4 + 0.45 * k, 18)
     fig, ax = plt.subplots(figsize=(size, size * 0.85))
@@ -50,11 +59,36 @@ def confusion_matrix_png(path: Path, matrix, label_names: list[str], normalize: 
         threshold = m.max() / 2 if m.size else 0
         for i in range(k):
             for j in range(k):
-                shown = f"{m[i, j]:.2f}\n({int(counts[i, j])})" if normalize else f"{int(m[i, j])}"
-                ax.text(j, i, shown, ha="center", va="center",
+                value = f"{m[i, j]:.2f}\n({int(counts[i, j])})" if normalize else f"{int(m[i, j])}"
+                ax.text(j, i, value, ha="center", va="center",
                         fontsize=7 if k > 10 else 9, color="white" if m[i, j] > threshold else "black")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     return save_png(fig, path, dpi=120)
+
+
+PNG_CLASSES = 30  # classes in the confusion PNG of a model with more than metrics.DENSE_CONFUSION_CLASSES
+
+
+def _confused_view(metrics: dict, label_names: list[str]):
+    """(counts among the PNG_CLASSES classes most involved in the top confusions, their names, their supports)."""
+    index = {n: i for i, n in enumerate(label_names)}
+    involved: dict[int, int] = {}
+    for t, p, c in metrics.get("top_confusions", []):
+        for name in (t, p):
+            involved[index[name]] = involved.get(index[name], 0) + int(c)
+    chosen = sorted(involved, key=lambda i: (-involved[i], i))[:PNG_CLASSES] or list(range(min(PNG_CLASSES,
+                                                                                                len(label_names))))
+    chosen.sort()
+    at = {c: j for j, c in enumerate(chosen)}
+    counts = np.zeros((len(chosen), len(chosen)))
+    for t, p, c in metrics.get("top_confusions", []):
+        if index[t] in at and index[p] in at:
+            counts[at[index[t]], at[index[p]]] = c
+    per_class = metrics.get("per_class", {})
+    support = np.array([float(per_class.get(label_names[c], {}).get("support", 0)) for c in chosen])
+    for j, c in enumerate(chosen):  # right answers: recall x support
+        counts[j, j] = round(float(per_class.get(label_names[c], {}).get("recall", 0)) * support[j])
+    return counts, [label_names[c] for c in chosen], support
 
 
 def training_curves_png(path: Path, history: list[dict], best_epoch: int | None = None, metric: str = "",
@@ -80,25 +114,24 @@ def training_curves_png(path: Path, history: list[dict], best_epoch: int | None 
     return save_png(fig, path, dpi=110)
 
 
-def reliability_diagram_png(path: Path, raw_probs, calibrated_probs, labels, multi_label: bool, title: str,
-                            temperature=None) -> Path:
+def reliability_diagram_png(path: Path, curves: dict, multi_label: bool, title: str, temperature=None) -> Path:
     """Accuracy against confidence per bin, before (raw) and after temperature scaling, on the diagonal a
     perfectly calibrated model lies on; below it, bars of how many texts each bin holds (a point of 3 texts
-    means little). The ECE of each curve is in its legend."""
+    means little). The ECE of each curve is in its legend. curves: {"raw": bins, "calibrated": bins} with bins
+    calibration.reliability's (count, mean confidence, accuracy); calibrated only when a temperature was fitted."""
     matplotlib.use("Agg")
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(5.5, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     top.plot([0, 1], [0, 1], linestyle="--", color="gray", linewidth=1, label="perfectly calibrated")
     centres = (np.arange(calibration.ECE_BINS) + 0.5) / calibration.ECE_BINS
-    curves = [("raw", raw_probs, "tab:red")]
+    shown = [("raw", curves["raw"], "tab:red")]
     if temperature is not None:
-        curves.append((f"calibrated (T = {calibration.describe(temperature)})", calibrated_probs, "tab:blue"))
-    for i, (name, probs, colour) in enumerate(curves):
-        count, conf, acc = calibration.reliability(probs, labels, multi_label)
+        shown.append((f"calibrated (T = {calibration.describe(temperature)})", curves["calibrated"], "tab:blue"))
+    for i, (name, (count, conf, acc), colour) in enumerate(shown):
         filled = count > 0
         top.plot(conf[filled], acc[filled], "o-", color=colour,
-                 label=f"{mathtext(name)}: ECE {calibration.ece(probs, labels, multi_label):.3f}")
-        width = 0.8 / calibration.ECE_BINS / len(curves)
-        bottom.bar(centres + (i - (len(curves) - 1) / 2) * width, count, width=width, color=colour, alpha=0.7)
+                 label=f"{mathtext(name)}: ECE {calibration.ece_from_bins(count, conf, acc):.3f}")
+        width = 0.8 / calibration.ECE_BINS / len(shown)
+        bottom.bar(centres + (i - (len(shown) - 1) / 2) * width, count, width=width, color=colour, alpha=0.7)
     what = "probability of each label" if multi_label else "confidence (top-class probability)"
     top.set_ylabel("fraction positive" if multi_label else "accuracy")
     top.set_xlim(0, 1)
@@ -117,50 +150,63 @@ def report_paths(out_dir: Path) -> dict[str, Path]:
             "reliability_diagram": out_dir / "reliability_diagram.png"}  # (reliability_diagram_png)
 
 
-def write(out_dir: Path, metrics: dict, label_names: list[str], texts, y_true, probs, *, normalize: bool,
-          title: str) -> dict[str, Path]:
-    """confusion_matrix.png, classification_report.json and errors.csv (most confident mistakes first); a
-    multi-label model gets the report and its own errors.csv (no confusion matrix: its labels are not exclusive)."""
+ERRORS_MAX_ROWS = 100_000  # errors.csv keeps the most confident (or most wrong) of this many mistakes
+TEXT_BLOCK = 10_000  # texts fetched from the split at a time for errors.csv
+
+
+def write(out_dir: Path, metrics: dict, label_names: list[str], texts, *, rows=None, y_true=None, probs=None,
+          normalize: bool, title: str) -> dict[str, Path]:
+    """confusion_matrix.png, classification_report.json and errors.csv (most confident mistakes first) of a
+    single-label model's `rows` (evaluation/rows.py); a multi-label model (y_true and probs, (N, C)) gets the
+    report and its own errors.csv (no confusion matrix: its labels are not exclusive). texts: the split's texts,
+    as a list or a function from row indices to their texts (read a block at a time)."""
     paths = {k: v for k, v in report_paths(out_dir).items() if k != "reliability_diagram"}  # (evaluate.py's)
+    write_json(paths["classification_report"], metrics["per_class"], open_levels=1)  # (a class a line)
     if metrics.get("multi_label"):
         return _write_multi_label(paths, metrics, label_names, texts, y_true, probs)
-    confusion_matrix_png(paths["confusion_matrix"], metrics["confusion_matrix"], label_names, normalize, title)
-    write_json(paths["classification_report"], metrics["per_class"])
-    probs = np.asarray(probs)
-    y_true = np.asarray(y_true)
-    pred = probs.argmax(-1)
-    confidence = probs.max(-1)
-    wrong = np.flatnonzero(pred != y_true)
-    wrong = wrong[np.argsort(-confidence[wrong], kind="stable")]
-    def errors_csv(tmp: Path) -> None:
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(["index", "text", "true_label", "predicted_label", "confidence", "true_label_probability"])
-            for i in wrong:
-                w.writerow(csv_row([int(i), texts[int(i)], label_names[y_true[i]], label_names[pred[i]],
-                                    f"{confidence[i]:.4f}", f"{probs[i, y_true[i]]:.4f}"]))
+    confusion_matrix_png(paths["confusion_matrix"], metrics, label_names, normalize, title)
+    wrong = np.flatnonzero(rows.pred != rows.labels)
+    wrong = wrong[np.argsort(-rows.calibrated.conf[wrong], kind="stable")][:ERRORS_MAX_ROWS]
 
-    write_with(paths["errors"], errors_csv)
+    def lines(block):
+        for i, text in zip(block, _texts(texts, block)):
+            yield [int(i), text, label_names[rows.labels[i]], label_names[rows.pred[i]],
+                   f"{rows.calibrated.conf[i]:.4f}", f"{rows.calibrated.p_true[i]:.4f}"]
+
+    _errors_csv(paths["errors"], ["index", "text", "true_label", "predicted_label", "confidence",
+                                  "true_label_probability"], wrong, lines)
     return paths
 
 
+def _texts(texts, idx: np.ndarray) -> list[str]:
+    return texts(idx) if callable(texts) else [texts[int(i)] for i in idx]
+
+
+def _errors_csv(path: Path, header: list[str], wrong: np.ndarray, lines) -> None:
+    """errors.csv: the header, then `lines(block)` for each block of TEXT_BLOCK wrong rows (cells made safe for a
+    spreadsheet by safe_text.csv_row)."""
+    def csv_file(tmp: Path) -> None:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            for start in range(0, len(wrong), TEXT_BLOCK):
+                w.writerows(csv_row(line) for line in lines(wrong[start:start + TEXT_BLOCK]))
+
+    write_with(path, csv_file)
+
+
 def _write_multi_label(paths: dict, metrics: dict, label_names, texts, y_true, probs) -> dict[str, Path]:
-    """classification_report.json, and errors.csv: texts whose predicted label set differs from the true one,
-    the most wrong labels first."""
-    write_json(paths["classification_report"], metrics["per_class"])
+    """errors.csv: texts whose predicted label set differs from the true one, the most wrong labels first."""
     y_true = np.asarray(y_true) > 0.5
     pred = np.asarray(probs) >= np.asarray(metrics["thresholds"])[None, :]
     wrong_count = (y_true != pred).sum(1)
     wrong = np.flatnonzero(wrong_count)
-    wrong = wrong[np.argsort(-wrong_count[wrong], kind="stable")]
-    names = lambda row: "|".join(n for n, on in zip(label_names, row) if on)
+    wrong = wrong[np.argsort(-wrong_count[wrong], kind="stable")][:ERRORS_MAX_ROWS]
+    names = lambda row: "|".join(label_names[j] for j in np.flatnonzero(row))
 
-    def errors_csv(tmp: Path) -> None:
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(["index", "text", "true_labels", "predicted_labels", "wrong_labels"])
-            for i in wrong:
-                w.writerow(csv_row([int(i), texts[int(i)], names(y_true[i]), names(pred[i]), int(wrong_count[i])]))
+    def lines(block):
+        for i, text in zip(block, _texts(texts, block)):
+            yield [int(i), text, names(y_true[i]), names(pred[i]), int(wrong_count[i])]
 
-    write_with(paths["errors"], errors_csv)
+    _errors_csv(paths["errors"], ["index", "text", "true_labels", "predicted_labels", "wrong_labels"], wrong, lines)
     return {k: v for k, v in paths.items() if k != "confusion_matrix"}

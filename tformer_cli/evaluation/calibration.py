@@ -37,6 +37,19 @@ ECE_BINS = 15
 _SEARCH_STEPS = 80  # golden-section steps: the bracket shrinks by 0.618 each, from log(1000) to ~1e-16
 
 
+FIT_ENTRIES = 1 << 22  # logits a temperature is fitted on: more rows than this allows are a seeded sample of rows
+
+
+def fit_rows(n: int, classes: int, seed: int = 0) -> np.ndarray | None:
+    """Which of n validation rows the temperature is fitted on: None (every row) when their logits number at most
+    FIT_ENTRIES, else a seeded sample of FIT_ENTRIES // classes rows (sorted). One number (or one per label) is
+    pinned down by thousands of rows; 10,000 classes x 10,000 rows would cost 80 passes over 100 million logits."""
+    if n * max(classes, 1) <= FIT_ENTRIES:
+        return None
+    keep = max(1, FIT_ENTRIES // max(classes, 1))
+    return np.sort(np.random.default_rng(seed).choice(n, size=min(keep, n), replace=False))
+
+
 def fit_temperature(logits, labels, multi_label: bool) -> float | list[float]:
     """The temperature minimising the NLL of `labels` under `logits / T` (T in [T_MIN, T_MAX]): one float for a
     softmax model, one per label for a multi-label model. logits (N, C); labels (N,) class ids or (N, C) 0/1.
@@ -45,38 +58,44 @@ def fit_temperature(logits, labels, multi_label: bool) -> float | list[float]:
     a linear one), hence unimodal in log T, so the search is exact up to float precision, needs no gradient, no
     learning rate and no starting point, is deterministic, and its answer is always inside the range (LBFGS on T
     can step to T <= 0 or to NaN on separable data). No examples, or no information in them (a label never on or
-    never off has its NLL falling towards T_MIN for no reason), gives T = 1: the model as trained."""
+    never off has its NLL falling towards T_MIN for no reason), gives T = 1: the model as trained. Every label of a
+    multi-label model is searched at once (one pass over the logits per step, whatever the number of labels)."""
     z = np.asarray(logits, dtype=np.float64)
     if multi_label:
         y = np.asarray(labels, dtype=np.float64) > 0.5
-        out = []
-        for c in range(z.shape[1]):  # each label its own binary problem
-            informative = len(z) > 0 and y[:, c].any() and (~y[:, c]).any() and np.isfinite(z[:, c]).all()
-            out.append(_golden(lambda t, c=c: _binary_nll(z[:, c], y[:, c], t)) if informative else 1.0)
-        return out
+        out = np.ones(z.shape[1] if z.ndim == 2 else 0)
+        if len(z):
+            informative = y.any(axis=0) & (~y).any(axis=0) & np.isfinite(z).all(axis=0)
+            if informative.any():
+                zi, yi = z[:, informative], y[:, informative]
+                out[informative] = _golden(lambda t: _binary_nll(zi, yi, t[None, :]).mean(axis=0),
+                                           int(informative.sum()))
+        return [float(t) for t in out]
     y = np.asarray(labels, dtype=np.int64)
     if len(z) == 0 or not np.isfinite(z).all():
         return 1.0
-    return _golden(lambda t: _softmax_nll(z, y, t))
+    d = z - z.max(axis=1, keepdims=True)  # (N, C) <= 0: exp never overflows, whatever T
+    d_true = d[np.arange(len(d)), y]
+    return float(_golden(lambda t: np.mean(np.log(np.exp(d / t[0]).sum(axis=1)) - d_true / t[0]), 1)[0])
 
 
-def _golden(nll) -> float:
-    """argmin over T in [T_MIN, T_MAX] of a function unimodal in log T, rounded to 6 significant digits (what is
-    saved; the NLL is flat there)."""
+def _golden(nll, width: int) -> np.ndarray:
+    """argmin over T in [T_MIN, T_MAX] of `width` functions unimodal in log T, searched side by side (nll: an array
+    of `width` temperatures -> `width` values), rounded to 6 significant digits (what is saved; the NLL is flat
+    there)."""
     ratio = (math.sqrt(5) - 1) / 2
-    lo, hi = math.log(T_MIN), math.log(T_MAX)
+    lo, hi = np.full(width, math.log(T_MIN)), np.full(width, math.log(T_MAX))
     a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-    fa, fb = nll(math.exp(a)), nll(math.exp(b))
+    fa, fb = nll(np.exp(a)), nll(np.exp(b))
     for _ in range(_SEARCH_STEPS):
-        if fa <= fb:  # the minimum is left of b
-            hi, b, fb = b, a, fa
-            a = hi - ratio * (hi - lo)
-            fa = nll(math.exp(a))
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + ratio * (hi - lo)
-            fb = nll(math.exp(b))
-    return float(f"{math.exp((lo + hi) / 2):.6g}")
+        left = fa <= fb  # the minimum is left of b: [lo, b], else [a, hi]
+        hi, lo = np.where(left, b, hi), np.where(left, lo, a)
+        b_new, a_new = np.where(left, a, lo + ratio * (hi - lo)), np.where(left, hi - ratio * (hi - lo), b)
+        fresh = np.where(left, a_new, b_new)  # the one new point per function
+        f = nll(np.exp(fresh))
+        fa, fb = np.where(left, f, fb), np.where(left, fa, f)
+        a, b = a_new, b_new
+    return np.array([float(f"{v:.6g}") for v in np.exp((lo + hi) / 2)])
 
 
 def _softmax_nll(z: np.ndarray, y: np.ndarray, t: float) -> float:
@@ -86,11 +105,12 @@ def _softmax_nll(z: np.ndarray, y: np.ndarray, t: float) -> float:
     return float(np.mean(log_norm - s[np.arange(len(s)), y]))
 
 
-def _binary_nll(z: np.ndarray, y: np.ndarray, t) -> float:
-    """Mean binary cross-entropy of sigmoid(z / t): -log sigmoid(s) = softplus(-s), written without overflow."""
+def _binary_nll(z: np.ndarray, y: np.ndarray, t) -> np.ndarray:
+    """Binary cross-entropy of sigmoid(z / t) per element: -log sigmoid(s) = softplus(-s), written without
+    overflow."""
     s = z / t
     s = np.where(y, s, -s)  # the logit of the observed outcome
-    return float(np.mean(np.logaddexp(0.0, -s)))
+    return np.logaddexp(0.0, -s)
 
 
 def checked(temperature, num_classes: int, multi_label: bool) -> str | None:
@@ -131,18 +151,24 @@ def nll(logits, labels, multi_label: bool, temperature=None) -> float:
     if len(z) == 0:
         return float("nan")
     if multi_label:
-        return _binary_nll(z, np.asarray(labels) > 0.5, 1.0)
+        return float(np.mean(_binary_nll(z, np.asarray(labels) > 0.5, 1.0)))
     return _softmax_nll(z, np.asarray(labels, dtype=np.int64), 1.0)
 
 
-def _events(probs, labels, multi_label: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(confidence, right) pairs the ECE and the reliability diagram bin: the top class's probability and
-    whether it is the true class; multi-label: every label's probability and whether the label is on."""
-    p = np.asarray(probs, dtype=np.float64)
-    if multi_label:
-        return p.ravel(), (np.asarray(labels) > 0.5).ravel().astype(np.float64)
-    y = np.asarray(labels, dtype=np.int64)
-    return p.max(axis=1), (p.argmax(axis=1) == y).astype(np.float64)
+BLOCK_ENTRIES = 1 << 22  # probabilities binned at a time (float64: 32 MB)
+
+
+def _events(probs, labels, multi_label: bool):
+    """(confidence, right) blocks the ECE and the reliability diagram bin: the top class's probability and whether
+    it is the true class; multi-label: every label's probability and whether the label is on."""
+    probs = np.asarray(probs)
+    rows = max(1, BLOCK_ENTRIES // max(probs.shape[-1] if probs.ndim == 2 else 1, 1))
+    for start in range(0, len(probs), rows):
+        p = probs[start:start + rows].astype(np.float64)
+        if multi_label:
+            yield p.ravel(), (np.asarray(labels[start:start + rows]) > 0.5).ravel()
+        else:
+            yield p.max(axis=1), p.argmax(axis=1) == np.asarray(labels[start:start + rows], dtype=np.int64)
 
 
 def _bins(confidence: np.ndarray, bins: int) -> np.ndarray:
@@ -152,46 +178,98 @@ def _bins(confidence: np.ndarray, bins: int) -> np.ndarray:
     return np.clip(np.searchsorted(edges, confidence, side="left") - 1, 0, bins - 1)
 
 
+class _Bins:
+    """Running sums per bin of (confidence, right) events: how many, their confidence, how many were right."""
+
+    def __init__(self, bins: int = ECE_BINS):
+        self.bins, self.count, self.conf, self.right = bins, np.zeros(bins), np.zeros(bins), np.zeros(bins)
+
+    def add(self, confidence, right) -> None:
+        confidence = np.asarray(confidence, dtype=np.float64)
+        idx = _bins(confidence, self.bins)
+        self.count += np.bincount(idx, minlength=self.bins)
+        self.conf += np.bincount(idx, weights=confidence, minlength=self.bins)
+        self.right += np.bincount(idx, weights=np.asarray(right, dtype=np.float64), minlength=self.bins)
+
+    def result(self):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.count, self.conf / self.count, self.right / self.count
+
+
+def reliability_of(events, bins: int = ECE_BINS):
+    """Per bin: (count, mean confidence, accuracy) arrays of (confidence, right) blocks; empty bins have count 0
+    and NaN means."""
+    tally = _Bins(bins)
+    for confidence, right in events:
+        tally.add(confidence, right)
+    return tally.result()
+
+
 def reliability(probs, labels, multi_label: bool, bins: int = ECE_BINS):
     """Per bin: (count, mean confidence, accuracy) arrays; empty bins have count 0 and NaN means."""
-    confidence, right = _events(probs, labels, multi_label)
-    idx = _bins(confidence, bins)
-    count = np.bincount(idx, minlength=bins).astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        conf = np.bincount(idx, weights=confidence, minlength=bins) / count
-        acc = np.bincount(idx, weights=right, minlength=bins) / count
-    return count, conf, acc
+    return reliability_of(_events(probs, labels, multi_label), bins)
 
 
-def ece(probs, labels, multi_label: bool = False, bins: int = ECE_BINS) -> float:
-    """Expected calibration error: sum over bins of (share of events) x |accuracy - mean confidence|."""
-    count, conf, acc = reliability(probs, labels, multi_label, bins)
+def ece_from_bins(count, conf, acc) -> float:
+    """The ECE of `reliability`'s bins."""
     if count.sum() == 0:
         return float("nan")
     filled = count > 0
     return float(np.sum(count[filled] / count.sum() * np.abs(acc[filled] - conf[filled])))
 
 
+def ece(probs, labels, multi_label: bool = False, bins: int = ECE_BINS) -> float:
+    """Expected calibration error: sum over bins of (share of events) x |accuracy - mean confidence|."""
+    return ece_from_bins(*reliability(probs, labels, multi_label, bins))
+
+
+def ece_of(confidence, right, bins: int = ECE_BINS) -> float:
+    """`ece` of (confidence, right) pairs (evaluation/rows.py keeps them per text)."""
+    return ece_from_bins(*reliability_of([(confidence, right)], bins))
+
+
 def brier(probs, labels, multi_label: bool = False) -> float:
     """Softmax: mean ||p - onehot(y)||^2 over texts; multi-label: mean (p_c - y_c)^2 over texts and labels."""
-    p = np.asarray(probs, dtype=np.float64)
-    if len(p) == 0:
+    probs = np.asarray(probs)
+    if len(probs) == 0:
         return float("nan")
-    if multi_label:
-        return float(np.mean((p - (np.asarray(labels) > 0.5)) ** 2))
-    onehot = np.eye(p.shape[1])[np.asarray(labels, dtype=np.int64)]  # (N, C)
-    return float(np.mean(np.sum((p - onehot) ** 2, axis=1)))
+    rows, total = max(1, BLOCK_ENTRIES // max(probs.shape[1], 1)), 0.0
+    for start in range(0, len(probs), rows):
+        p, y = probs[start:start + rows].astype(np.float64), np.asarray(labels[start:start + rows])
+        if multi_label:
+            total += float(np.sum((p - (y > 0.5)) ** 2))
+        else:
+            p[np.arange(len(p)), y.astype(np.int64)] -= 1.0
+            total += float(np.sum(p * p))
+    return total / (probs.size if multi_label else len(probs))
 
 
 def metrics(logits, labels, multi_label: bool, temperature=None) -> dict:
     """ece, brier, nll at `temperature` (what consumers get), ece_raw, brier_raw, nll_raw of the model as
-    trained, and the temperature (null: none fitted, the two agree)."""
-    raw = probabilities(logits, None, multi_label)
-    cal = probabilities(logits, temperature, multi_label) if temperature is not None else raw
-    return {"ece": ece(cal, labels, multi_label), "brier": brier(cal, labels, multi_label),
-            "nll": nll(logits, labels, multi_label, temperature), "ece_raw": ece(raw, labels, multi_label),
-            "brier_raw": brier(raw, labels, multi_label), "nll_raw": nll(logits, labels, multi_label),
-            "temperature": temperature}
+    trained, and the temperature (null: none fitted, the two agree). Taken a block of rows at a time: never more
+    than BLOCK_ENTRIES probabilities in memory besides the logits."""
+    z_all, labels = np.asarray(logits), np.asarray(labels)
+    sides = {"": temperature, "_raw": None}
+    if len(z_all) == 0:
+        return {**{f"{k}{suffix}": float("nan") for suffix in sides for k in ("ece", "brier", "nll")},
+                "temperature": temperature}
+    rows = max(1, BLOCK_ENTRIES // max(z_all.shape[1], 1))
+    bins, sums = {suffix: _Bins() for suffix in sides}, {suffix: [0.0, 0.0] for suffix in sides}
+    for start in range(0, len(z_all), rows):
+        z, y = z_all[start:start + rows], labels[start:start + rows]
+        n = z.size if multi_label else len(z)
+        for suffix, t in sides.items():
+            p = probabilities(z, t, multi_label)
+            for confidence, right in _events(p, y, multi_label):
+                bins[suffix].add(confidence, right)
+            sums[suffix][0] += brier(p, y, multi_label) * n
+            sums[suffix][1] += nll(z, y, multi_label, t) * n
+    total = z_all.size if multi_label else len(z_all)
+    out = {}
+    for suffix in sides:
+        out.update({f"ece{suffix}": ece_from_bins(*bins[suffix].result()), f"brier{suffix}": sums[suffix][0] / total,
+                    f"nll{suffix}": sums[suffix][1] / total})
+    return {**out, "temperature": temperature}
 
 
 def rescaled_thresholds(thresholds, temperature, old_temperature=None) -> list[float]:

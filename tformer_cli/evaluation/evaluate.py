@@ -7,21 +7,28 @@ from pathlib import Path
 
 import numpy as np
 
-from ..inference import predict_logits
+from ..inference import logit_blocks, loss_of, predict_logits
 from ..safe_text import markup
 from . import artifacts, calibration
 from .metrics import compute, compute_multi_label, tune_thresholds
+from .rows import Rows, reduce
 
 
 @dataclass
 class Scored:
-    """A model on a split: its metrics, its probabilities at the temperature asked for (what consumers get), the
-    raw ones, and its document logits (N, C), all numpy."""
+    """A model on a split: its metrics and what the reports read of its answers: for a single-label model a few
+    numbers per text (evaluation/rows.py), for a multi-label model its (N, C) document logits and temperature."""
 
     metrics: dict
-    probs: np.ndarray
-    raw_probs: np.ndarray
-    logits: np.ndarray
+    rows: Rows | None = None  # single-label
+    logits: np.ndarray | None = None  # multi-label (N, C)
+    labels: np.ndarray | None = None  # multi-label (N, C) 0/1
+    temperature: object = None
+
+    def probs(self, temperature="checkpoint") -> np.ndarray:
+        """Multi-label: (N, C) probabilities at the checkpoint's temperature, or at `temperature` (None: raw)."""
+        t = self.temperature if temperature == "checkpoint" else temperature
+        return calibration.probabilities(self.logits, t, True)
 
 
 def score_split(model, split, label_names, *, pad_id, device, precision, batch_size, loss_weight=None,
@@ -29,30 +36,41 @@ def score_split(model, split, label_names, *, pad_id, device, precision, batch_s
     """The metrics of a model on a tokenized split, its labels decided on the probabilities at `temperature` (the
     checkpoint's; None: raw): a multi-label model's cut at `thresholds` (the checkpoint's, moved to the calibrated
     scale with its temperature), None tunes them on this split (validation does). With calibration_metrics the
-    metrics gain ece, brier, nll at the temperature and the raw model's ece_raw, brier_raw, nll_raw."""
-    logits, loss = predict_logits(model, split, batch_size=batch_size, pad_id=pad_id, device=device,
-                                  precision=precision, loss_weight=loss_weight, progress=progress)
-    logits, multi = logits.numpy(), bool(model.cfg.multi_label)
-    raw = calibration.probabilities(logits, None, multi)
-    probs = calibration.probabilities(logits, temperature, multi) if temperature is not None else raw
-    y = split.doc_labels.numpy()
-    if multi:
-        cuts = thresholds if thresholds is not None else tune_thresholds(y, probs)
-        metrics = compute_multi_label(y, probs, cuts, label_names, loss)
-    else:
-        metrics = compute(y, probs.argmax(-1), label_names, loss)
+    metrics gain ece, brier, nll at the temperature and the raw model's ece_raw, brier_raw, nll_raw. A single-label
+    model's logits are reduced block by block as the forward pass makes them: memory grows with texts plus
+    classes, not with their product."""
+    y = split.doc_labels
+    if bool(model.cfg.multi_label):
+        logits, loss = predict_logits(model, split, batch_size=batch_size, pad_id=pad_id, device=device,
+                                      precision=precision, loss_weight=loss_weight, progress=progress)
+        logits = logits.numpy()
+        probs = calibration.probabilities(logits, temperature, True)
+        cuts = thresholds if thresholds is not None else tune_thresholds(y.numpy(), probs)
+        metrics = compute_multi_label(y.numpy(), probs, cuts, label_names, loss)
+        if calibration_metrics:
+            metrics.update(calibration.metrics(logits, y.numpy(), True, temperature))
+        return Scored(metrics, logits=logits, labels=y.numpy(), temperature=temperature)
+    loss_sum = [0.0]
+
+    def blocks():  # the logits, their loss summed on the way
+        for index, logits in logit_blocks(model, split, batch_size=batch_size, pad_id=pad_id, device=device,
+                                          precision=precision, progress=progress):
+            loss_sum[0] += loss_of(logits, y[index], False, loss_weight, reduction="sum")
+            yield index.numpy(), logits.numpy()
+
+    rows = reduce(blocks(), y.numpy(), temperature)
+    metrics = compute(rows.labels, rows.pred, label_names, loss_sum[0] / max(len(rows), 1))
     if calibration_metrics:
-        metrics.update(calibration.metrics(logits, y, multi, temperature))
-    return Scored(metrics, probs, raw, logits)
+        metrics.update(rows.figures())
+    return Scored(metrics, rows=rows, temperature=temperature)
 
 
 def evaluate_split(model, split, label_names, *, pad_id, device, precision, batch_size, loss_weight=None,
-                   progress="evaluating", thresholds=None, temperature=None):
-    """(metrics, class probabilities (N, C) as numpy) of a model on a tokenized split, see `score_split`."""
-    scored = score_split(model, split, label_names, pad_id=pad_id, device=device, precision=precision,
-                         batch_size=batch_size, loss_weight=loss_weight, progress=progress, thresholds=thresholds,
-                         temperature=temperature, calibration_metrics=False)
-    return scored.metrics, scored.probs
+                   progress="evaluating", thresholds=None, temperature=None) -> dict:
+    """The metrics of a model on a tokenized split, see `score_split` (no calibration figures)."""
+    return score_split(model, split, label_names, pad_id=pad_id, device=device, precision=precision,
+                       batch_size=batch_size, loss_weight=loss_weight, progress=progress, thresholds=thresholds,
+                       temperature=temperature, calibration_metrics=False).metrics
 
 
 def count(split) -> str:
@@ -65,7 +83,7 @@ def validation_metrics(model, split, label_names, *, pad_id, device, precision, 
     """The per-epoch validation pass: val_loss, val_accuracy, val_f1, val_precision, val_recall. A multi-label
     model also gets its per-label thresholds tuned here (`thresholds`, saved with the epoch's checkpoints) and
     val_f1_macro; its val_accuracy is subset accuracy and val_f1 micro F1, both at the tuned thresholds."""
-    m, _ = evaluate_split(model, split, label_names, pad_id=pad_id, device=device, precision=precision,
+    m = evaluate_split(model, split, label_names, pad_id=pad_id, device=device, precision=precision,
                           batch_size=batch_size, loss_weight=loss_weight, progress="validating")
     out = {f"val_{k}": m[k] for k in ("loss", "accuracy", "f1", "precision", "recall")}
     if m.get("multi_label"):
@@ -73,13 +91,26 @@ def validation_metrics(model, split, label_names, *, pad_id, device, precision, 
     return out
 
 
-def write_reports(out_dir: Path, metrics, label_names, texts, split, probs, normalize: bool, title: str,
-                  console, raw_probs=None) -> None:
-    """The report files (artifacts.write); with raw_probs, reliability_diagram.png too (raw against `probs`)."""
-    paths = artifacts.write(out_dir, metrics, label_names, texts, split.doc_labels.numpy(), probs, normalize=normalize,
-                            title=title)
-    if raw_probs is not None:
+def write_reports(out_dir: Path, scored: Scored, label_names, texts, normalize: bool, title: str, console,
+                  reliability: bool = True) -> None:
+    """The report files (artifacts.write) of a scored split, and reliability_diagram.png (raw against calibrated).
+    texts: the split's Dataset (its text column read a block of rows at a time) or a list of texts."""
+    metrics = scored.metrics
+    read = (lambda idx: texts.select(idx)["text"][:]) if hasattr(texts, "select") else texts
+    if scored.rows is not None:
+        rows = scored.rows
+        paths = artifacts.write(out_dir, metrics, label_names, read, rows=rows, normalize=normalize, title=title)
+        curves = {"raw": calibration.reliability_of([(rows.raw.conf, rows.raw.pred == rows.labels)]),
+                  "calibrated": calibration.reliability_of([(rows.calibrated.conf, rows.pred == rows.labels)])}
+        y = rows.labels
+    else:
+        y = scored.labels
+        paths = artifacts.write(out_dir, metrics, label_names, read, y_true=y, probs=scored.probs(),
+                                normalize=normalize, title=title)
+        curves = {"raw": calibration.reliability(scored.probs(None), y, True),
+                  "calibrated": calibration.reliability(scored.probs(), y, True)}
+    if reliability:
         paths["reliability_diagram"] = artifacts.reliability_diagram_png(
-            artifacts.report_paths(out_dir)["reliability_diagram"], raw_probs, probs, split.doc_labels.numpy(),
-            bool(metrics.get("multi_label")), f"reliability: {title}", metrics.get("temperature"))
+            artifacts.report_paths(out_dir)["reliability_diagram"], curves, scored.rows is None,
+            f"reliability: {title}", metrics.get("temperature"))
     console.print("reports: " + ", ".join(markup(p) for p in paths.values()), highlight=False)

@@ -7,6 +7,7 @@ from rich.table import Table
 from ..console import WIDE, fitting_width, output
 from ..safe_text import markup, rich
 from .calibration import describe
+from .metrics import top_confusions
 
 
 def print_metrics(metrics: dict, label_names: list[str], title: str, console=None) -> None:
@@ -27,19 +28,36 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
     if "ece" in metrics:
         console.print(calibration_table(metrics))
 
-    per_class = Table(title="per label (at its threshold)" if multi else "per class", header_style="bold")
-    for col in ("label", "precision", "recall", "f1", "support") + (("threshold",) if multi else ()):
-        per_class.add_column(col, justify="left" if col == "label" else "right",
-                             overflow="fold" if col == "label" else "ellipsis")  # a long name wraps, whole
-    for i, name in enumerate(label_names):
-        row = metrics["per_class"].get(name, {})
-        per_class.add_row(rich(name), f"{row.get('precision', 0):.3f}", f"{row.get('recall', 0):.3f}",
-                          f"{row.get('f1-score', 0):.3f}", f"{int(row.get('support', 0)):,}",
-                          *([f"{metrics['thresholds'][i]:.2f}"] if multi else []))
-    console.print(per_class)
-
+    console.print(per_class_table(metrics, label_names))
     if not multi:  # (labels of a multi-label model are not exclusive: no matrix)
-        console.print(ConfusionMatrix(label_names, metrics["confusion_matrix"]))
+        console.print(ConfusionMatrix(label_names, metrics))
+
+
+PER_CLASS_SHOWN = 50  # more classes: the table shows the PER_CLASS_WORST lowest F1 (the file has every class)
+PER_CLASS_WORST = 15
+
+
+def per_class_table(metrics: dict, label_names: list[str]) -> Table:
+    """Precision, recall, F1 and support per class (and threshold per label); above PER_CLASS_SHOWN classes only
+    the PER_CLASS_WORST classes with texts and the lowest F1 (classification_report.json holds them all)."""
+    multi = bool(metrics.get("multi_label"))
+    rows = [(i, metrics["per_class"].get(name, {})) for i, name in enumerate(label_names)]
+    title = "per label (at its threshold)" if multi else "per class"
+    if len(rows) > PER_CLASS_SHOWN:
+        with_texts = [(i, r) for i, r in rows if r.get("support", 0)]
+        rows = sorted(with_texts, key=lambda ir: (ir[1].get("f1-score", 0), -ir[1].get("support", 0), ir[0])
+                      )[:PER_CLASS_WORST]
+        title = (f"{title}: the {len(rows)} lowest F1 of {len(label_names):,} (every {'label' if multi else 'class'} "
+                 f"in classification_report.json)")
+    table = Table(title=title, header_style="bold")
+    for col in ("label", "precision", "recall", "f1", "support") + (("threshold",) if multi else ()):
+        table.add_column(col, justify="left" if col == "label" else "right",
+                         overflow="fold" if col == "label" else "ellipsis")  # a long name wraps, whole
+    for i, row in rows:
+        table.add_row(rich(label_names[i]), f"{row.get('precision', 0):.3f}", f"{row.get('recall', 0):.3f}",
+                      f"{row.get('f1-score', 0):.3f}", f"{int(row.get('support', 0)):,}",
+                      *([f"{metrics['thresholds'][i]:.2f}"] if multi else []))
+    return table
 
 
 def calibration_table(metrics: dict) -> Table:
@@ -62,16 +80,22 @@ TOP_CONFUSIONS = 10
 class ConfusionMatrix:
     """The confusion matrix, laid out when a console renders it, for that console's width (the terminal's; a file's
     PLAIN_WIDTH): whole label names as column headers when they fit; else numbered columns, the numbers beside the
-    rows' whole names; when even that is too wide, the most frequent confusions (true, predicted, count) and a
-    pointer to confusion_matrix.png. A label name is never cut: a cut `comp...` could be any of five classes."""
+    rows' whole names; when even that is too wide (or the metrics hold only the top confusions: many classes), the
+    most frequent confusions (true, predicted, count) and a pointer to confusion_matrix.png. A label name is never
+    cut: a cut `comp...` could be any of five classes."""
 
-    def __init__(self, label_names, matrix):
+    def __init__(self, label_names, metrics: dict):
         self.names = [str(n) for n in label_names]
-        self.matrix = [[int(v) for v in row] for row in matrix]
+        dense = metrics.get("confusion_matrix")
+        self.matrix = [[int(v) for v in row] for row in dense] if dense is not None else None
+        self.pairs = top_confusions(metrics, self.names)
+        self.pair_count = len(self.pairs) if dense is not None else int(metrics.get("confusion_pairs", len(self.pairs)))
+        self.support = {i: int(metrics.get("per_class", {}).get(n, {}).get("support", 0))
+                        for i, n in enumerate(self.names)} if dense is None else None
 
     def __rich_console__(self, console, options):
         width = fitting_width(options.max_width)
-        if len(self.names) <= MATRIX_MAX_CLASSES:
+        if self.matrix is not None and len(self.names) <= MATRIX_MAX_CLASSES:
             for table in (self.named(), self.numbered()):
                 if Measurement.get(console, options.update_width(WIDE), table).maximum <= width:
                     yield table
@@ -99,18 +123,19 @@ class ConfusionMatrix:
         return cm
 
     def top(self) -> Table:
-        pairs = sorted(((v, t, p) for t, row in enumerate(self.matrix) for p, v in enumerate(row) if t != p and v > 0),
-                       key=lambda x: (-x[0], x[1], x[2]))
-        table = Table(title=f"top confusions ({min(len(pairs), TOP_CONFUSIONS)} of {len(pairs)}; the whole "
-                            f"{len(self.names)}x{len(self.names)} matrix: confusion_matrix.png in the reports)",
+        k = len(self.names)
+        where = (f"the whole {k}x{k} matrix: confusion_matrix.png in the reports" if self.matrix is not None else
+                 f"{k:,} classes: the most confused in confusion_matrix.png, the top "
+                 f"{len(self.pairs):,} in the metrics file")
+        table = Table(title=f"top confusions ({min(len(self.pairs), TOP_CONFUSIONS)} of {self.pair_count:,}; {where})",
                       header_style="bold")
         table.add_column("true", overflow="fold")  # (a name longer than the screen wraps, whole)
         table.add_column("predicted", overflow="fold")
         table.add_column("count", justify="right")
         table.add_column("% of true", justify="right")
-        for v, t, p in pairs[:TOP_CONFUSIONS]:
-            total = sum(self.matrix[t])
-            table.add_row(rich(self.names[t]), rich(self.names[p]), f"{v:,}", f"{100 * v / total:.1f}")
+        for t, p, v in self.pairs[:TOP_CONFUSIONS]:
+            total = sum(self.matrix[t]) if self.matrix is not None else self.support[t]
+            table.add_row(rich(self.names[t]), rich(self.names[p]), f"{v:,}", f"{100 * v / max(total, 1):.1f}")
         return table
 
 

@@ -125,7 +125,15 @@ def select(probs: np.ndarray, n: int, *, features=None, labelled_features=None, 
     labelled_features (s, d): the labelled texts', so the picks also keep away from what is labelled.
     among: the eligible rows (`eligible`); default every row. pool_factor: candidates per pick (1: uncertainty
     only, large: diversity weighs more)."""
-    scores = uncertainty(probs, method, thresholds)
+    return select_scored(uncertainty(probs, method, thresholds), n, features=features,
+                         labelled_features=labelled_features, pool_factor=pool_factor, among=among)
+
+
+def select_scored(scores: np.ndarray, n: int, *, features=None, labelled_features=None, pool_factor: int = 10,
+                  among: np.ndarray | None = None) -> np.ndarray:
+    """`select` from each row's uncertainty (n_texts,) alone: a pool scored a chunk at a time keeps one number
+    per text, not one per (text, class)."""
+    scores = np.asarray(scores)
     rows = np.arange(len(scores)) if among is None else np.asarray(among, dtype=np.int64)
     rows = rows[np.isfinite(scores[rows])]
     if n > len(rows):

@@ -23,7 +23,7 @@ import pandas as pd
 from ..classifier import Classifier, whole_number
 from ..console import progress
 from ..data import sources
-from ..data.sanity import has_visible
+from ..data.visible import has_visible
 from ..errors import ArgumentTypeError, ConfigError, TformerError
 from ..safe_text import terminal
 from . import selection
@@ -119,13 +119,15 @@ def labelled_texts(labelled, clf, text_column: str) -> list[str]:
     return _as_texts(labelled, text_column, "labelled")
 
 
-def _scored(clf, texts: list[str], batch_size: int, quiet: bool) -> np.ndarray:
-    """(len(texts), C) probabilities, a chunk at a time under a progress bar."""
-    out = np.full((len(texts), len(clf.labels)), np.nan, dtype=np.float32)
+def _scored(clf, texts: list[str], batch_size: int, quiet: bool, method: str, thresholds) -> np.ndarray:
+    """(len(texts),) uncertainty of each text (NaN: empty), a chunk at a time under a progress bar: a chunk's
+    probabilities are reduced to their scores at once (a pool of 100,000 texts over 10,000 classes would be 4 GB)."""
+    out = np.full(len(texts), np.nan)
     with progress(total=len(texts), desc="scoring the pool", unit="text", enabled=not quiet) as bar:
         for start in range(0, len(texts), POOL_CHUNK):
             chunk = texts[start:start + POOL_CHUNK]
-            out[start:start + len(chunk)] = clf.predict_proba(chunk, batch_size=batch_size)
+            out[start:start + len(chunk)] = selection.uncertainty(clf.predict_proba(chunk, batch_size=batch_size),
+                                                                  method, thresholds)
             bar.update(len(chunk))
     return out
 
@@ -182,8 +184,8 @@ def suggest(run=None, texts=None, *, n: int = 100, text_column: str | None = Non
         raise ConfigError(f"n={n} is more than the {len(keep)} texts that can be suggested ({len(pool)} in the pool, "
                           f"{dropped} of them empty, repeated or already labelled); ask for n={max(len(keep), 1)} "
                           f"or fewer, or add texts")
-    probs = _scored(clf, pool, batch_size, quiet)
     thresholds = clf.thresholds if clf.multi_label else None
+    pool_scores = _scored(clf, pool, batch_size, quiet, uncertainty, thresholds)
     seeds = None
     if seen and pool_factor > 1:
         rng = np.random.default_rng(0)
@@ -191,23 +193,24 @@ def suggest(run=None, texts=None, *, n: int = 100, text_column: str | None = Non
         seeds = _features(clf, sample, batch_size, quiet, "features of the labelled texts")
         seeds = seeds[np.isfinite(seeds).all(1)]
     features = lambda rows: _features(clf, [pool[i] for i in rows], batch_size, quiet, "features of the candidates")
-    picks = selection.select(probs, n, features=features, labelled_features=seeds, method=uncertainty,
-                             thresholds=thresholds, pool_factor=pool_factor, among=keep)
-    scores = selection.uncertainty(probs[picks], uncertainty, thresholds)
+    picks = selection.select_scored(pool_scores, n, features=features, labelled_features=seeds,
+                                    pool_factor=pool_factor, among=keep)
+    scores = pool_scores[picks]
+    picked = clf.predict_proba([pool[i] for i in picks], batch_size=batch_size)  # (n, C): the picks' own, again
     # named as the run's training file names them, so labelled rows append to it as they are
     rows = {own_text: [pool[i] for i in picks], own_label: [None] * len(picks)}
     labels = clf.labels
     if clf.multi_label:
         separator = data.get("label_separator") or "|"
-        p, t = probs[picks], np.asarray(thresholds)[None, :]
+        p, t = picked, np.asarray(thresholds)[None, :]
         closest = np.argmin(np.abs(p - t) / np.where(p >= t, 1.0 - t, t).clip(min=1e-12), axis=1)
         rows["guess"] = [separator.join(labels[c] for c in np.argsort(-r, kind="stable") if r[c] >= t[0, c])
                          for r in p]
         rows["closest_label"] = [labels[c] for c in closest]
         rows["probability"] = [round(float(r[c]), 6) for r, c in zip(p, closest)]
     else:
-        best = probs[picks].argmax(1)
+        best = picked.argmax(1)
         rows["guess"] = [labels[c] for c in best]
-        rows["probability"] = [round(float(probs[i, c]), 6) for i, c in zip(picks, best)]
+        rows["probability"] = [round(float(picked[j, c]), 6) for j, c in enumerate(best)]
     rows["uncertainty"] = [round(float(s), 6) for s in scores]
     return pd.DataFrame(rows, index=pd.Index(picks, name="row"))

@@ -13,6 +13,8 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
+from .. import timing
+from ..console import output
 from ..store import checkpoint
 from ..store.atomic import JsonLines, write_json
 from .config import TrainConfig
@@ -23,7 +25,7 @@ from ..evaluation import report
 from ..evaluation.artifacts import training_curves_png
 from ..evaluation import calibration
 from ..evaluation.evaluate import count, score_split, write_reports
-from ..inference import predict_logits
+from ..inference import logit_blocks, predict_logits
 from ..model import pretrained
 from ..model.encoder import EncoderConfig, TransformerClassifier
 from ..model.mlm import encoder_state
@@ -118,34 +120,22 @@ def prepare(config: TrainConfig, resume, console, data_report=None, table=None) 
     """Data (checked by data/sanity.py, its report saved at `data_report` unless None), tokenizer (the run's own
     when resuming) and model (built, or the checkpoint's, checked on load). table: a token table and its tokenizer
     (pretrained.PretrainedEmbeddings) to start from instead of embedding_init's (a distillation teacher's)."""
-    data = sources.load(config.data, seed=config.seed)
+    with timing.phase("load"):
+        data = sources.load(config.data, seed=config.seed)
     console.print(f"[bold]data[/] {markup(config.data.name)} from {markup(data.source)}: " + ", ".join(
         f"{s} {len(ds):,}" for s, ds in data.splits.items()) + f"; {len(data.label_names)} classes")
-    fingerprint = sources.fingerprint(data)
-    if resume is not None:
-        check_same_data(resume.run_dir, resume.loaded.meta.get("data"), resume.loaded.label_names, fingerprint,
-                        config.resume_ignore_data_change, console)
-    sanity.check(data, data_report)
-    (max_len, fit_later), pre, encoder, init = recipe.planned_max_len(config, data.splits["train"]["text"], resume,
-                                                                       console), None, None, None
-    options = config.model_options
-    if resume is not None:
-        tok = tokenization.load_tokenizer(resume.loaded.tokenizer_file, max_len)
-    elif options.init:
-        init = checkpoint.load_pretraining(options.init)
-        tok = tokenization.load_tokenizer(init.tokenizer_file, max_len)
-    elif options.pretrained:
-        encoder = pretrained.load_encoder(options.pretrained, options.pretrained_package, max_len)
-        tok = tokenization.load_tokenizer(encoder.tokenizer_file, max_len)
-    else:
-        tok, pre = build_tokenizer_and_embeddings(config, data.splits["train"]["text"], table)
-        if pre is None:  # learned from the texts: under DDP, rank 0's (WordPiece training is not reproducible
-            tok = distributed.same_tokenizer(tok, max_len)  # across processes when merges tie)
-    if fit_later:  # model.max_len=auto, fitted with the tokenizer just built (training/recipe.py)
-        max_len = recipe.fit_max_len(config, tok, data.splits["train"]["text"], init, console)
-    tokenization.configure(tok, max_len, config.data.truncation, config.long_text)
-    tokenized = {s: TokenizedSplit.from_dataset(tokenization.tokenize_split(ds, tok, max_len, s, config.long_text))
-                 for s, ds in data.splits.items()}
+    with timing.phase("checks"):
+        fingerprint = sources.fingerprint(data)
+        if resume is not None:
+            check_same_data(resume.run_dir, resume.loaded.meta.get("data"), resume.loaded.label_names, fingerprint,
+                            config.resume_ignore_data_change, console)
+        sanity.check(data, data_report)
+    with timing.phase("vocabulary"):
+        tok, pre, encoder, init, max_len = tokenizer_for(config, data, resume, console, table)
+    with timing.phase("tokenize"):
+        tokenization.configure(tok, max_len, config.data.truncation, config.long_text)
+        tokenized = {s: TokenizedSplit.from_dataset(tokenization.tokenize_split(ds, tok, max_len, s, config.long_text))
+                     for s, ds in data.splits.items()}
     if resume is not None:
         model, model_cfg = resume.loaded.model, EncoderConfig.from_dict(resume.loaded.model_config)
         return Prepared(data, tok, tokenized, model, model_cfg, None, fingerprint)
@@ -166,6 +156,31 @@ def prepare(config: TrainConfig, resume, console, data_report=None, table=None) 
         with torch.no_grad():
             model.token_embedding.weight.copy_(pre.weight)
     return Prepared(data, tok, tokenized, model, model_cfg, pre.source if pre is not None else None, fingerprint)
+
+
+def tokenizer_for(config: TrainConfig, data, resume, console, table=None):
+    """(tokenizer, a pretrained token table, a pretrained encoder, a pretraining run to start from (each or None),
+    max_len): the
+    resumed run's tokenizer, a pretraining run's, a pretrained encoder's, or one learned from the train texts
+    (with embedding_init's table when it has one); model.max_len=auto fitted with it (training/recipe.py)."""
+    options, train = config.model_options, data.splits["train"]
+    (max_len, fit_later), pre, encoder, init = recipe.planned_max_len(config, train, resume, console), None, \
+        None, None
+    if resume is not None:
+        tok = tokenization.load_tokenizer(resume.loaded.tokenizer_file, max_len)
+    elif options.init:
+        init = checkpoint.load_pretraining(options.init)
+        tok = tokenization.load_tokenizer(init.tokenizer_file, max_len)
+    elif options.pretrained:
+        encoder = pretrained.load_encoder(options.pretrained, options.pretrained_package, max_len)
+        tok = tokenization.load_tokenizer(encoder.tokenizer_file, max_len)
+    else:
+        tok, pre = build_tokenizer_and_embeddings(config, train, table)
+        if pre is None:  # learned from the texts: under DDP, rank 0's (WordPiece training is not reproducible
+            tok = distributed.same_tokenizer(tok, max_len)  # across processes when merges tie)
+    if fit_later:  # model.max_len=auto, fitted with the tokenizer just built (training/recipe.py)
+        max_len = recipe.fit_max_len(config, tok, train, init, console)
+    return tok, pre, encoder, init, max_len
 
 
 def freeze_plan(config: TrainConfig) -> tuple[int, int]:
@@ -215,13 +230,19 @@ def _from_pretraining(config: TrainConfig, init, data, tok, tokenized, fingerpri
     return Prepared(data, tok, tokenized, model, model_cfg, source, fingerprint)
 
 
-def build_tokenizer_and_embeddings(config: TrainConfig, train_texts, table=None):
-    """(tokenizer, pretrained weight or None) for the chosen embedding_init, or for `table` when given."""
+def build_tokenizer_and_embeddings(config: TrainConfig, train, table=None):
+    """(tokenizer, pretrained weight or None) for the chosen embedding_init, or for `table` when given. train: the
+    train split (a datasets.Dataset, its vocabulary learned from a sample when it is big) or a list of texts."""
     emb, max_len = config.embedding_init, int(config.model["max_len"])
     if table is not None:
         return tokenization.load_tokenizer(table.tokenizer_file, max_len), table
     if not emb.pretrained:
-        return tokenization.train_wordpiece(train_texts, int(emb.vocab_size), max_len), None
+        texts, sampled, rows = tokenization.vocabulary_sample(train, config.seed) if hasattr(train, "select") \
+            else (train, len(train), len(train))
+        if sampled < rows:
+            output().print(f"[bold]vocabulary[/] learned from a seeded sample of {sampled:,} of the {rows:,} train texts "
+                           f"(about {tokenization.VOCABULARY_CHARS // 1_000_000:,} million characters)", highlight=False)
+        return tokenization.train_wordpiece(texts, int(emb.vocab_size), max_len, total=sampled), None
     pre = pretrained.load(emb, int(config.model["d_model"]))
     return tokenization.load_tokenizer(pre.tokenizer_file, max_len), pre
 
@@ -265,24 +286,28 @@ def report_run(session: Session, state: TrainingState) -> None:
     """history.json, training curves, and the best checkpoint's metrics and reports on the test split."""
     config, run_dir, console, prepared = session.config, session.run_dir, session.console, session.prepared
     report.print_history(state.history, console)
-    write_json(run_dir.history, state.history)
-    if state.history:
-        training_curves_png(run_dir.training_curves, state.history, state.best_metrics.get("epoch"))
+    with timing.phase("reports"):
+        write_json(run_dir.history, state.history)
+        if state.history:
+            training_curves_png(run_dir.training_curves, state.history, state.best_metrics.get("epoch"))
     best = state.best_metrics
     console.print(f"best checkpoint: {markup(run_dir.best)} (epoch {best.get('epoch')}, {markup(best['monitor'])} "
                   f"{best['best_value']:.4f})", highlight=False)
-    loaded = calibrate(session)
+    with timing.phase("calibrate"):
+        loaded = calibrate(session)
     test = prepared.tokenized.get("test")
     if not config.trainer.test_after_fit or test is None:
         return
-    scored = score_split(loaded.model, test, loaded.label_names, pad_id=prepared.pad_id, device=session.device,
-                         precision=session.precision, batch_size=config.trainer.eval_batch_size,
-                         thresholds=loaded.thresholds, temperature=loaded.temperature)
+    with timing.phase("test"):
+        scored = score_split(loaded.model, test, loaded.label_names, pad_id=prepared.pad_id, device=session.device,
+                             precision=session.precision, batch_size=config.trainer.eval_batch_size,
+                             thresholds=loaded.thresholds, temperature=loaded.temperature)
     title = f"test ({count(test)}; best checkpoint)"
-    report.print_metrics(scored.metrics, loaded.label_names, title, console)
-    write_json(run_dir.test_metrics, scored.metrics)
-    write_reports(run_dir.test_report, scored.metrics, loaded.label_names, prepared.data.splits["test"]["text"], test,
-                  scored.probs, True, title, console, raw_probs=scored.raw_probs)
+    with timing.phase("test reports"):
+        report.print_metrics(scored.metrics, loaded.label_names, title, console)
+        write_json(run_dir.test_metrics, scored.metrics)
+        write_reports(run_dir.test_report, scored, loaded.label_names, prepared.data.splits["test"], True, title,
+                      console)
 
 
 def calibrate(session: Session) -> checkpoint.Loaded:
@@ -303,10 +328,11 @@ def calibrate(session: Session) -> checkpoint.Loaded:
         console.print("calibration: off (trainer.calibrate=false); the earlier temperature is removed", highlight=False)
         return checkpoint.load(run_dir.best, session.device)
     validation = prepared.tokenized["validation"]
-    logits, _ = predict_logits(loaded.model, validation, batch_size=config.trainer.eval_batch_size,
-                               pad_id=prepared.pad_id, device=session.device, precision=session.precision,
-                               progress="calibrating")
-    logits, y = logits.numpy(), validation.doc_labels.numpy()
+    fitted_on = calibration.fit_rows(validation.n_docs, len(loaded.label_names), config.seed)
+    logits = sampled_logits(loaded.model, validation, fitted_on, batch_size=config.trainer.eval_batch_size,
+                            pad_id=prepared.pad_id, device=session.device, precision=session.precision)
+    y = validation.doc_labels.numpy()
+    y = y if fitted_on is None else y[fitted_on]
     temperature = calibration.fit_temperature(logits, y, multi)
     changes = {"temperature": temperature}
     if multi:  # the cuts follow the probabilities they are applied to
@@ -316,9 +342,26 @@ def calibrate(session: Session) -> checkpoint.Loaded:
                      for t in (None, temperature))
     edge = " (at the edge of its range: the validation split may be too small or too easy)" if any(
         t in (calibration.T_MIN, calibration.T_MAX) for t in np.atleast_1d(temperature)) else ""
+    sample = "" if fitted_on is None else (f", fitted on {len(fitted_on):,} of {validation.n_docs:,} validation texts "
+                                           f"(a seeded sample: {len(loaded.label_names):,} classes)")
     console.print(f"calibration: temperature {calibration.describe(temperature)}{edge}; validation ECE {before:.4f} -> "
-                  f"{after:.4f} (saved in {markup(run_dir.best)})", highlight=False)
+                  f"{after:.4f}{sample} (saved in {markup(run_dir.best)})", highlight=False)
     return checkpoint.load(run_dir.best, session.device)
+
+
+def sampled_logits(model, split: TokenizedSplit, rows, **kwargs) -> np.ndarray:
+    """The document logits (float32) of the rows `rows` of a split (None: every row), in that order, from one pass
+    that keeps only them."""
+    if rows is None:
+        return predict_logits(model, split, progress="calibrating", **kwargs)[0].numpy()
+    where = np.full(split.n_docs, -1, dtype=np.int64)
+    where[rows] = np.arange(len(rows))
+    out = np.zeros((len(rows), model.cfg.num_classes), dtype=np.float32)
+    for index, logits in logit_blocks(model, split, progress="calibrating", **kwargs):
+        at = where[index.numpy()]
+        keep = at >= 0
+        out[at[keep]] = logits.numpy()[keep]
+    return out
 
 
 def class_weights_of(session: Session, prepared: Prepared) -> torch.Tensor | None:

@@ -128,6 +128,7 @@ class EvaluateConfig:
     normalize: bool
     device: str
     precision: str
+    threads: int | str  # auto or a number (cores.py)
     data: dict | None = None  # data=<name> composes one; else the data config saved in the checkpoint
     long_text: str | None = None  # None: read long texts the way training did (the checkpoint says)
     head_tokens: int | None = None

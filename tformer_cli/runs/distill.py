@@ -203,8 +203,8 @@ def unlabeled_texts(config, options: DistillOptions, data, console) -> list[str]
         found, source = sources.unlabeled_texts(config.data, entry)
         texts += found
         where.append(source)
-    labelled = sanity.TrainTexts(t for split in data.splits.values() for t in split["text"][:])
-    kept = [t for t in texts if labelled.kind(t) is None]
+    known = sanity.TrainTexts(list(data.splits.values())).known(texts)
+    kept = [t for t, copy in zip(texts, known) if not copy]
     copies = len(texts) - len(kept)
     if options.max_unlabeled is not None and len(kept) > options.max_unlabeled:
         chosen = sorted(random.Random(config.seed).sample(range(len(kept)), options.max_unlabeled))

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import yaml
 
+from .. import cores, timing
 from ..store import checkpoint
 from ..console import Output, output
 from ..errors import TformerError
@@ -140,8 +141,21 @@ def start(session: Session) -> None:
 
 
 def _run_locked(session: Session) -> float:
-    config, run_dir, console, resume = session.config, session.run_dir, session.console, session.resume
     start(session)
+    with cores.claimed(session.config.trainer.threads, device_type=session.device.type, say=session.console.print), \
+            timing.recording() as phases:
+        try:
+            best = _run_started(session)
+        except Interrupted:  # (a stopped run keeps where its time went; a refused or failed one writes nothing)
+            phases.save(session.run_dir.timings)
+            raise
+        phases.save(session.run_dir.timings)
+        session.console.print(phases.line(), highlight=False)
+        return best
+
+
+def _run_started(session: Session) -> float:
+    config, run_dir, console, resume = session.config, session.run_dir, session.console, session.resume
     run, description = session.job.build(session)
     console.commit_log()
     if resume is not None and run_dir.finished:  # being trained longer: unfinished again until it ends, so an
@@ -158,7 +172,8 @@ def _run_locked(session: Session) -> float:
     try:
         restore = install_signal_handlers(run)
         try:
-            state = fit(run)
+            with timing.phase("train"):
+                state = fit(run)
         except torch.cuda.OutOfMemoryError as exc:
             raise _out_of_memory(config, session.dist, "GPU") from exc
         except RuntimeError as exc:  # the CPU allocator's refusal of one big block (the OOM killer gives no word)
@@ -214,7 +229,12 @@ def _execute_worker(job: Job, config, tree: dict, run_dir: RunDir, dist, resume_
     if resume_from is not None:
         session.resume = load_resume(job, resume_from, tree)
     start(session)
-    run, _ = job.build(session)
+    with cores.claimed(config.trainer.threads, device_type=session.device.type):
+        return _worker_fit(session, run_dir, dist)
+
+
+def _worker_fit(session: Session, run_dir: RunDir, dist) -> Trained:
+    run, _ = session.job.build(session)
     run.save_checkpoint, run.log_metrics, run.dist = (lambda *args: None), None, dist
     run.say = lambda *args, **kwargs: None
     restore = install_signal_handlers(run, quiet=True)

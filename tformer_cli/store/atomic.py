@@ -158,9 +158,14 @@ def write_text(path: str | Path, text: str) -> Path:
     return write_with(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
-def json_text(obj, *, allow_nan: bool = False, indent: int | None = 2) -> str:
+OPEN_LEVELS = 2  # json_text opens containers this many levels deep; deeper ones are written on one line each
+
+
+def json_text(obj, *, allow_nan: bool = False, indent: int | None = 2, open_levels: int = OPEN_LEVELS) -> str:
     """The JSON tformer writes, ending in a newline (indent=None: one line, as in metrics.jsonl); anything JSON has
-    no type for is written as its str(). The NaN rule, the one place it is decided:
+    no type for is written as its str(). Containers are opened (one item a line) OPEN_LEVELS deep and written on
+    one line below that: a run's 10,000 per-class entries are 10,000 lines, not 60,000 indented ones. The NaN rule,
+    the one place it is decided:
 
     allow_nan=False (the default): strict JSON, which every parser reads: a NaN or infinite number becomes null.
         For every file other tools may read: history.json, test_metrics.json, metrics.json, reports,
@@ -172,12 +177,26 @@ def json_text(obj, *, allow_nan: bool = False, indent: int | None = 2) -> str:
     """
     if not allow_nan:
         obj = _finite(obj)
-    return json.dumps(obj, indent=indent, default=str, allow_nan=allow_nan) + "\n"
+    if indent is None:
+        return json.dumps(obj, default=str, allow_nan=allow_nan) + "\n"
+    return _laid_out(obj, indent, 0, allow_nan, open_levels) + "\n"
 
 
-def write_json(path: str | Path, obj, *, allow_nan: bool = False) -> Path:
+def _laid_out(obj, indent: int, depth: int, allow_nan: bool, levels: int) -> str:
+    one_line = lambda value: json.dumps(value, default=str, allow_nan=allow_nan)
+    if depth >= levels or not isinstance(obj, (dict, list, tuple)) or not obj:
+        return one_line(obj)
+    pad, inner = " " * (indent * depth), " " * (indent * (depth + 1))
+    if isinstance(obj, dict):  # (a key as json.dumps writes it: 1 -> "1", True -> "true")
+        items = [f"{inner}{one_line({k: 0})[1:-4]}: {_laid_out(v, indent, depth + 1, allow_nan, levels)}" for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    items = [f"{inner}{_laid_out(v, indent, depth + 1, allow_nan, levels)}" for v in obj]
+    return "[\n" + ",\n".join(items) + f"\n{pad}]"
+
+
+def write_json(path: str | Path, obj, *, allow_nan: bool = False, open_levels: int = OPEN_LEVELS) -> Path:
     """`json_text(obj)` written atomically; strict JSON (NaN and infinities as null) unless allow_nan=True."""
-    return write_text(path, json_text(obj, allow_nan=allow_nan))
+    return write_text(path, json_text(obj, allow_nan=allow_nan, open_levels=open_levels))
 
 
 def _finite(obj):

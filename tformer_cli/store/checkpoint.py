@@ -32,12 +32,12 @@ from ..model.encoder import EncoderConfig, TransformerClassifier
 from ..typed_config import build
 from . import manifest
 from .atomic import json_text, staged_dir, write_problem
-from .layout import PRETRAINING, CheckpointDir, RunDir
+from .layout import OWN_FILE_CAP, PRETRAINING, CheckpointDir, RunDir
 from .locate import locate
 
 FORMAT_VERSION = 2  # 2: manifest.json (SHA-256 of every file) written and checked
 READABLE_VERSIONS = (1, 2)
-JSON_CAP = 16 << 20  # model.json, labels.json, meta.json, metrics.json, config.yaml: kilobytes when written
+JSON_CAP = OWN_FILE_CAP  # model.json, labels.json, meta.json, metrics.json, config.yaml (layout.py)
 
 
 def _write_json(path: Path, obj) -> None:

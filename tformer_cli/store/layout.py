@@ -39,14 +39,18 @@ HUB_ONNX_FOLDER = "onnx"  # where a Hub repository keeps the run's export
 MARKER = ".tformer"  # in every folder tformer made (run, export, stage): what makes it ours (ownership.py)
 
 
-SMALL_FILE_CAP = 16 << 20  # the most a run's small JSON/YAML (meta, config, metrics) may hold before it is read
+# The most a JSON or YAML file tformer wrote (a checkpoint's labels, meta, metrics, config; a run's history and test
+# metrics) may hold before it is read back. Above what tformer writes for a million classes (their names are kept
+# once in labels.json and once in meta.json's data fingerprint); a file past it is crafted or damaged, and costs a
+# stat, not gigabytes of memory. Files that come from elsewhere (config.json of a model folder) have their own caps.
+OWN_FILE_CAP = 256 << 20
 
 
 def read_small(path: Path) -> str:
     """A small text file's contents; ValueError when it is larger than any tformer writes (a sparse or crafted
     file costs a stat, not its size in memory)."""
-    if path.stat().st_size > SMALL_FILE_CAP:
-        raise ValueError(f"{path} is larger than {SMALL_FILE_CAP >> 20} MiB")
+    if path.stat().st_size > OWN_FILE_CAP:
+        raise ValueError(f"{path} is larger than {OWN_FILE_CAP >> 20} MiB")
     return path.read_text()
 
 
@@ -169,6 +173,7 @@ class RunDir:
     training_curves = property(lambda self: self.root / "training_curves.png")
     eval_metrics = property(lambda self: self.root / "metrics.json")
     data_report = property(lambda self: self.root / "data_report.json")  # data/sanity.py: the checks of the data
+    timings = property(lambda self: self.root / "timings.json")  # timing.py: each phase's time and peak memory
     metrics_log = property(lambda self: self.root / "metrics.jsonl")  # per logged step and per epoch
     metrics_csv = property(lambda self: self.root / "metrics.csv")  # one row per epoch (whatever the logger)
     tensorboard = property(lambda self: self.root / "tensorboard")  # logger=tensorboard: event files

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import TformerError
 from .atomic import json_text, sha256_file, write_json
-from .layout import CheckpointDir, ExportDir
+from .layout import OWN_FILE_CAP, CheckpointDir, ExportDir
 
 
 def digests(folder: CheckpointDir | ExportDir) -> dict:
@@ -34,7 +34,7 @@ def write(folder: CheckpointDir | ExportDir) -> None:
 # files, and the JSON and YAML of a checkpoint or export (label names, a tokenizer's vocabulary, a run's history)
 # are far below these. A crafted or sparse file past them costs a stat, not gigabytes of memory.
 MANIFEST_CAP = 1 << 20
-TEXT_CAP = 256 << 20
+TEXT_CAP = OWN_FILE_CAP
 
 
 def entries(folder: CheckpointDir | ExportDir) -> dict[str, tuple[str, int]] | None:

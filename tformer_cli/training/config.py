@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cores import parse_threads
 from ..errors import ConfigError
 from ..typed_config import build, finite
 
@@ -42,12 +43,16 @@ class TrainerConfig:
     early_stopping: EarlyStoppingConfig
     devices: int  # >1: `tformer train` starts this many processes (launch.py)
     micro_batches: int  # each batch as N slices of rows with summed gradients (loop.train_step)
+    threads: int | str  # CPU threads: auto (this process's share of the usable cores, cores.py) or a number
 
     # Upper bounds: past them a value is a typo (1e30), not a setting; what fits is checked by memory (runs/config.py)
     RANGES = {"epochs": (1, 1_000_000, "[]"), "batch_size": (1, 1 << 20, "[]"), "eval_batch_size": (1, 1 << 20, "[]"),
               "grad_clip": (0, None, "[)"), "log_every_steps": (1, None, "[)"), "num_workers": (0, 1024, "[]"),
               "checkpoint_every_steps": (0, None, "[)"), "devices": (1, 1024, "[]"),
               "micro_batches": (1, 1 << 20, "[]")}
+
+    def __post_init__(self) -> None:
+        parse_threads(self.threads)
 
 
 @dataclass

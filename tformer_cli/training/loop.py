@@ -17,6 +17,7 @@ from typing import Callable, Protocol
 import torch
 import torch.nn.functional as F
 
+from .. import cores
 from ..console import output, progress
 from ..data.batching import BatchLoader
 from ..data.tokenization import TokenizedSplit
@@ -310,6 +311,7 @@ def _train_epoch(run: Run, state: TrainingState, opt: Optimization, loader: Batc
         else:
             loss_sum += loss * rows
         state.epoch_seen += rows
+        cores.rebalance()  # fewer threads while other processes want the cores, more when they are free again
         window, window_n, window_seen = window + loss, window_n + 1, window_seen + rows
         every = tcfg.checkpoint_every_steps
         logging_step = state.step % tcfg.log_every_steps == 0

@@ -27,6 +27,7 @@ import random
 import numpy as np
 from tokenizers import Tokenizer
 
+from ..data import arrow
 from ..errors import ConfigError, TformerError
 from ..model import pretrained
 from ..safe_text import markup
@@ -94,7 +95,11 @@ def _accepts(folder, max_len: int) -> bool:
 
 
 def token_lengths(tok: Tokenizer, texts, seed: int = 0, sample: int = SAMPLE) -> np.ndarray:
-    """Token counts with special tokens of (a seeded sample of) `texts`, untruncated."""
+    """Token counts with special tokens of (a seeded sample of) `texts`, untruncated. texts: a list, or a split
+    (a datasets.Dataset: only the sampled rows are read)."""
+    if hasattr(texts, "select"):  # a split: the same rows random.sample picks from a list of its texts
+        rows = random.Random(seed).sample(range(len(texts)), sample) if len(texts) > sample else range(len(texts))
+        texts = arrow.take_texts(texts, list(rows))
     texts = list(texts)
     if len(texts) > sample:
         texts = random.Random(seed).sample(texts, sample)
