@@ -107,14 +107,15 @@ class Watched:
         self.stop_after, self.training_since = stop_after_training_s, None
         self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, bufsize=1)
+        log.parent.mkdir(parents=True, exist_ok=True)
         self.log, self.last = log.open("w"), time.monotonic()
-        self.peak_anon = 0.0  # GB of memory of the process's own (file-backed pages: reclaimable cache, left out)
+        self.peak_anon, self.done = 0.0, threading.Event()  # GB of memory of the process's own (file-backed pages: reclaimable cache, left out)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         threading.Thread(target=self._poll_memory, daemon=True).start()
 
     def _poll_memory(self) -> None:
-        while self.proc.poll() is None:
+        while not self.done.is_set():  # (not proc.poll(): that would reap the process before wait4 reads its usage)
             try:
                 for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
                     if line.startswith("RssAnon:"):
@@ -139,6 +140,7 @@ class Watched:
     def wait(self) -> tuple[int, float]:
         """(exit code, peak resident memory in GB) of the finished process."""
         _, status, usage = os.wait4(self.proc.pid, 0)
+        self.done.set()
         self.proc.returncode = os.waitstatus_to_exitcode(status)
         self.reader.join()
         self.log.close()

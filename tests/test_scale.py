@@ -223,3 +223,18 @@ def test_a_run_with_many_classes_writes_small_files_and_reports(tmp_path):
     evaluated = run_tformer("evaluate", f"checkpoint={run}", f"hydra.run.dir={tmp_path / 'eval'}", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["top_confusions"] == m["top_confusions"]
+
+
+def test_the_many_class_audit_rule_flags_what_cleanlab_flags():
+    cleanlab_filter = pytest.importorskip("cleanlab.filter")
+    from tformer_cli.evaluation.confident import confident_learning_issues
+
+    rng = np.random.default_rng(7)
+    for _ in range(15):
+        n, k = int(rng.integers(30, 300)), int(rng.integers(2, 25))
+        p = np.exp(rng.normal(size=(n, k)) * rng.uniform(0.5, 4))
+        p /= p.sum(1, keepdims=True)
+        y = rng.integers(0, k, n)
+        y[:k] = np.arange(k)  # (cleanlab wants every class given at least once)
+        want = cleanlab_filter.find_label_issues(y, p, filter_by="confident_learning", n_jobs=1)
+        assert (confident_learning_issues(y, p, block_entries=int(rng.integers(1, 400))) == want).all()

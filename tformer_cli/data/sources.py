@@ -17,7 +17,6 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from sklearn.datasets import fetch_20newsgroups
 
 from .. import hub
 from ..console import heartbeat, output, progress
@@ -214,6 +213,8 @@ def _load_hub(cfg: DataConfig):
 
 
 def _load_newsgroups_sklearn(cfg: DataConfig):
+    from sklearn.datasets import fetch_20newsgroups  # (deferred: 1 s of every start, for users with a network)
+
     out, names = {}, None
     for split in ("train", "test"):
         try:

@@ -7,15 +7,23 @@ import csv
 import textwrap
 from pathlib import Path
 
-import matplotlib
-import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import MaxNLocator
 
 from ..safe_text import csv_row, mathtext
 from ..store.atomic import write_json, write_with
 from . import calibration
 
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, imported when a figure is drawn: half a second that a
+    run (or an error) which draws nothing does not pay."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def save_png(fig, path: Path, dpi: int) -> Path:
@@ -24,14 +32,13 @@ def save_png(fig, path: Path, dpi: int) -> Path:
     try:
         write_with(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
     finally:
-        plt.close(fig)
+        pyplot().close(fig)
     return path
 
 def confusion_matrix_png(path: Path, metrics: dict, label_names: list[str], normalize: bool, title: str) -> Path:
     """The whole matrix up to metrics.DENSE_CONFUSION_CLASSES classes; above, a readable view of the classes most
     often confused (PNG_CLASSES of them, from the metrics' top confusions): their counts among themselves, the
     diagonal their correct texts, rows normalised by each class's whole support."""
-    matplotlib.use("Agg")
     k_all = len(label_names)
     if metrics.get("confusion_matrix") is not None:
         counts, shown, support = np.asarray(metrics["confusion_matrix"], dtype=float), list(label_names), None
@@ -46,7 +53,7 @@ def confusion_matrix_png(path: Path, metrics: dict, label_names: list[str], norm
         m = counts / np.clip(rows, 1, None)
     k = len(label_names)
     size = min(4 + 0.45 * k, 18)
-    fig, ax = plt.subplots(figsize=(size, size * 0.85))
+    fig, ax = pyplot().subplots(figsize=(size, size * 0.85))
     im = ax.imshow(m, cmap="Blues", vmin=0, vmax=1 if normalize else None)
     ax.set_xticks(range(k), labels=label_names, rotation=45 if k > 4 else 0, ha="right" if k > 4 else "center",
                   fontsize=8 if k > 10 else 10)
@@ -95,9 +102,10 @@ def training_curves_png(path: Path, history: list[dict], best_epoch: int | None 
                         name: str = "") -> Path:
     """Losses and validation scores per epoch (whole-epoch ticks), the best epoch marked on both panels. One plot
     for every task: `metric` prefixes its keys (pretraining's train_mlm_loss: "mlm_"), `name` its legend's words."""
-    matplotlib.use("Agg")
+    from matplotlib import ticker
+
     epochs = [h["epoch"] for h in history]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a, b) = pyplot().subplots(1, 2, figsize=(10, 4))
     a.plot(epochs, [h[f"train_{metric}loss"] for h in history], "o-", label=f"train {name}loss")
     a.plot(epochs, [h[f"val_{metric}loss"] for h in history], "o-", label=f"validation {name}loss")
     a.set_xlabel("epoch")
@@ -106,7 +114,7 @@ def training_curves_png(path: Path, history: list[dict], best_epoch: int | None 
         b.plot(epochs, [h[f"val_{metric}f1"] for h in history], "o-", label=f"validation {name}F1")
     b.set_xlabel("epoch")
     for ax in (a, b):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
         if best_epoch is not None:
             ax.axvline(best_epoch, color="gray", linestyle="--", linewidth=1, label=f"best (epoch {best_epoch})")
     a.legend()
@@ -119,8 +127,7 @@ def reliability_diagram_png(path: Path, curves: dict, multi_label: bool, title: 
     perfectly calibrated model lies on; below it, bars of how many texts each bin holds (a point of 3 texts
     means little). The ECE of each curve is in its legend. curves: {"raw": bins, "calibrated": bins} with bins
     calibration.reliability's (count, mean confidence, accuracy); calibrated only when a temperature was fitted."""
-    matplotlib.use("Agg")
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(5.5, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(5.5, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     top.plot([0, 1], [0, 1], linestyle="--", color="gray", linewidth=1, label="perfectly calibrated")
     centres = (np.arange(calibration.ECE_BINS) + 0.5) / calibration.ECE_BINS
     shown = [("raw", curves["raw"], "tab:red")]

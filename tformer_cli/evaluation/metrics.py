@@ -1,4 +1,6 @@
-"""Classification metrics (scikit-learn): binary averaging for two classes, macro otherwise.
+"""Classification metrics: binary averaging for two classes, macro otherwise (scikit-learn's definitions and
+output, tested against it; single-label metrics are counted here with numpy, so `tformer train` starts without
+importing scikit-learn and SciPy, a second of every start).
 
 Everything here grows with texts plus classes, never with their product's square: up to DENSE_CONFUSION_CLASSES
 classes the whole confusion matrix is kept (`confusion_matrix`, K x K counts), above that only its most frequent
@@ -9,32 +11,57 @@ support stay complete (`per_class`, one entry per class).
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import accuracy_score, classification_report, hamming_loss, precision_recall_fscore_support
 
 DENSE_CONFUSION_CLASSES = 50  # up to this many classes the whole matrix is kept (2,500 counts)
 TOP_CONFUSIONS = 1000  # above it, the most frequent (true, predicted) mistakes
 
 
 def compute(y_true, y_pred, label_names: list[str], loss: float | None = None) -> dict:
-    y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
+    y_true, y_pred = np.asarray(y_true, dtype=np.int64), np.asarray(y_pred, dtype=np.int64)
     k = len(label_names)
     average = "binary" if k == 2 else "macro"
-    precision, recall, f1, _ = precision_recall_fscore_support(
-        y_true, y_pred, average=average, labels=list(range(k)) if k != 2 else None, zero_division=0)
+    report = classification_report(y_true, y_pred, label_names)
+    chosen = report[label_names[1]] if k == 2 else report["macro avg"]  # (binary: the second class is positive)
     out = {
-        "accuracy": float(accuracy_score(y_true, y_pred)),
-        "precision": float(precision),
-        "recall": float(recall),
-        "f1": float(f1),
+        "accuracy": report["accuracy"],
+        "precision": chosen["precision"],
+        "recall": chosen["recall"],
+        "f1": chosen["f1-score"],
         "average": average,
         "n": int(len(y_true)),
         **confusions(y_true, y_pred, label_names),
-        "per_class": classification_report(y_true, y_pred, labels=list(range(k)), target_names=label_names,
-                                           output_dict=True, zero_division=0),
+        "per_class": report,
     }
     if loss is not None:
         out["loss"] = float(loss)
     return out
+
+
+def _divide(numerator, denominator) -> np.ndarray:
+    """numerator / denominator as float64, 0 where the denominator is 0 (scikit-learn's zero_division=0)."""
+    numerator, denominator = np.asarray(numerator, dtype=np.float64), np.asarray(denominator, dtype=np.float64)
+    return np.divide(numerator, denominator, out=np.zeros_like(numerator), where=denominator != 0)
+
+
+def classification_report(y_true: np.ndarray, y_pred: np.ndarray, label_names: list[str]) -> dict:
+    """scikit-learn's classification_report(output_dict=True, zero_division=0) of class ids 0..K-1: per class
+    precision, recall, f1-score and support, then accuracy, macro avg and weighted avg; counted in O(texts +
+    classes)."""
+    k = len(label_names)
+    support = np.bincount(y_true, minlength=k)[:k]
+    predicted = np.bincount(y_pred, minlength=k)[:k]
+    tp = np.bincount(y_true[y_true == y_pred], minlength=k)[:k]
+    precision, recall, f1 = _divide(tp, predicted), _divide(tp, support), _divide(2 * tp, support + predicted)
+    report = {name: {"precision": float(p), "recall": float(r), "f1-score": float(f), "support": float(n)}
+              for name, p, r, f, n in zip(label_names, precision, recall, f1, support)}
+    report["accuracy"] = float(np.mean(y_true == y_pred)) if len(y_true) else 0.0
+    total = float(support.sum())
+    report["macro avg"] = {"precision": float(np.average(precision)), "recall": float(np.average(recall)),
+                           "f1-score": float(np.average(f1)), "support": total}
+    weighted = (lambda v: float(np.average(v, weights=support))) if total else (lambda v: 0.0)
+    report["weighted avg"] = {"precision": weighted(precision), "recall": weighted(recall),
+                              "f1-score": weighted(f1), "support": total}
+    return report
 
 
 def confusions(y_true, y_pred, label_names: list[str]) -> dict:
@@ -94,18 +121,21 @@ def tune_thresholds(y_true, probs, block_entries: int = 1 << 22) -> list[float]:
 
 def compute_multi_label(y_true, probs, thresholds, label_names: list[str], loss: float | None = None) -> dict:
     """Multi-label metrics: subset accuracy (every label of a text right) as `accuracy`, micro-averaged
-    precision/recall/F1 as the headline (`average: micro`), macro F1, Hamming loss, and the per-label report."""
+    precision/recall/F1 as the headline (`average: micro`), macro F1, Hamming loss, and the per-label report
+    (scikit-learn's, with its samples average: imported here, where a multi-label run needs it)."""
+    from sklearn import metrics as sk  # (deferred: see the module's docstring)
+
     y_true = (np.asarray(y_true) > 0.5).astype(np.int8)
     pred = (np.asarray(probs) >= np.asarray(thresholds)[None, :]).astype(np.int8)
     labels = list(range(len(label_names)))
-    p, r, f1, _ = precision_recall_fscore_support(y_true, pred, average="micro", labels=labels, zero_division=0)
-    pm, rm, f1m, _ = precision_recall_fscore_support(y_true, pred, average="macro", labels=labels, zero_division=0)
-    out = {"accuracy": float(accuracy_score(y_true, pred)), "precision": float(p), "recall": float(r),
+    p, r, f1, _ = sk.precision_recall_fscore_support(y_true, pred, average="micro", labels=labels, zero_division=0)
+    pm, rm, f1m, _ = sk.precision_recall_fscore_support(y_true, pred, average="macro", labels=labels, zero_division=0)
+    out = {"accuracy": float(sk.accuracy_score(y_true, pred)), "precision": float(p), "recall": float(r),
            "f1": float(f1), "average": "micro", "f1_macro": float(f1m), "precision_macro": float(pm),
-           "recall_macro": float(rm), "hamming_loss": float(hamming_loss(y_true, pred)), "n": int(len(y_true)),
+           "recall_macro": float(rm), "hamming_loss": float(sk.hamming_loss(y_true, pred)), "n": int(len(y_true)),
            "multi_label": True, "thresholds": [float(t) for t in thresholds],
-           "per_class": classification_report(y_true, pred, labels=labels, target_names=label_names,
-                                              output_dict=True, zero_division=0)}
+           "per_class": sk.classification_report(y_true, pred, labels=labels, target_names=label_names,
+                                                 output_dict=True, zero_division=0)}
     if loss is not None:
         out["loss"] = float(loss)
     return out

@@ -33,8 +33,9 @@ from rich.table import Table
 from sklearn.model_selection import StratifiedKFold
 
 from ..classifier import Classifier
-from ..console import output
+from ..console import output, progress
 from ..data import sanity, sources
+from ..evaluation import confident
 from ..errors import ArgumentTypeError, ConfigError, TformerError
 from ..hydra_setup import compose_tree
 from ..overrides import as_overrides, in_memory_data, override_value
@@ -147,7 +148,13 @@ def run_audit(tree: dict, overrides: list[str], run_dir: RunDir) -> AuditResult:
     else:
         probs, folds = _checkpoint_probs(loaded_path, rows, names, options, config), None
     labels = rows["label"].to_numpy()
-    flagged = cleanlab.filter.find_label_issues(labels, probs, filter_by=options.filter_by, n_jobs=1)
+    if len(names) > confident.CLEANLAB_CLASSES:  # cleanlab's K x K matrices: gigabytes at 10,000 classes
+        console.print(f"[bold]label issues[/] of {len(names):,} classes by confident learning's rule, row by row "
+                      f"(audit.filter_by={markup(options.filter_by)} applies up to {confident.CLEANLAB_CLASSES:,} "
+                      f"classes: cleanlab builds {len(names):,} x {len(names):,} matrices)", highlight=False)
+        flagged = confident.confident_learning_issues(labels, probs)
+    else:
+        flagged = cleanlab.filter.find_label_issues(labels, probs, filter_by=options.filter_by, n_jobs=1)
     quality = cleanlab.rank.get_label_quality_scores(labels, probs, method=options.score)
     scores = pd.DataFrame({
         "split": rows["split"], "row": rows["row"], "text": rows["text"],
@@ -297,7 +304,7 @@ def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
                 with _composable():
                     best = resolve_checkpoint(train_overrides(args, fold.root, quiet=True).run_dir)
             clf = Classifier.load(best.path, device=config.trainer.device)
-            fold_probs = clf.predict_proba(rows["text"].iloc[held].tolist(), batch_size=options.batch_size)
+            fold_probs = scored(clf, rows["text"].iloc[held].tolist(), options.batch_size)
             write_with(done, lambda tmp: _save_arrays(tmp, rows=held, probs=fold_probs))
             probs[held] = fold_probs
             if not options.keep_checkpoints:
@@ -342,7 +349,20 @@ def _checkpoint_probs(path, rows, names, options, config):
     output().print(f"[yellow]note:[/] probabilities of {markup(path)} on rows it may have trained on: a model agrees "
                    f"with labels it memorised, so errors among its training rows are under-reported; for an honest "
                    f"audit drop checkpoint= (k-fold, out-of-fold probabilities)", highlight=False)
-    return clf.predict_proba(rows["text"].tolist(), batch_size=options.batch_size)
+    return scored(clf, rows["text"].tolist(), options.batch_size)
+
+
+SCORE_CHUNK = 2048  # texts per predict_proba call: a chunk's windows and probabilities at a time in memory
+
+
+def scored(clf, texts: list[str], batch_size: int) -> np.ndarray:
+    """(len(texts), C) float32 probabilities, a chunk of texts at a time under a progress bar."""
+    out = np.empty((len(texts), len(clf.labels)), dtype=np.float32)
+    with progress(total=len(texts), desc="scoring", unit="text") as bar:
+        for start in range(0, len(texts), SCORE_CHUNK):
+            out[start:start + SCORE_CHUNK] = clf.predict_proba(texts[start:start + SCORE_CHUNK], batch_size=batch_size)
+            bar.update(len(texts[start:start + SCORE_CHUNK]))
+    return out
 
 
 def duplicates(data) -> pd.DataFrame:
