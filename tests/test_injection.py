@@ -114,3 +114,18 @@ def test_hostile_labels_and_texts_train_evaluate_and_predict_cleanly(tmp_path):
     assert "[bold red]shout[/] and [/x]" in r.stdout and "\x1b[2J" not in r.stdout
     r = run_tformer("report", str(run), cwd=tmp_path)
     assert r.returncode == 0 and "Traceback" not in r.stderr
+
+
+def test_values_from_data_reach_hydra_as_data(monkeypatch):
+    """Class names, file names and API values become overrides (an audit's folds, train(dict)): whatever they hold,
+    Hydra and OmegaConf give back the same string, and `${...}` is never resolved (no environment read)."""
+    from tformer_cli.hydra_setup import compose_tree
+    from tformer_cli.overrides import override_value
+
+    monkeypatch.setenv("TFORMER_SECRET_TEST", "leaked")
+    names = ["${oc.env:TFORMER_SECRET_TEST}", "${oc.env:UNSET_VARIABLE}", "${", "a,b", "x'y", "[x]", "{k: 1}",
+             "back\\slash", "end\\", "q\\'", "\\${x}", "it's ${b}\\", "???", " spaced ", "a=b", "=", "plain"]
+    tree = compose_tree("train", ["data=files", "data.train_file=x.csv",
+                                  f"data.label_names={override_value('data.label_names', names)}"])
+    assert tree["data"]["label_names"] == names
+    assert "leaked" not in json.dumps(tree)

@@ -165,14 +165,15 @@ def _hydra_main(task: str, args: list[str]) -> None:
     import hydra
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 
-    from .hardware import own_host_allocator
     from .hydra_setup import config_dir
     from .sweeps.summary import discard_unstarted_sweep
 
     def fn(cfg):  # the command's module (torch, the data libraries) is imported once the config has composed: a
-        return _entry(task)(cfg)  # mistyped override is refused in the time Hydra takes, not torch's import
+        from .hardware import own_host_allocator  # mistyped override is refused in the time Hydra takes, not torch's
 
-    own_host_allocator()  # this process is ours: on CPU the commands keep freed memory for reuse
+        own_host_allocator()  # this process is ours: on CPU the commands keep freed memory for reuse
+        return _entry(task)(cfg)
+
     sys.argv = [f"tformer {task}"] + args
     for module in ("optuna", "hydra_plugins"):  # (Optuna's deprecation notices about its own API)
         warnings.filterwarnings("ignore", category=FutureWarning, module=module)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -44,11 +45,22 @@ def override_value(key, value) -> str:
         value = str(value)
     if isinstance(value, str):
         plain = value and all(c.isalnum() or c in "._-/+~" for c in value)
-        return value if plain else "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return value if plain else quoted(value)
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(override_value(key, v) for v in value) + "]"
     raise ArgumentTypeError(f"train({{{key!r}: {value!r:.60}}}): a value must be a string, number, bool, None or "
                             f"list")
+
+
+def quoted(value: str) -> str:
+    """A string as a quoted override value that Hydra and OmegaConf give back exactly: data, never configuration.
+    OmegaConf would resolve `${...}` (a class named `${oc.env:HOME}` would read the environment), so `${` is
+    escaped for it; Hydra's quoted strings escape a quote and the backslashes before a quote (or the closing
+    quote), and read every other backslash as itself."""
+    value = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", value)  # OmegaConf: `${` as text
+    value = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)  # Hydra: a quote inside the quotes
+    value = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, value)  # Hydra: backslashes before the closing quote
+    return "'" + value + "'"
 
 
 def in_memory_data(overrides: list[str], splits: dict) -> list[str]:
