@@ -8,7 +8,7 @@ TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo test test-heavy install bench clean
 
 install: $(STAMP)
 
@@ -32,12 +32,22 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(BIN)/tformer train hydra.run.dir=outputs/demo/$$(date +%Y-%m-%d_%H-%M-%S)
 	$(BIN)/tformer evaluate
-	$(BIN)/tformer predict "not bad at all, honestly" "the acting was good but the plot was painfully dull" \
+	$(BIN)/tformer predict "honestly, the plot was not bad at all" "the acting was good but the plot was painfully dull" \
 	    "i have never seen a film so boring" "the film was never boring"
 
-# -n auto: one pytest worker per core (tests that share a module fixture stay on one worker: --dist loadscope)
+# -n auto: one pytest worker per core (tests that share a module fixture stay on one worker: --dist loadscope).
+# compileall: the package's bytecode written once, not compiled again by each of the few hundred `tformer`
+# processes the tests start (environments that set PYTHONDONTWRITEBYTECODE would otherwise compile every time).
+# make test leaves out the `heavy` end-to-end runs (kill and resume, resumed sweeps, DDP); make test-heavy runs
+# them; CI runs both.
+PYTEST := $(BIN)/python -m pytest -q -n auto --dist loadscope
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadscope
+	@$(BIN)/python -m compileall -q tformer_cli hydra_plugins
+	$(PYTEST) -m "not heavy"
+
+test-heavy: $(STAMP)
+	@$(BIN)/python -m compileall -q tformer_cli hydra_plugins
+	$(PYTEST) -m heavy
 
 # cold_start: `tformer predict "one text"` / `python -c "import torch"` (median of 5; run it on an idle machine)
 bench: $(STAMP)

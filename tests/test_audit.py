@@ -56,18 +56,19 @@ def test_planted_label_error_is_ranked_first(audited):
     assert saved["text"].tolist() == audited.issues["text"].tolist()
     assert {"text", "given_label", "suggested_label", "score", "fold"} <= set(saved.columns)
     assert saved["score"].is_monotonic_increasing
-    assert len(audited.scores) == 160 and audited.scores["fold"].nunique() == 3
+    assert len(audited.scores) == 160 and sorted(audited.scores["fold"].unique()) == [1, 2, 3]
     for i in range(3):  # each fold keeps its held-out probabilities, not its checkpoint
-        assert (audited.run_dir / f"fold_{i}" / "out_of_fold.npz").is_file()
-        assert not (audited.run_dir / f"fold_{i}" / "checkpoints").exists()
+        assert (audited.run_dir / f"fold_{i + 1}" / "out_of_fold.npz").is_file()
+        assert not (audited.run_dir / f"fold_{i + 1}" / "checkpoints").exists()
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_an_interrupted_audit_resumes_with_its_finished_folds(audited, labelled_csv, tmp_path):
     args = ["audit", *FOLDS, "data=files", f"data.train_file={labelled_csv}"]
-    code, shown = interrupted_when("outputs/audit/*/*/fold_0/out_of_fold.npz", *args, cwd=tmp_path)
+    code, shown = interrupted_when("outputs/audit/*/*/fold_1/out_of_fold.npz", *args, cwd=tmp_path)
     assert code == 130, shown
-    folder = next(tmp_path.glob("outputs/audit/*/*/fold_0")).parent
+    folder = next(tmp_path.glob("outputs/audit/*/*/fold_1")).parent
     assert f"resume={folder}" in shown and not (folder / "label_issues.csv").exists()
     resumed = run_tformer(*args, f"resume={folder}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
@@ -122,3 +123,21 @@ def test_bad_input_is_one_line(tmp_path, args, expected):
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], done.stderr
+
+
+def test_a_resumed_audit_with_other_fold_settings_is_refused(tmp_path):
+    """The plan holds what shapes the fold models: a resume that changes any of it names the keys; one that only
+    changes where or how fast it runs goes on."""
+    from tformer_cli.runs.audit import _check_plan
+
+    training = {"model": {"name": "tiny", "d_model": 64}, "optimizer": {"lr": 3e-4}, "trainer": {"epochs": 3,
+                                                                                                  "device": "cpu"}}
+    plan = {"mode": "folds", "folds": 3, "seed": 0, "data": "abc", "training": training}
+    path = tmp_path / "audit_plan.json"
+    _check_plan(path, plan, resuming=False)
+    _check_plan(path, {**plan, "training": {**training, "trainer": {"epochs": 3, "device": "cuda"}}}, resuming=True)
+    changed = {**training, "optimizer": {"lr": 0.5}, "trainer": {"epochs": 1, "device": "cpu"}}
+    with pytest.raises(TformerError, match=r"optimizer.lr \(0.0003 -> 0.5\), trainer.epochs \(3 -> 1\)"):
+        _check_plan(path, {**plan, "training": changed}, resuming=True)
+    with pytest.raises(TformerError, match="the data differs"):
+        _check_plan(path, {**plan, "data": "other"}, resuming=True)

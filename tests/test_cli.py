@@ -1,12 +1,13 @@
 """The installed `tformer` command end to end, in subprocesses: train -> evaluate -> predict."""
 import json
+import re
 import platform
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import config_options, run_tformer, tiny
+from helpers import ROOT, config_options, run_tformer, tiny
 
 pytestmark = pytest.mark.slow  # subprocess runs of the installed command
 
@@ -141,3 +142,16 @@ def test_a_whole_pretrained_encoder_trains_and_predicts_without_transformers(tmp
     assert json.loads(out[0])["label"] in ("negative", "positive") and out[-1] == "False"
     r = run_tformer("train", "model=minilm_l6", "embedding_init=minilm", cwd=tmp_path)
     assert r.returncode == 2 and "brings its own embeddings and tokenizer" in r.stderr
+
+
+@pytest.mark.heavy  # the demo's whole training (about a minute)
+def test_the_docs_show_what_the_demo_prints(tmp_path):
+    """The README's demo row and docs/usage.md's first lines are what `make demo`'s training prints: the parameter
+    count exactly, the test accuracy within 0.01 (CPUs with and without bf16 round differently)."""
+    r = run_tformer("train", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    params = re.search(r"model ([\d,]+) parameters", r.stdout).group(1)
+    assert f"model {params} parameters" in (ROOT / "docs" / "usage.md").read_text()
+    accuracy = float(re.search(r"│\s*1,000 │\s*([\d.]+) │", r.stdout).group(1))
+    row = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| demo sentences"))
+    assert abs(accuracy - float(row.split("|")[3])) <= 0.01, (accuracy, row)

@@ -117,13 +117,13 @@ def test_a_claim_registers_sets_torch_and_puts_everything_back(tmp_path, monkeyp
     assert "1 thread (trainer.threads" in said[0]
 
 
-@pytest.mark.slow  # trains (a few seconds)
+@pytest.mark.slow  # a subprocess per case; the line comes before the data is read, so a missing file ends each
 def test_a_run_says_its_threads(tmp_path):
-    r = run_tformer("train", *tiny("trainer.threads=1", "trainer.epochs=1"), cwd=tmp_path, env={"OMP_NUM_THREADS": ""})
-    assert r.returncode == 0, r.stderr
-    assert "cpu 1 thread (trainer.threads; " in r.stdout
-    r = run_tformer("train", *tiny("trainer.epochs=1"), cwd=tmp_path, env={"OMP_NUM_THREADS": ""})
-    assert r.returncode == 0, r.stderr
-    assert "usable cores" in r.stdout and "following the load of other processes" in r.stdout
+    missing = ["data=files", f"data.train_file={tmp_path / 'missing.csv'}"]
+    r = run_tformer("train", *missing, "trainer.threads=1", cwd=tmp_path, env={"OMP_NUM_THREADS": ""})
+    assert "cpu 1 thread (trainer.threads; " in r.stdout, r.stdout + r.stderr
+    r = run_tformer("train", *missing, cwd=tmp_path, env={"OMP_NUM_THREADS": ""})
+    assert "usable cores" in r.stdout and "following the load of other processes" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 2 and "data file not found" in r.stderr
     r = run_tformer("train", *tiny("trainer.threads=0"), cwd=tmp_path)
     assert r.returncode == 2 and "trainer.threads=0 must be auto or a whole number of threads >= 1" in r.stderr

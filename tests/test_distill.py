@@ -226,6 +226,14 @@ def test_the_teachers_logits_are_kept_reused_and_recomputed_for_a_changed_teache
                     config_yaml=loaded.files.config.read_text(), metrics=loaded.metrics, meta=loaded.meta)
     run_distill(tmp_path, "d", f"teacher={changed.root}", "trainer.epochs=1")
     assert len(calls) == 5
+    # that teacher trained further since (its best replaced): the distillation from it is not resumed
+    with torch.no_grad():
+        loaded.model.head.weight.mul_(0.5)
+    checkpoint.save(changed.best, loaded.model, model_config=loaded.model_config,
+                    tokenizer_json=loaded.tokenizer_file.read_text(), label_names=loaded.label_names,
+                    config_yaml=loaded.files.config.read_text(), metrics=loaded.metrics, meta=loaded.meta)
+    with pytest.raises(TformerError, match="the teacher's weights changed since the distillation began"):
+        run_distill(tmp_path, "d", f"teacher={changed.root}", "trainer.epochs=2", f"resume={tmp_path / 'd'}")
 
 
 @pytest.mark.slow

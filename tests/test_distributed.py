@@ -84,6 +84,7 @@ def test_micro_batches_on_each_rank_take_the_single_process_steps(single, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_ctrl_c_stops_every_rank_and_the_run_resumes_to_the_same_end(single, tmp_path):
     args = [*RUN, "trainer.devices=2", "trainer.checkpoint_every_steps=5", "hydra.run.dir=run"]
     last = tmp_path / "run" / "checkpoints" / "last"
@@ -103,6 +104,7 @@ def test_ctrl_c_stops_every_rank_and_the_run_resumes_to_the_same_end(single, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_class_weighted_loss_takes_the_single_process_step_too(tmp_path):
     import csv
     import random

@@ -69,6 +69,7 @@ def test_the_cli_serves_large_tensors_from_the_heap_and_releases_them_at_epoch_e
     assert abs(system["released_mb"]) < 64, system  # nothing kept, nothing to give
 
 
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_library_callers_and_users_own_allocator_choices_are_left_alone():
     library = probe(owner="library")
     assert library["mode"] == "system (library use)" and library["mapped"] >= 1

@@ -129,3 +129,28 @@ def test_values_from_data_reach_hydra_as_data(monkeypatch):
                                   f"data.label_names={override_value('data.label_names', names)}"])
     assert tree["data"]["label_names"] == names
     assert "leaked" not in json.dumps(tree)
+
+
+def test_every_job_passes_values_from_data_to_hydra_as_data(monkeypatch, tmp_path):
+    """The places where a job turns data into overrides: an audit's fold (its class names and its file's path),
+    the Python API's dict (train, distill, audit take one), the in-memory data's parquet path. Each composes
+    back to the same values, nothing resolved."""
+    from tformer_cli.data.config import DataConfig
+    from tformer_cli.hydra_setup import compose_tree
+    from tformer_cli.overrides import as_overrides, override_value
+    from tformer_cli.runs.audit import fold_overrides
+    from tformer_cli.runs.config import TrainConfig
+
+    monkeypatch.setenv("TFORMER_SECRET_TEST", "leaked")
+    names = ["${oc.env:TFORMER_SECRET_TEST}", "a,b", "x'y", "[x]", 'say "hi"', "${", "plain"]
+    data_cfg = TrainConfig.compose(["data=files", "data.train_file=x.csv"]).data
+    assert isinstance(data_cfg, DataConfig)
+    folder = tmp_path / "odd, ${oc.env:TFORMER_SECRET_TEST} [dir]='x'"
+    fold = fold_overrides(["model=tiny", f"resume={folder}"], data_cfg, names)
+    tree = compose_tree("train", [*fold, "data=files", f"data.train_file={override_value('data', str(folder))}"])
+    assert tree["data"]["label_names"] == names and tree["data"]["train_file"] == str(folder)
+    given = {"data.label_names": names, "data.train_file": str(folder), "trainer.epochs": 2, "seed": 3}
+    for command in ("train", "distill", "audit"):
+        tree = compose_tree(command, ["data=files", *as_overrides(given)])
+        assert tree["data"]["label_names"] == names and tree["data"]["train_file"] == str(folder)
+        assert "leaked" not in json.dumps(tree)

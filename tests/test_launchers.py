@@ -13,7 +13,8 @@ SWEEP = ["train", "-m", "seed=1,2", *TINY]
 
 @pytest.mark.parametrize("launcher, settings, plugin", [
     ("joblib", ["hydra.launcher.n_jobs=2"], "hydra_plugins.hydra_joblib_launcher"),
-    ("submitit_local", ["hydra.launcher.timeout_min=10"], "hydra_plugins.hydra_submitit_launcher"),
+    pytest.param("submitit_local", ["hydra.launcher.timeout_min=10"], "hydra_plugins.hydra_submitit_launcher",
+                 marks=pytest.mark.heavy),  # (make test-heavy: the joblib case runs in make test)
 ])
 def test_a_sweep_runs_under_a_hydra_launcher(tmp_path, launcher, settings, plugin):
     pytest.importorskip(plugin)

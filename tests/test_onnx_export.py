@@ -166,3 +166,24 @@ def test_export_refuses_unwritable_targets_and_handles_tiny_max_len(run, tmp_pat
     short = train(tiny("model.max_len=4"), run_dir=tmp_path / "short").run_dir
     done = export_onnx(short)  # parity batches never longer than max_len
     assert done.max_abs_logit_diff <= PARITY_TOLERANCE
+
+
+def test_parity_compares_label_sets_for_a_multi_label_model():
+    """Two answers with the same top label but another label set: a multi-label export's parity counts them as
+    different (the figure `tformer export` prints is the share of identical label sets)."""
+    import numpy as np
+
+    from tformer_cli.deploy.export import _answers
+
+    ref, got = np.array([[3.0, 0.1, -2.0]]), np.array([[3.0, -0.1, -2.0]])
+    assert (_answers(False, None, None)(ref) == _answers(False, None, None)(got)).all()
+    multi = _answers(True, None, [0.5, 0.5, 0.5])
+    assert not (multi(ref) == multi(got)).all(1).any()
+
+
+def test_serving_a_run_exported_only_as_int8_finds_that_export(tiny_run_copy):
+    from tformer_cli.deploy.export import export_onnx
+    from tformer_cli.store.locate import locate_export
+
+    done = export_onnx(tiny_run_copy / "checkpoints" / "best", None, quantize="int8")
+    assert locate_export(tiny_run_copy).path.resolve() == done.path.resolve() and done.path.name == "onnx-int8"

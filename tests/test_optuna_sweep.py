@@ -29,6 +29,7 @@ def test_hparams_search_configs_compose_with_the_resumable_sweeper():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # load_study of the plugin's optuna-2 distributions
 def test_killed_optuna_search_resumes_where_it_stopped(tmp_path):
     # Ctrl-C once trial 3 has saved a mid-epoch checkpoint

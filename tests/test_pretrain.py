@@ -199,6 +199,7 @@ def test_a_run_from_before_windows_goes_on_reading_its_texts_cut(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_pretraining_interrupted_mid_epoch_resumes_to_the_same_encoder(tmp_path, monkeypatch):
     """Pretraining runs on the one loop: Ctrl-C mid-epoch saves `last` and prints the resume command, and the
     resumed run ends with exactly the weights and history of a run that was never interrupted."""

@@ -23,6 +23,7 @@ def run_dir_of(work: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
     args = tiny("trainer.epochs=3", "trainer.checkpoint_every_steps=10", "trainer.early_stopping.patience=0",
                 base=SMALL)

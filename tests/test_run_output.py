@@ -62,6 +62,18 @@ def test_refused_and_failed_commands_leave_no_run_directory(tmp_path):
     assert run_dirs(tmp_path) == [] and run_dirs(tmp_path, "evaluate") == []
 
 
+def test_a_run_that_failed_before_its_first_checkpoint_gets_one_answer(tmp_path):
+    """Neither the folder's refusal nor resume= sends the user to the other: both say there is nothing to resume."""
+    args = tiny("optimizer.lr=1e30", "trainer.grad_clip=0", "trainer.log_every_steps=1")
+    r = run_tformer("train", *args, "hydra.run.dir=run", cwd=tmp_path)
+    assert r.returncode == 2 and "try a lower learning rate" in r.stderr and (tmp_path / "run" / "train.log").is_file()
+    again = run_tformer("train", *args, "hydra.run.dir=run", cwd=tmp_path)
+    assert again.returncode == 2 and "stopped before its first checkpoint" in again.stderr
+    assert "resume=" not in again.stderr
+    resumed = run_tformer("train", *args, f"resume={tmp_path / 'run'}", cwd=tmp_path)
+    assert resumed.returncode == 2 and "nothing to continue; start it again" in resumed.stderr
+
+
 def interrupt_when(args, cwd, ready, *, stream="stdout", env=None):
     """Start `tformer <args>`, send SIGINT once `ready(<stream> so far)` holds; (rc, stdout, stderr)."""
     import threading

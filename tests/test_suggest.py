@@ -165,3 +165,11 @@ def test_cli_bad_input_is_one_line(tiny_run, tmp_path):
         assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], \
             (args, done.stderr)
     assert not (tmp_path / "picked.csv").exists()
+
+
+@pytest.mark.slow
+def test_a_pool_with_nothing_new_says_so_and_not_n_1(tiny_run):
+    from tformer_cli import suggest
+
+    with pytest.raises(TformerError, match="none of the 2 texts in the pool can be suggested"):
+        suggest(tiny_run.run_dir, ["seen one", "seen two"], n=1, labelled=["seen one", "seen two"], quiet=True)

@@ -13,6 +13,7 @@ SWEEP = ["train", "-m", "model.n_heads=2,4", "seed=1,2",
                "trainer.checkpoint_every_steps=10")]
 
 
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_killed_grid_sweep_resumes_without_retraining_finished_jobs(tmp_path):
     # Ctrl-C once job 2 has saved a mid-epoch checkpoint
     code, out = interrupted_when("outputs/multirun/*/*/2_*/checkpoints/last", *SWEEP, cwd=tmp_path)

@@ -35,6 +35,7 @@ def installed(tmp_path_factory):
 
 
 @pytest.mark.slow  # builds and installs a wheel, then a 2-trial search
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_the_installed_wheel_finds_the_sweeper_without_hydra_optuna_sweeper(installed, tmp_path):
     target, env = installed
     code = ("import sys, json\n"

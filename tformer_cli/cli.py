@@ -118,8 +118,22 @@ def _guarded(fn):
             _fail(exc)
         except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves and stops by itself)
             _fail(Stopped())
+        except RuntimeError as exc:  # a DDP rank whose peer died: gloo/NCCL raise from inside a collective
+            if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 or not _lost_peer(exc):
+                raise
+            _fail(TformerError(f"rank {os.environ.get('RANK', '?')}: another rank of this DDP run stopped "
+                               f"({str(exc).splitlines()[0][:120]}); the launcher stops the rest and says how to "
+                               f"continue"))
 
     return wrapper
+
+
+def _lost_peer(exc: BaseException) -> bool:
+    """A collective that failed because another rank is gone (torch's DistBackendError, or gloo's and NCCL's own
+    RuntimeErrors), not a bug of this rank's."""
+    text = str(exc).lower()
+    return type(exc).__name__ == "DistBackendError" or any(
+        w in text for w in ("gloo", "nccl", "connection closed by peer", "connection reset", "broken pipe"))
 
 
 class Stopped(Exception):

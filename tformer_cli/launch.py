@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -110,4 +111,11 @@ def launch_ranks(n: int, args: list[str]) -> int:
             break
         time.sleep(0.1)
     code = failed if failed is not None else procs[0].returncode
-    return code if code >= 0 else 128 - code  # (killed by signal N: 128 + N, as a shell reports it)
+    code = code if code >= 0 else 128 - code  # (killed by signal N: 128 + N, as a shell reports it)
+    if failed is not None and failed != 2:  # (2: a refusal, which the rank said in one line)
+        rank = next((r for r, p in enumerate(procs) if p.returncode == failed), "?")
+        how = f"killed by signal {-failed}" if failed < 0 else f"exit code {failed}"
+        print(f"[tformer] rank {rank} stopped ({how}); the other ranks were stopped. A run that saved a checkpoint "
+              f"continues with: tformer train {shlex.join(args)} trainer.devices={n} resume=true (or resume=<run dir>)",
+              file=sys.stderr, flush=True)
+    return code

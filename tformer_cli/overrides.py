@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import ArgumentTypeError, TformerError
+from .safe_text import valid_unicode
 from .store.atomic import write_with
 from .store.layout import in_memory_data as in_memory_data_path
 
@@ -82,20 +83,27 @@ def frame_of(data, split: str) -> pd.DataFrame:
     """A DataFrame of a DataFrame, a dict of columns, or a (texts, labels) pair."""
     name = "data" if split == "train" else f"{split}_data"
     if isinstance(data, pd.DataFrame):
-        return data
+        strings = [c for c in data.columns if data[c].dtype == object]
+        return data.assign(**{str(c): _valid(data[c].tolist()) for c in strings}) if strings else data
     if isinstance(data, dict):
         try:
-            return pd.DataFrame(data)
+            return pd.DataFrame({k: _valid(list(v)) if isinstance(v, (list, tuple)) else v for k, v in data.items()})
         except ValueError as exc:
             raise ArgumentTypeError(f"{name}= as a dict of columns: {exc}") from None
     if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], str):
-        texts, labels = (list(part) for part in data)
+        texts, labels = (_valid(list(part)) for part in data)
         if len(texts) != len(labels):
             raise ArgumentTypeError(f"{name}=(texts, labels) has {len(texts)} texts and {len(labels)} labels; give "
                                     f"one label per text")
         return pd.DataFrame({"text": texts, "label": labels})
     raise ArgumentTypeError(f"{name}= takes a pandas DataFrame, a dict of columns or a (texts, labels) pair, not "
                             f"{type(data).__name__}")
+
+
+def _valid(values: list) -> list:
+    """The strings of a column with lone surrogates (a broken string from a program, undecodable bytes kept by
+    surrogateescape) as U+FFFD, as texts from files and the command line are read: no encoder takes them."""
+    return [valid_unicode(v) if isinstance(v, str) else v for v in values]
 
 
 def stored(frame: pd.DataFrame, split: str) -> Path:

@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     done = export_onnx(source, opts["out"], quantize=opts["quantize"], opset=opts["opset"])
     check = (f"max |logit difference| vs PyTorch {done.max_abs_logit_diff:.2e}"
              + (f" (limit {PARITY_TOLERANCE:.0e})" if not opts["quantize"] else "")
-             + f", same top label on {done.label_agreement:.1%} of the parity sequences")
+             + f", same {done.answer} on {done.label_agreement:.1%} of the parity sequences")
     console.print(f"wrote {markup(done.path)} ({done.bytes / 1e6:.1f} MB, {done.seconds:.1f} s); {check}",
                   highlight=False)
     console.print(f"predict with it: tformer predict --runtime onnx --checkpoint {markup(done.path)} \"some text\"",

@@ -4,14 +4,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
-from rich.table import Table
-
 from ..console import screen_console
 from ..errors import TformerError
 from ..evaluation import artifacts
-from ..evaluation.report import print_history, print_metrics
-from ..safe_text import markup, rich
+from ..evaluation.report import print_history, print_metrics, settings_table
+from ..safe_text import markup
 from ..store import manifest
 from ..store.layout import OWN_FILE_CAP, RunDir, SweepDir, newest_checkpoints
 from ..sweeps.summary import summarize
@@ -62,41 +59,6 @@ def shown(path: Path, show, *args) -> None:
                            f"checkpoint again to rewrite it") from None
 
 
-def summary_table(run_dir: RunDir, ckpt):
-    """The run's settings (data, model, embeddings, optimizer, trainer, and a distilled run's teacher) as a table,
-    from the checkpoint's saved config."""
-    try:
-        cfg = yaml.safe_load(manifest.read_text(ckpt, ckpt.config))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise TformerError(f"{ckpt.config} is unreadable ({type(exc).__name__}); use another checkpoint") from None
-    if not isinstance(cfg, dict):
-        raise TformerError(f"{ckpt.config} is not a mapping of settings; use another checkpoint")
-    model, data, opt, sched, emb, trainer = (cfg.get(k) if isinstance(cfg.get(k), dict) else {}
-                                             for k in ("model", "data", "optimizer", "schedule", "embedding_init",
-                                                       "trainer"))
-    summary = Table(title=markup(f"run {run_dir}"), show_header=False)
-    summary.add_column(style="bold")
-    summary.add_column()
-    rows = {
-        "data": f"{data.get('name')}" + (f" from {data['dir']}" if data.get("dir") else ""),
-        "model": f"{model.get('n_layers')} layers, d_model {model.get('d_model')}, {model.get('n_heads')} heads, d_ff "
-                 f"{model.get('d_ff')}, max_len {model.get('max_len')}, {model.get('positions')} positions, "
-                 f"{model.get('norm')}-norm, {model.get('pooling')} pooling",
-        "embeddings": f"{emb.get('name')}" + (f", frozen {emb.get('freeze_epochs')} epoch(s)"
-                                              if emb.get("name") != "random" else ""),
-        "optimizer": f"{opt.get('name')} lr {opt.get('lr')}, schedule {sched.get('name')}",
-        "trainer": f"{trainer.get('epochs')} epochs, batch {trainer.get('batch_size')}, early stopping on "
-                   f"{trainer.get('early_stopping', {}).get('monitor')}, seed {cfg.get('seed')}",
-    }
-    if isinstance(cfg.get("distill"), dict):  # a `tformer distill` run
-        kd = cfg["distill"]
-        rows["teacher"] = (f"{cfg.get('teacher')} (temperature {kd.get('temperature')}, alpha {kd.get('alpha')}, "
-                           f"embeddings {kd.get('embeddings')}, unlabeled {kd.get('unlabeled') or 'none'})")
-    for key, value in rows.items():
-        summary.add_row(key, rich(value))  # values come from a file: shown as written, never as markup
-    return summary
-
-
 def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print("usage: tformer report [RUN_DIR | SWEEP_DIR]   (default: the newest run under outputs/)")
@@ -118,7 +80,7 @@ def main(argv: list[str]) -> int:
         raise TformerError(f"{run_dir} has no best or last checkpoint; is it a `tformer train` run dir?")
 
     console = screen_console()
-    console.print(summary_table(run_dir, ckpts[0]))
+    console.print(settings_table(run_dir, ckpts[0]))
     last = run_dir.last.existing()
     source = run_dir.history if run_dir.finished else last.training_json if last else None
     history = read_run_json(run_dir.history, list) if run_dir.finished else \

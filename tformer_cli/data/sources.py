@@ -448,6 +448,7 @@ def _encode_labels(splits: dict, names: list[str] | None, where: str) -> tuple[d
     """Map string labels to ids (sorted names) or validate integer ids against 0..K-1 (K: the names given in
     `where`, if any). Read as Arrow columns (no Python object per row) when the train labels are strings or
     integers, as every loader gives them; anything else takes the general path, which says what is wrong."""
+    _refuse_empty_names(splits)
     kind = _arrow_kind(arrow.column(splits["train"], "label").type)
     if kind is None:
         return _encode_labels_listed(splits, names, where)
@@ -490,6 +491,20 @@ def _encode_labels(splits: dict, names: list[str] | None, where: str) -> tuple[d
                                f"{', '.join(map(str, unseen[:5]))}; check the split files")
     feature = datasets.ClassLabel(names=names)
     return {s: ds.cast_column("label", feature) for s, ds in splits.items()}, names
+
+
+def _refuse_empty_names(splits: dict) -> None:
+    """An empty or blank string label is a missing label, as an empty CSV cell is (read as null), not a class named
+    '': refused the same way whatever the file format."""
+    for split, ds in splits.items():
+        labels = arrow.column(ds, "label")
+        if _arrow_kind(labels.type) != "str":
+            continue
+        blank = pc.fill_null(pc.equal(pc.utf8_trim_whitespace(labels), ""), False)
+        if pc.any(blank).as_py():
+            row = int(np.flatnonzero(blank.to_numpy(zero_copy_only=False))[0])
+            raise TformerError(f"the {split} split has an empty label (row {row + 1}, and "
+                               f"{pc.sum(blank).as_py() - 1:,} more); drop those rows or fill the label column")
 
 
 def _arrow_kind(t) -> str | None:
@@ -563,13 +578,22 @@ def _encode_labels_listed(splits: dict, names: list[str] | None, where: str) -> 
     return splits, names
 
 
-def _label_set(value, separator: str, split: str) -> list:
-    """One row's labels as a list: a list as is, a string split on the separator ('' -> no label)."""
+def _label_set(value, separator: str, split: str, row: int, listed: bool) -> list:
+    """One row's labels as a list: a list as is, a string split on the separator ('' or an empty CSV cell -> no
+    label). In a column of lists (JSON, parquet) a null is not a list, and an empty name is not a class: both are
+    refused rather than read as "none of the classes"."""
     if value is None:
+        if listed:
+            raise TformerError(f"the {split} split has a null label (row {row + 1}) in its column of label lists; "
+                               f"give [] for a text with none of the classes, or drop the row")
         return []
     if isinstance(value, str):
         return [part.strip() for part in value.split(separator) if part.strip()]
     if isinstance(value, (list, tuple)):
+        if any(x is None or (isinstance(x, str) and not x.strip()) for x in value):
+            raise TformerError(f"the {split} split has an empty or null label name in row {row + 1} "
+                               f"({json.dumps(list(value), ensure_ascii=False, default=str)[:80]}); remove it from "
+                               f"the list ([] means none of the classes)")
         return list(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return [value]
@@ -580,7 +604,10 @@ def _label_set(value, separator: str, split: str) -> list:
 def _encode_label_sets(splits: dict, names: list[str] | None, separator: str, where: str) -> tuple[dict, list[str]]:
     """Multi-label: every row's label set as a sorted list of ids (a row may have none). String labels are named
     in sorted order; integer labels are checked against 0..K-1 (K from labels.txt / data.label_names if given)."""
-    sets = {s: [_label_set(v, separator, s) for v in _column(ds, "label")] for s, ds in splits.items()}
+    listed = {s: pa.types.is_list(t) or pa.types.is_large_list(t)
+              for s, t in ((s, arrow.column(ds, "label").type) for s, ds in splits.items())}
+    sets = {s: [_label_set(v, separator, s, i, listed[s]) for i, v in enumerate(_column(ds, "label"))]
+            for s, ds in splits.items()}
     every = [x for rows in sets.values() for row in rows for x in row]
     if every and all(isinstance(x, str) and x.strip().isdigit() for x in every):  # "0,2": class ids in a string
         sets = {s: [[int(x) for x in row] for row in rows] for s, rows in sets.items()}

@@ -301,6 +301,9 @@ class LongText:
         return cls(str(meta.get("long_text", "truncate")), meta.get("head_tokens"), meta.get("chunk_overlap"))
 
 
+UNSEEN = "\ue000"  # a private-use character: in no tokenizer's vocabulary
+
+
 def configure(tok, max_len: int, side: str | None = None, long_text: LongText = LongText()):
     """Truncate to exactly max_len (special tokens included); padding happens per batch in the collator.
     side: 'right' keeps the start of long texts, 'left' keeps the end (where reviews give their verdict);
@@ -310,6 +313,12 @@ def configure(tok, max_len: int, side: str | None = None, long_text: LongText = 
         side = str((tok.truncation or {}).get("direction", "right")).lower()
     if side not in ("right", "left"):
         raise ConfigError(f"data.truncation={side!r} must be right (keep the start) or left (keep the end)")
+    try:  # a character no vocabulary has (private use): a tokenizer without an unknown token fails on it
+        tok.encode(UNSEEN)
+    except Exception as exc:  # (tokenizers raises a plain Exception)
+        raise TformerError(f"the tokenizer cannot encode a character outside its vocabulary "
+                           f"({str(exc).splitlines()[0][:100]}); give its model an unknown token (unk_id for "
+                           f"Unigram, unk_token for WordPiece) and save it again") from None
     tok.no_padding()
     if long_text.mode != "truncate":
         tok.no_truncation()

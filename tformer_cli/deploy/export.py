@@ -37,9 +37,10 @@ INT8_RECIPE = {"weight_type": "QInt8", "per_channel": True, "reduce_range": Fals
 class Exported:
     path: Path
     max_abs_logit_diff: float  # against PyTorch, on the parity batches
-    label_agreement: float  # share of parity sequences given the same top label
+    label_agreement: float  # share of parity sequences given the same answer (top label, or label set)
     seconds: float
     bytes: int
+    answer: str = "top label"  # what label_agreement compares: "top label", or "label set" (multi-label)
 
 
 def parity_batches(vocab_size: int, max_len: int, pad_id: int, seed: int = 0):
@@ -124,7 +125,8 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
                                                 "logits": {0: "batch"}})
             if quantize == "int8":
                 quantize_int8(tmp.model)
-            worst, same, total = _parity(model, session(tmp.model, threads=0), cfg, pad)
+            worst, same, total = _parity(model, session(tmp.model, threads=0), cfg, pad,
+                                         _answers(cfg.multi_label, loaded.temperature, loaded.thresholds))
             if not worst <= (PARITY_TOLERANCE if quantize is None else float("inf")):  # NaN: never kept
                 raise TformerError(f"the ONNX export of {source} differs from PyTorch by {worst:.2e} in the logits "
                                    f"(allowed {PARITY_TOLERANCE:.0e}); nothing was written. Report this with the "
@@ -146,12 +148,27 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
             manifest.write(tmp)
     except OSError as exc:
         raise TformerError(f"could not write the export to {target}: {write_problem(exc)}") from exc
-    return Exported(target.path, worst, same / total, time.perf_counter() - start, target.model.stat().st_size)
+    return Exported(target.path, worst, same / total, time.perf_counter() - start, target.model.stat().st_size,
+                    "label set" if cfg.multi_label else "top label")
 
 
-def _parity(model, session, cfg, pad: int) -> tuple[float, int, int]:
-    """(max |logit difference|, sequences given the same top label, sequences) of the ONNX session against the
-    PyTorch model, on padded batches of shapes the trace never saw."""
+def _answers(multi_label: bool, temperature, thresholds):
+    """logits (n, C) -> the answers compared for parity, one row per sequence: the top label, or for a multi-label
+    model the label set at its calibrated probabilities and thresholds (a set can change where the top label
+    does not)."""
+    import numpy as np
+
+    from ..evaluation.calibration import probabilities
+
+    if not multi_label:
+        return lambda logits: logits.argmax(1)[:, None]
+    cut = np.asarray(thresholds if thresholds is not None else 0.5, dtype=np.float64)
+    return lambda logits: probabilities(logits, temperature, True) >= cut
+
+
+def _parity(model, session, cfg, pad: int, answers) -> tuple[float, int, int]:
+    """(max |logit difference|, sequences given the same answer (`_answers`), sequences) of the ONNX session
+    against the PyTorch model, on padded batches of shapes the trace never saw."""
     import numpy as np
     import torch
 
@@ -166,7 +183,7 @@ def _parity(model, session, cfg, pad: int) -> tuple[float, int, int]:
             diff = float(np.abs(ref - got).max())
             if worst == worst and not diff <= worst:  # a NaN difference (a broken export) sticks: max() hides it
                 worst = diff
-            same += int((ref.argmax(1) == got.argmax(1)).sum())
+            same += int((answers(ref) == answers(got)).all(1).sum())
             total += len(ref)
     return worst, same, total
 

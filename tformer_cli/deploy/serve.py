@@ -35,7 +35,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from ..errors import TformerError
-from ..safe_text import terminal
+from ..safe_text import terminal, valid_unicode
 from ..yesno import parse_bool
 
 
@@ -226,6 +226,9 @@ def parse_request(body: bytes, limits: ServeLimits, n_labels: int) -> tuple[list
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"the body is not valid JSON ({exc}); send a JSON list of texts or "
                          f'{{"texts": [...], "top_k": 1}}') from None
+    except ValueError:  # an integer past Python's limit on digits read (4,300)
+        raise BadRequest("the body holds a number too long to read (thousands of digits); top_k is a small "
+                         "integer and texts are strings") from None
     except RecursionError:
         raise BadRequest("the body nests JSON too deeply; send a flat list of texts") from None
     top_k = 1
@@ -252,8 +255,9 @@ def parse_request(body: bytes, limits: ServeLimits, n_labels: int) -> tuple[list
         raise BadRequest(f"texts[{long}] has {len(data[long])} characters; at most {limits.max_chars} (cut it, or "
                          f"start the server with a larger max_chars)")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= limits.max_top_k:
-        raise BadRequest(f"top_k={top_k!r} must be an integer from 1 to {limits.max_top_k}")
-    return data, min(top_k, n_labels)
+        raise BadRequest(f"top_k={str(top_k)[:40]} must be an integer from 1 to {limits.max_top_k}")
+    # a lone surrogate ("\ud800" is valid JSON) is U+FFFD, as predict reads it: no UTF-8 answer could echo it
+    return [valid_unicode(t) for t in data], min(top_k, n_labels)
 
 
 def parse_raw(body: bytes, query: str | None) -> bool:

@@ -4,6 +4,7 @@ spreadsheet shows `=HYPERLINK(...)` as text, never runs it)."""
 from __future__ import annotations
 
 import csv
+import logging
 import textwrap
 from pathlib import Path
 
@@ -17,7 +18,9 @@ from . import calibration
 
 def pyplot():
     """matplotlib's pyplot on the file-only Agg backend, imported when a figure is drawn: half a second that a
-    run (or an error) which draws nothing does not pay."""
+    run (or an error) which draws nothing does not pay. Its INFO lines (the first run's "generated new
+    fontManager") are not the run's news: under Hydra's logging they would print as [HYDRA] lines."""
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib
 
     matplotlib.use("Agg")

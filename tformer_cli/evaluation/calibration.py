@@ -114,18 +114,20 @@ def _binary_nll(z: np.ndarray, y: np.ndarray, t) -> np.ndarray:
 
 
 def checked(temperature, num_classes: int, multi_label: bool) -> str | None:
-    """What is wrong with a saved temperature (meta.json, export.json), or None: a finite number > 0 for a softmax
-    model, a list of one per label for a multi-label model, or null (no calibration)."""
-    def positive(t) -> bool:
-        return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0
+    """What is wrong with a saved temperature (meta.json, export.json), or None: a number in [T_MIN, T_MAX] (the
+    range the fit searches, so every temperature tformer wrote) for a softmax model, a list of one per label for a
+    multi-label model, or null (no calibration). 1e308 is finite but would make every probability equal."""
+    def in_range(t) -> bool:
+        return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and \
+            T_MIN * (1 - 1e-9) <= t <= T_MAX * (1 + 1e-9)
 
     if temperature is None:
         return None
     if multi_label:
-        if isinstance(temperature, list) and len(temperature) == num_classes and all(map(positive, temperature)):
+        if isinstance(temperature, list) and len(temperature) == num_classes and all(map(in_range, temperature)):
             return None
-        return f"a list of {num_classes} finite numbers > 0 (one per label)"
-    return None if positive(temperature) else "a finite number > 0"
+        return f"a list of {num_classes} numbers from {T_MIN:g} to {T_MAX:g} (one per label)"
+    return None if in_range(temperature) else f"a number from {T_MIN:g} to {T_MAX:g}"
 
 
 def scaled(logits, temperature) -> np.ndarray:

@@ -1,11 +1,14 @@
 """Rich tables for metrics: the summary, the per-class report and the confusion matrix."""
 from __future__ import annotations
 
+import yaml
 from rich.measure import Measurement
 from rich.table import Table
 
 from ..console import WIDE, fitting_width, output
+from ..errors import TformerError
 from ..safe_text import markup, rich
+from ..store import manifest
 from .calibration import describe
 from .metrics import top_confusions
 
@@ -25,12 +28,30 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
                     f"{metrics['recall']:.4f}", f"{metrics['f1']:.4f}", *extra,
                     "-" if loss is None else f"{loss:.4f}")
     console.print(summary)
+    note = absent_classes_note(metrics, label_names)
+    if note:
+        console.print(rich(note), highlight=False)
     if "ece" in metrics:
         console.print(calibration_table(metrics))
 
     console.print(per_class_table(metrics, label_names))
     if not multi:  # (labels of a multi-label model are not exclusive: no matrix)
         console.print(ConfusionMatrix(label_names, metrics))
+
+
+def absent_classes_note(metrics: dict, label_names: list[str]) -> str | None:
+    """A macro average counts a class with no text in the split as 0 (scikit-learn's convention): said, with the
+    average over the classes that are there, so a low macro-F1 is not misread."""
+    multi = bool(metrics.get("multi_label"))
+    per_class = metrics.get("per_class", {})
+    absent = [n for n in label_names if not per_class.get(n, {}).get("support", 0)]
+    if not absent or not (multi or metrics.get("average") == "macro"):
+        return None
+    present = [per_class[n]["f1-score"] for n in label_names if per_class.get(n, {}).get("support", 0)]
+    shown = ", ".join(repr(n) for n in absent[:3]) + (", ..." if len(absent) > 3 else "")
+    return (f"macro averages count the {len(absent):,} {'label' if multi else 'class'}(es) with no text in this "
+            f"split ({shown}) as 0, as scikit-learn does; macro f1 over the {len(present):,} present: "
+            f"{sum(present) / max(len(present), 1):.4f}")
 
 
 PER_CLASS_SHOWN = 50  # more classes: the table shows the PER_CLASS_WORST lowest F1 (the file has every class)
@@ -162,3 +183,62 @@ def print_history(history: list[dict], console=None, columns: tuple[str, ...] | 
     for h in history:  # a missing value, or a NaN that strict JSON wrote as null, is "-"; a wrong type raises
         table.add_row(*["-" if h.get(c) is None else shown.get(c, lambda v: f"{v:.4f}")(h[c]) for c in cols])
     console.print(table)
+
+
+def settings_table(run_dir: RunDir, ckpt):
+    """The run's settings (data, model, embeddings, optimizer, trainer, and a distilled run's teacher) as a table,
+    from the checkpoint's saved config."""
+    try:
+        cfg = yaml.safe_load(manifest.read_text(ckpt, ckpt.config))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise TformerError(f"{ckpt.config} is unreadable ({type(exc).__name__}); use another checkpoint") from None
+    if not isinstance(cfg, dict):
+        raise TformerError(f"{ckpt.config} is not a mapping of settings; use another checkpoint")
+    model, data, opt, sched, emb, trainer = (cfg.get(k) if isinstance(cfg.get(k), dict) else {}
+                                             for k in ("model", "data", "optimizer", "schedule", "embedding_init",
+                                                       "trainer"))
+    summary = Table(title=markup(f"run {run_dir}"), show_header=False)
+    summary.add_column(style="bold")
+    summary.add_column()
+    try:  # the model as built (a pretrained family's shape comes from its folder, not from the config)
+        arch = manifest.read_json(ckpt, ckpt.model_config)
+    except (OSError, ValueError, TformerError):
+        arch = None
+    arch = arch if isinstance(arch, dict) else model
+    source = (f", pretrained {model['pretrained']}" if model.get("pretrained") else
+              f", continued from the pretraining run {model['init']}" if model.get("init") else "")
+    decay = model.get("layer_lr_decay")
+    rows = {
+        "data": f"{data.get('name')}" + (f" from {data['dir']}" if data.get("dir") else ""),
+        "model": f"{arch.get('n_layers')} layers, d_model {arch.get('d_model')}, {arch.get('n_heads')} heads, d_ff "
+                 f"{arch.get('d_ff')}, max_len {arch.get('max_len')}, {arch.get('positions')} positions, "
+                 f"{arch.get('norm')}-norm, {arch.get('pooling')} pooling{source}",
+        "embeddings": _embeddings(cfg, model, emb),
+        "optimizer": f"{opt.get('name')} lr {opt.get('lr')}"
+                     + (f" (top layers; x{decay} per layer below)" if isinstance(decay, (int, float)) and decay != 1
+                        else "") + f", schedule {sched.get('name')}",
+        "trainer": f"{trainer.get('epochs')} epochs, batch {trainer.get('batch_size')}, early stopping on "
+                   f"{trainer.get('early_stopping', {}).get('monitor')}, seed {cfg.get('seed')}",
+    }
+    if isinstance(cfg.get("distill"), dict):  # a `tformer distill` run
+        kd = cfg["distill"]
+        rows["teacher"] = (f"{cfg.get('teacher')} (temperature {kd.get('temperature')}, alpha {kd.get('alpha')}, "
+                           f"embeddings {kd.get('embeddings')}, unlabeled {kd.get('unlabeled') or 'none'})")
+    for key, value in rows.items():
+        summary.add_row(key, rich(value))  # values come from a file: shown as written, never as markup
+    return summary
+
+
+def _embeddings(cfg: dict, model: dict, emb: dict) -> str:
+    """Where the run's token table came from, as the run built it (runs/distill.teacher_table's rule for a
+    student): the pretrained model's, the pretraining run's, the teacher's, or embedding_init's."""
+    if model.get("pretrained"):
+        return "the pretrained model's own"
+    if model.get("init"):
+        return "the pretraining run's"
+    kd = cfg.get("distill")
+    if isinstance(kd, dict) and (kd.get("embeddings") == "teacher" or
+                                 (kd.get("embeddings") == "auto" and not emb.get("pretrained"))):
+        return "the teacher's token table and tokenizer (projected to the student's width where it differs)"
+    return f"{emb.get('name')}" + (f", frozen {emb.get('freeze_epochs')} epoch(s)" if emb.get("name") != "random"
+                                   else "")

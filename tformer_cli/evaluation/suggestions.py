@@ -25,7 +25,7 @@ from ..console import progress
 from ..data import sources
 from ..data.visible import has_visible
 from ..errors import ArgumentTypeError, ConfigError, TformerError
-from ..safe_text import terminal
+from ..safe_text import terminal, valid_unicode
 from . import selection
 
 POOL_CHUNK = 512  # texts per predict_proba call: the progress bar moves, and memory holds one chunk of windows
@@ -70,7 +70,7 @@ def _as_texts(given, text_column: str, what: str) -> list[str]:
         if text_column not in given.columns:
             raise TformerError(f"column {text_column!r} not in the {what} DataFrame; it has "
                                f"{', '.join(map(str, given.columns))}; pass text_column=<name>")
-        return ["" if t is None or t != t else str(t) for t in given[text_column]]  # (t != t: NaN)
+        return ["" if t is None or t != t else valid_unicode(str(t)) for t in given[text_column]]  # (t != t: NaN)
     try:
         texts = list(given)
     except TypeError:
@@ -78,7 +78,7 @@ def _as_texts(given, text_column: str, what: str) -> list[str]:
                                 f"{type(given).__name__}") from None
     if not all(isinstance(t, str) for t in texts):
         raise ArgumentTypeError(f"{what} must be strings")
-    return texts
+    return [valid_unicode(t) for t in texts]  # (a lone surrogate: U+FFFD, as predict reads it)
 
 
 def run_data(clf) -> dict:
@@ -179,6 +179,13 @@ def suggest(run=None, texts=None, *, n: int = 100, text_column: str | None = Non
         raise TformerError("no texts to choose from: the pool is empty")
     seen = labelled_texts(labelled, clf, column)
     keep = selection.eligible([_key(t) for t in pool], [_key(t) for t in seen], has_visible)
+    if not len(keep) and seen and labelled == "auto":
+        raise ConfigError(f"none of the {len(pool):,} texts in the pool can be suggested: each is empty, repeated or "
+                          f"already in the run's labelled data; add new texts, or pass labelled=none (None from Python) to choose "
+                          f"among the labelled ones too")
+    if not len(keep):
+        raise ConfigError(f"none of the {len(pool):,} texts in the pool can be suggested (each is empty, repeated or "
+                          f"in labelled=); add texts")
     if n > len(keep):
         dropped = len(pool) - len(keep)
         raise ConfigError(f"n={n} is more than the {len(keep)} texts that can be suggested ({len(pool)} in the pool, "

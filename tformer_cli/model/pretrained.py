@@ -21,6 +21,7 @@ import torch
 from huggingface_hub import hf_hub_download
 from safetensors import safe_open
 from safetensors.torch import load_file
+from tokenizers import Tokenizer
 
 from .. import hub
 from ..errors import TformerError
@@ -108,7 +109,22 @@ def table(weight: torch.Tensor, tokenizer_file: Path, source: str, d_model: int)
     sqrt(d_model): unit scale, like the sinusoidal positions it is added to). The same rule for embedding_init's
     tables and a distillation teacher's."""
     weight = weight.detach().float().cpu()
+    covers_tokenizer(int(weight.shape[0]), Path(tokenizer_file), source)
     return PretrainedEmbeddings(weight * (d_model ** -0.5 / weight.std()), Path(tokenizer_file), source)
+
+
+def covers_tokenizer(rows: int, tokenizer_file: Path, source: str) -> None:
+    """Every id the tokenizer can give must have a row in the token table: a smaller table (a folder whose
+    tokenizer gained tokens, or a mismatched pair) would fail at the first batch that uses a missing id."""
+    try:
+        ids = Tokenizer.from_file(str(tokenizer_file)).get_vocab_size(with_added_tokens=True)
+    except Exception as exc:  # (tokenizers raises its own Exception subclass for an unreadable file)
+        raise TformerError(f"{source}: its tokenizer {tokenizer_file.name} cannot be read "
+                           f"({str(exc).splitlines()[0][:120]})") from None
+    if ids > rows:
+        raise TformerError(f"{source}: the tokenizer has {ids:,} tokens but the embedding table only {rows:,} rows; "
+                           f"the folder mixes two models' files, or its tokenizer gained tokens the weights never "
+                           f"saw (resize the embeddings and save the model again)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -253,6 +269,7 @@ def load_encoder(spec: str, package: str | None, max_len: int) -> PretrainedEnco
                            f"{family.name}'s tensor {exc.args[0]!r} (it has e.g. {sample}); the weights are another "
                            f"model's or damaged") from None
     shape["vocab_size"] = int(state["token_embedding.weight"].shape[0])
+    covers_tokenizer(shape["vocab_size"], tokenizer_file(folder), f"model.pretrained={folder}")
     return PretrainedEncoder(shape, {k: v.contiguous() for k, v in state.items()}, tokenizer_file(folder),
                              str(folder), family.name)
 

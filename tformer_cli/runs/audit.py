@@ -8,8 +8,8 @@ thresholds rather than one cut-off, and `cleanlab.rank.get_label_quality_scores`
 skips the training: one existing model scores the rows, quick but on texts it may have trained on (a model agrees
 with the labels it memorised, so errors among its own training rows are under-reported).
 
-Each fold is a training run in its own sub-folder (fold_<i>/) of the audit's folder, like the jobs of a sweep; its
-held-out probabilities are kept as a small file (fold_<i>/out_of_fold.npz) and its checkpoint dropped once they are
+Each fold is a training run in its own sub-folder (fold_<k>/, k from 1) of the audit's folder, like the jobs of a sweep; its
+held-out probabilities are kept as a small file (fold_<k>/out_of_fold.npz) and its checkpoint dropped once they are
 written, so an interrupted audit continues with `resume=<audit dir>` from the first unfinished fold.
 
 Copies are found the way the data checks at the start of every run find them (data/sanity.py: exact text, or the
@@ -50,12 +50,13 @@ from ..yesno import bool_or_path
 from .classify import configure
 from .config import data_config
 from .in_process import train_overrides
+from .resume import config_diff, get
 from .session import log_header
 
 PLAN = "audit.json"  # what the audit is of (data fingerprint, folds, seed): a resume must match it
 ISSUES = "label_issues.csv"  # written last: an audit folder holding it is finished
 DUPLICATES = "duplicates.csv"
-OUT_OF_FOLD = "out_of_fold.npz"  # in fold_<i>/: the rows it held out and their probabilities (no pickle)
+OUT_OF_FOLD = "out_of_fold.npz"  # in fold_<k>/: the rows it held out and their probabilities (no pickle)
 FILTERS = ("prune_by_noise_rate", "prune_by_class", "both", "confident_learning", "predicted_neq_given",
            "low_normalized_margin", "low_self_confidence")
 SCORES = ("self_confidence", "normalized_margin", "confidence_weighted_entropy")
@@ -138,7 +139,9 @@ def run_audit(tree: dict, overrides: list[str], run_dir: RunDir) -> AuditResult:
     names = list(data.label_names)
     plan = {"mode": mode, "folds": options.folds if mode == "folds" else None, "seed": seed,
             "splits": options.splits, "rows": len(rows), "classes": names, "data": _fingerprint(rows),
-            "checkpoint": str(loaded_path) if loaded_path else None}
+            "checkpoint": str(loaded_path) if loaded_path else None,
+            # what shapes each fold's model (checked key by key on resume, as train's resume checks its config)
+            "training": {k: v for k, v in train_tree.items() if k not in PLAN_UNTRAINED} if mode == "folds" else None}
     _check_plan(run_dir.root / PLAN, plan, resume not in (None, False))
     console.print(f"[bold]audit[/] {len(rows):,} labelled rows of {markup(data_cfg.name)} "
                   f"({', '.join(f'{s} {n:,}' for s, n in rows['split'].value_counts(sort=False).items())}), "
@@ -224,17 +227,34 @@ def _fingerprint(rows: pd.DataFrame) -> str:
 
 
 def _check_plan(path: Path, plan: dict, resuming: bool) -> None:
+    """An audit resumed with anything that shapes its scores changed (the data, the folds, the model, optimizer
+    or trainer settings of the fold models) is refused: its rows would be ranked by models of different quality.
+    A key an older plan lacks was not recorded: not a change."""
     if path.is_file():
         before = json.loads(path.read_text(encoding="utf-8"))
-        changed = [k for k in plan if before.get(k) != plan[k]]
+        changed = [k for k in plan if k in before and before[k] != plan[k]]
         if changed:
-            what = "the data" if "data" in changed or "rows" in changed else ", ".join(changed)
-            raise TformerError(f"resume={path.parent}: {what} differ(s) from the audit being resumed; resume with "
-                               f"the same overrides, or start a new audit (drop resume=)")
+            if "data" in changed or "rows" in changed:
+                what = "the data differs"
+            elif changed == ["training"] and isinstance(before["training"], dict) and plan["training"]:
+                keys = config_diff(before["training"], plan["training"])
+                if not keys:
+                    return
+                what = "the fold models' settings differ in " + ", ".join(
+                    f"{k} ({get(before['training'], k)!r} -> {get(plan['training'], k)!r})" for k in keys[:4])
+            else:
+                what = f"{', '.join(changed)} differ(s)"
+            raise TformerError(f"resume={path.parent}: {what} from the audit being resumed; resume with the same "
+                               f"overrides, or start a new audit (drop resume=)")
         return
     if resuming:
         raise TformerError(f"{path.parent} has no {PLAN}; start a new audit (drop resume=)")
     write_json(path, plan)
+
+
+# Top-level keys of the composed config that do not shape a fold model (where it is written, how it is resumed,
+# which tracker watches it); the data is checked by its own fingerprint.
+PLAN_UNTRAINED = ("data", "resume", "resume_ignore_data_change", "hydra", "checkpoint", "audit", "logger")
 
 
 def fold_overrides(overrides: list[str], data_cfg, names: list[str]) -> list[str]:
@@ -264,21 +284,45 @@ def assign_folds(labels: np.ndarray, k: int, seed: int) -> np.ndarray:
     return fold_of
 
 
+def check_fold_splits(labels: np.ndarray, fold_of: np.ndarray, names: list[str], fraction: float) -> None:
+    """Every fold model must be able to carve its stratified validation split from the rows outside its fold (as
+    sources._carve does): at least 2 rows of each class there, and a validation part and a rest with every class.
+    Checked for all folds before the first trains, so an audit is never refused after hours of fold 1."""
+    k_classes = len(names)
+    for i in range(int(fold_of.max()) + 1):
+        rest = labels[fold_of != i]
+        counts = np.bincount(rest, minlength=k_classes)
+        short = np.flatnonzero((counts > 0) & (counts < 2))
+        if len(short):
+            c = int(short[0])
+            total = int((labels == c).sum())
+            raise TformerError(f"audit: class {names[c]!r} has {total} row(s); a fold model trains on the rows outside "
+                               f"its fold and carves its validation split from them, which needs 2 rows of each class "
+                               f"there (fold {i + 1} leaves {counts[c]}); add rows of that class or lower audit.folds")
+        n_part = int(round(fraction * len(rest)))
+        if n_part < k_classes or len(rest) - n_part < k_classes:
+            raise TformerError(f"audit: fold {i + 1}'s model would train on {len(rest):,} rows, too few to carve a "
+                               f"validation split of data.validation_fraction={fraction} with all {k_classes} classes "
+                               f"on both sides; add rows, lower audit.folds or change the fraction")
+
+
 def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
     """(rows, classes) probabilities, each row's from the fold model that did not train on it, and each row's fold."""
     console = output()
     labels = rows["label"].to_numpy()
     k = options.folds
     fold_of = assign_folds(labels, k, config.seed)
+    check_fold_splits(labels, fold_of, names, config.data.validation_fraction)
     probs = np.full((len(rows), len(names)), np.nan, dtype=np.float32)
     base = fold_overrides(overrides, config.data, names)
+    first = 0 if (run_dir.root / "fold_0").is_dir() else 1  # (an audit begun by an older tformer counted from 0)
     hint = " ".join(["tformer audit", *[o for o in overrides if not o.startswith("resume=")],
                      f"resume={run_dir.root}"])
     i = 0
     try:
         for i in range(k):
             held = np.flatnonzero(fold_of == i)
-            fold = RunDir(run_dir.root / f"fold_{i}")
+            fold = RunDir(run_dir.root / f"fold_{i + first}")
             done = fold.root / OUT_OF_FOLD
             started = time.monotonic()
             if done.is_file():
@@ -288,7 +332,7 @@ def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
                     probs[held] = saved["probs"]
                 console.print(f"fold {i + 1}/{k}: done earlier ({len(held):,} rows scored)", highlight=False)
                 continue
-            data_file = run_dir.root / "data" / f"fold_{i}_train.parquet"
+            data_file = run_dir.root / "data" / f"fold_{i + first}_train.parquet"
             if not data_file.is_file():
                 train_rows = rows.iloc[np.flatnonzero(fold_of != i)][["text", "label"]]
                 data_file.parent.mkdir(parents=True, exist_ok=True)
@@ -318,7 +362,7 @@ def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
         raise Interrupted(f"audit stopped in fold {i + 1}/{k} (finished folds are kept); continue with: {hint}") \
             from None
     shutil.rmtree(run_dir.root / "data", ignore_errors=True)
-    return probs, fold_of
+    return probs, fold_of + 1  # (numbered as the progress lines and the folders number them: from 1)
 
 
 def _save_arrays(path: Path, **arrays) -> None:

@@ -38,7 +38,7 @@ from ..model import pretrained
 from ..safe_text import markup
 from ..store import checkpoint
 from ..store.atomic import sha256_file, write_json, write_with
-from ..store.layout import DISTILLED_FROM, CheckpointDir, RunDir, TeacherCache, read_small
+from ..store.layout import DISTILLED_FROM, TEACHER_WEIGHTS, CheckpointDir, RunDir, TeacherCache, read_small
 from ..store.locate import locate
 from ..training.loop import Interrupted, Run
 from ..training.objectives import Distillation
@@ -63,7 +63,8 @@ class DistillOptions:
     cache_dir: str
     batch_size: int
 
-    RANGES = {"temperature": (0, None, "()"), "alpha": (0, 1, "[]"), "max_unlabeled": (1, None, "[)"),
+    # temperature: Hinton et al. use 1..20; far above 100 the T² scaling of the loss overflows to NaN
+    RANGES = {"temperature": (0.1, 100, "[]"), "alpha": (0, 1, "[]"), "max_unlabeled": (1, None, "[)"),
               "batch_size": (1, 1 << 20, "[]")}
 
 
@@ -146,6 +147,9 @@ class DistillJob(ClassifierJob):
             loaded = checkpoint.load(self.teacher, "cpu")
             table = pretrained.table(loaded.model.token_embedding.weight, loaded.tokenizer_file,
                                      f"the teacher's token table ({self.teacher})", int(config.model["d_model"]))
+        weights = sha256_file(self.teacher.weights)
+        if resume is not None:
+            self.check_same_teacher(resume, weights)
         prepared = prepare(config, resume, console, session.run_dir.data_report if writes else None, table=table)
         session.prepared = prepared
         self.check_classes(prepared)
@@ -162,10 +166,24 @@ class DistillJob(ClassifierJob):
                                  multi_label=prepared.model_cfg.multi_label,
                                  loss_weight=class_weights_of(session, prepared),
                                  label_smoothing=config.loss.label_smoothing)
-        run = build_run(session, prepared, objective, train, meta={DISTILLED_FROM: str(self.teacher.path)})
+        run = build_run(session, prepared, objective, train,
+                        meta={DISTILLED_FROM: str(self.teacher.path), TEACHER_WEIGHTS: weights})
         return run, (f"[bold]student[/] {prepared.describe(config)}; [bold]teacher[/] {markup(self.teacher.path)} "
                      f"(temperature {options.temperature:g}, alpha {options.alpha:g}), {labelled.n_docs:,} labelled "
                      f"+ {len(unlabeled):,} unlabeled texts")
+
+    def check_same_teacher(self, resume, weights: str) -> None:
+        """A student resumed from the teacher it began with: a teacher trained further since (its best checkpoint
+        replaced) would teach the remaining epochs other answers, and the closing comparison would be with it."""
+        try:
+            meta = json.loads(read_small(resume.run_dir.last.meta))  # (the checkpoint being continued)
+        except (OSError, ValueError):
+            meta = {}
+        before = meta.get(TEACHER_WEIGHTS) if isinstance(meta, dict) else None
+        if before is not None and before != weights:
+            raise TformerError(f"cannot resume {resume.run_dir}: the teacher's weights changed since the "
+                               f"distillation began ({self.teacher.path} was trained further or replaced); start a "
+                               f"new distillation from it (drop resume=)")
 
     def check_classes(self, prepared: Prepared) -> None:
         """The teacher must answer with the data's classes, in the same order."""

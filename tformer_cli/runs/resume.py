@@ -39,6 +39,9 @@ def find_resumable(resume, task: str, outputs_dir: str | Path = "outputs") -> Ch
     if found is None and RunDir(resume).last.existing() is not None:
         raise TformerError(f"resume={resume}: its last checkpoint holds no optimizer state (the run was trained "
                            f"with trainer.keep_optimizer_state=false), so it cannot be continued; start a new run")
+    if found is None and RunDir(resume).log(task).is_file():
+        raise TformerError(f"resume={resume}: that run stopped before its first checkpoint, so there is nothing to "
+                           f"continue; start it again with the same overrides (without resume=)")
     if found is None:
         raise TformerError(f"resume={resume}: no last checkpoint with training state there; pass the run directory "
                            f"(outputs/{task}/<date>/<time>)")

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from safetensors import SafetensorError
+
 from ..errors import TformerError
 from .layout import old_sibling, temporary_sibling
 
@@ -95,9 +97,9 @@ def write_with(path: str | Path, write: Callable[[Path], None]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
         swap_in(tmp, path)
-    except (OSError, RuntimeError, ValueError) as exc:  # matplotlib/safetensors wrap OSErrors in their own types
+    except (OSError, RuntimeError, ValueError, SafetensorError) as exc:  # matplotlib/safetensors wrap OSErrors
         _remove(tmp)
-        if isinstance(exc, (RuntimeError, ValueError)) and not _looks_like_io(exc):
+        if not isinstance(exc, OSError) and not _looks_like_io(exc):
             raise
         raise TformerError(f"could not write {path}: {write_problem(exc)}") from exc
     except BaseException:

@@ -66,6 +66,7 @@ def old_sibling(path: Path) -> Path:
 
 PRETRAINING = "masked-lm"  # meta.json "kind" of a `tformer pretrain` checkpoint (classifiers have none)
 DISTILLED_FROM = "distilled_from"  # meta.json key of a `tformer distill` checkpoint: its teacher checkpoint
+TEACHER_WEIGHTS = "teacher_weights_sha256"  # ... and the teacher's weights it learned from (a resume checks them)
 
 
 class CheckpointDir:

@@ -106,8 +106,8 @@ def locate(checkpoint: str | Path | CheckpointDir | None = None, outputs_dir: st
 
 
 def locate_export(checkpoint: str | Path | None = None, outputs_dir: str | Path = "outputs") -> ExportDir:
-    """An export dir; a run dir (-> the export of its best checkpoint); a checkpoint dir of a run (-> that
-    checkpoint's export); hf://...: the repository's onnx/; None: the newest run's (a sweep's best job). An export
+    """An export dir; a run dir (-> the export of its best checkpoint: onnx/, else onnx-int8/); a checkpoint dir of
+    a run (-> that checkpoint's export); hf://...: the repository's onnx/; None: the newest run's (a sweep's best job). An export
     found through a run must have been made from the checkpoint's current weights: a newer best saved after
     `tformer export` is refused, not served as the old model."""
     if checkpoint is None:
@@ -128,7 +128,10 @@ def locate_export(checkpoint: str | Path | None = None, outputs_dir: str | Path 
         else:
             raise TformerError(f"checkpoint={checkpoint} is neither an export dir nor a run dir; pass the folder "
                                f"`tformer export` wrote (<run dir>/export/onnx) or its run dir")
-    found = RunDir.of_checkpoint(ckpt).export_of(ckpt)
+    run = RunDir.of_checkpoint(ckpt)
+    found = run.export_of(ckpt)
+    if not found.is_export() and run.export_of(ckpt, quantized=True).is_export():
+        found = run.export_of(ckpt, quantized=True)  # only `export quantize=int8` was run: that is the export
     if not found.is_export():
         raise TformerError(f"{ckpt} has no ONNX export; run `tformer export checkpoint={ckpt.path}` first (or "
                            f"predict with the torch runtime)")

@@ -135,6 +135,9 @@ def new_run_dir(path: str | Path, task: str, resume: bool | str | None, key: str
             raise TformerError(f"{path} holds a finished run; train it further with `tformer {task} <same overrides> "
                                f"trainer.epochs=<more> resume={path}`, or pass a new {key}")
         if run.hydra_record.is_dir() or run.checkpoints.is_dir() or is_ours(path, "run"):
+            if task != "evaluate" and resolve_resumable(path) is None and run.last.existing() is None:
+                raise TformerError(f"{path} holds a run that stopped before its first checkpoint, so there is "
+                                   f"nothing to resume; pass a new {key}, or delete that folder to start there again")
             how = f"continue it with `tformer {task} <same overrides> resume={path}`, or " if task != "evaluate" else ""
             raise TformerError(f"{path} already holds a run; {how}pass a new {key} (a new run never starts "
                                f"in another run's folder)")

@@ -75,6 +75,7 @@ class Optimization:
         self.optimizer = optim_lib.build(model, optimizer, embedding_lr_multiplier, device, layer_lr_decay)
         self.scheduler = schedules.build(self.optimizer, schedule, total_steps)
         self.scaler = precision.grad_scaler()
+        self.base_lr = optimizer.lr
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if labels.dim() == 2:  # multi-label: an independent yes/no per label (smoothing pulls targets toward 0.5)
@@ -84,7 +85,13 @@ class Optimization:
 
     @property
     def lr(self) -> float:
-        return self.scheduler.get_last_lr()[0]
+        """optimizer.lr under the schedule: the top layers' and the head's rate. Under layer-wise decay or an
+        embedding multiplier the other groups run at fixed fractions of it (the first group is the lowest layer)."""
+        group = self.optimizer.param_groups[0]
+        start = group.get("initial_lr") or 0.0
+        if not start or start == self.base_lr:
+            return group["lr"]
+        return self.base_lr * group["lr"] / start
 
     def state_dict(self) -> tuple[dict, dict]:
         tensors, opt_json = state_lib.optimizer_state(self.optimizer)
@@ -383,5 +390,5 @@ def _end_epoch(run: Run, state: TrainingState, opt: Optimization) -> dict:
 def check_finite(loss: float, label: str, where: str) -> None:
     """The one NaN/inf guard of every objective's loss (read at log steps and at the end of each epoch)."""
     if not math.isfinite(loss):
-        raise TformerError(f"the {label} became {loss} {where}; the best checkpoint is kept; try a lower learning "
+        raise TformerError(f"the {label} became {loss} {where}; checkpoints saved before it are kept; try a lower learning "
                            f"rate (optimizer.lr) or trainer.grad_clip=1.0")
