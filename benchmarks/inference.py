@@ -97,7 +97,7 @@ def measure(kind: str, path: Path, texts_file: Path, args) -> dict:
 def test_texts(run: Path, max_test: int | None):
     from tformer_cli.data import sources
     from tformer_cli.runs.config import data_config
-    from tformer_cli.store import checkpoint
+    from tformer_cli import checkpoint
 
     saved = checkpoint.load(run, "cpu").saved_config()
     cfg = data_config(saved["data"], **({"max_eval_samples": max_test} if max_test else {}))

@@ -47,7 +47,7 @@ def main() -> None:
     from tformer_cli.data import sources
     from tformer_cli.deploy.export import export_onnx
     from tformer_cli.deploy.onnx_classifier import OnnxClassifier
-    from tformer_cli.store import checkpoint
+    from tformer_cli import checkpoint
 
     fp32, int8 = export_onnx(args.run), export_onnx(args.run, quantize="int8")
     loaded = checkpoint.load(args.run)

@@ -142,3 +142,57 @@ def test_every_subpackage_ships_in_the_wheel():
     listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     subpackages = {m for m, p in MODULES.items() if p.name == "__init__.py"}
     assert subpackages - listed == set()
+
+
+# The layers, lowest first: a module imports only from its own layer and the layers below it. A name is a module
+# or a package (every module under it); the longest name that fits a module decides its layer.
+LAYERS = (
+    ("base", ("errors", "yesno", "safe_text", "typed_config", "registry", "console", "cores", "hardware", "hub",
+              "tasks")),
+    ("store", ("store", "timing")),
+    ("data and models", ("data", "model")),
+    ("evaluation's arithmetic", ("evaluation.calibration", "evaluation.metrics", "evaluation.rows",
+                                 "evaluation.confident", "evaluation.selection", "evaluation.answers",
+                                 "evaluation.artifacts", "evaluation.report")),
+    ("checkpoints and inference", ("checkpoint", "inference", "overrides")),
+    ("the classifier and what scores with it", ("classifier", "evaluation", "deploy.onnx_classifier",
+                                                "deploy.serve")),
+    ("training", ("training",)),
+    ("the run engine and deployment", ("runs", "deploy", "sweeps", "hydra_setup", "launch", "api")),
+    ("commands", ("commands", "cli", "__main__")),
+)
+
+
+def _layer_of(module: str) -> int | None:
+    name = module.removeprefix(NAME + ".")
+    fits = [(len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+            if name == prefix or name.startswith(prefix + ".")]
+    return max(fits)[1] if fits else None
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in MODULES if m != NAME and _layer_of(m) is None] == []
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    upward = [f"{a} ({LAYERS[_layer_of(a)][0]}) -> {b} ({LAYERS[_layer_of(b)][0]})"
+              for a, targets in _graph().items() if a != NAME for b in targets
+              if b != NAME and _layer_of(b) > _layer_of(a)]
+    assert upward == []
+
+
+def test_the_layer_test_sees_an_upward_import():
+    assert _layer_of(f"{NAME}.store.layout") < _layer_of(f"{NAME}.checkpoint") < _layer_of(f"{NAME}.runs.audit")
+
+
+def test_the_task_table_names_real_commands_and_api_functions():
+    import importlib
+
+    import tformer_cli
+    from tformer_cli.tasks import TASKS
+
+    for name, task in TASKS.items():
+        module = importlib.import_module(f"{NAME}.commands.{task.module}")
+        assert callable(getattr(module, task.entry)) and task.style in ("hydra", "argv"), name
+        assert task.api is None or task.api in tformer_cli.__all__, name
+        assert not task.trains or task.style == "hydra", name

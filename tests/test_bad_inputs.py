@@ -14,7 +14,8 @@ from helpers import TINY_TRAINING, copy_run, run_tformer
 from tformer_cli import Classifier, TformerError, audit, distill, suggest, train
 from tformer_cli.deploy.export import export_onnx
 from tformer_cli.deploy.serve import BadRequest, ServeLimits, parse_request
-from tformer_cli.store import checkpoint, manifest
+from tformer_cli import checkpoint
+from tformer_cli.store import manifest
 
 FAST = [*TINY_TRAINING, "trainer.test_after_fit=false"]
 

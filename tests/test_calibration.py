@@ -11,7 +11,7 @@ import pytest
 from helpers import TINY_TRAINING, copy_run, run_tformer, tiny
 from tformer_cli import Classifier, TformerError, train
 from tformer_cli.evaluation import artifacts, calibration
-from tformer_cli.store import checkpoint
+from tformer_cli import checkpoint
 from tformer_cli.store.layout import RunDir
 
 

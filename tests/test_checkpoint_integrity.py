@@ -6,7 +6,8 @@ import resource
 
 import pytest
 
-from tformer_cli.store import checkpoint, manifest
+from tformer_cli import checkpoint
+from tformer_cli.store import manifest
 from tformer_cli.errors import TformerError
 from tformer_cli.store.layout import CheckpointDir
 

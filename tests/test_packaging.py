@@ -77,7 +77,7 @@ def test_only_the_layout_module_spells_run_and_checkpoint_file_names():
 
 @pytest.mark.slow  # a fresh interpreter
 def test_predict_imports_neither_training_nor_heavy_libraries():
-    code = ("import sys; import tformer_cli.commands.predict as p, tformer_cli.store.checkpoint, tformer_cli.inference; "
+    code = ("import sys; import tformer_cli.commands.predict as p, tformer_cli.checkpoint, tformer_cli.inference; "
             "print(sorted(m for m in sys.modules if m.startswith(('tformer_cli.training', 'transformers', "
             "'datasets', 'sklearn', 'hydra', 'matplotlib'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

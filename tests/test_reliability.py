@@ -138,7 +138,7 @@ def test_a_resumed_epoch_s_rate_counts_its_time_before_the_resume_and_only_timed
 def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     import torch
 
-    from tformer_cli.store import checkpoint
+    from tformer_cli import checkpoint
     from tformer_cli.errors import TformerError
     from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier
 

@@ -155,7 +155,7 @@ def test_a_model_json_claiming_50000_layers_is_refused_with_little_memory(tmp_pa
         config = json.loads(ckpt.model_config.read_text())
         ckpt.model_config.write_text(json.dumps({**config, "n_layers": layers, "d_model": d_model}))
         reseal(ckpt)
-        code = ("import resource, sys\nfrom tformer_cli.store import checkpoint\nfrom tformer_cli.errors import "
+        code = ("import resource, sys\nfrom tformer_cli import checkpoint\nfrom tformer_cli.errors import "
                 "TformerError\ntry:\n    checkpoint.load(sys.argv[1])\nexcept TformerError as e:\n    print(e)\n"
                 "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
         done = subprocess.run([sys.executable, "-c", code, str(ckpt.path)], capture_output=True, text=True,
@@ -170,7 +170,7 @@ def test_a_sparse_1_gib_metrics_file_is_refused_without_being_read(tmp_path):
     listed = json.loads(ckpt.manifest.read_text())
     with open(ckpt.metrics, "r+b") as f:
         f.truncate(1 << 30)  # sparse: no disk used, but reading it would take a GiB of memory
-    code = ("import resource, sys\nfrom tformer_cli.store import checkpoint\nfrom tformer_cli.errors import "
+    code = ("import resource, sys\nfrom tformer_cli import checkpoint\nfrom tformer_cli.errors import "
             "TformerError\ntry:\n    checkpoint.load(sys.argv[1])\nexcept TformerError as e:\n    print(e)\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
     for step in ("as written", "manifest claims its size"):
@@ -199,7 +199,7 @@ def test_saved_values_of_the_wrong_type_or_range_are_one_line(tmp_path, file, ch
     path.write_text(json.dumps(change(json.loads(path.read_text()))))  # (json.dumps writes NaN and Infinity)
     reseal(ckpt)
     with pytest.raises(TformerError) as err:
-        from tformer_cli.store import checkpoint
+        from tformer_cli import checkpoint
 
         checkpoint.load(ckpt)
     assert expected in str(err.value) and "\n" not in str(err.value)

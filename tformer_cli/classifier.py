@@ -199,7 +199,7 @@ class Classifier(TextPredictor):
         """A run dir (its best checkpoint), a checkpoint dir, or None: the newest run's (a sweep's best job)."""
         from .data.tokenization import LongText, load_tokenizer
         from .hardware import pick_device
-        from .store import checkpoint as ckpt
+        from . import checkpoint as ckpt
         from .store.locate import locate
 
         path = locate(checkpoint, outputs_dir)

@@ -16,6 +16,7 @@ import warnings
 from . import __version__
 from .errors import Refused, TformerError, hydra_error_line
 from .safe_text import terminal
+from .tasks import TASKS
 from .yesno import parse_bool
 
 USAGE = """usage: tformer {train,evaluate,predict,pretrain,distill,audit,suggest,export,serve,push,report} [overrides ...]
@@ -37,23 +38,10 @@ USAGE = """usage: tformer {train,evaluate,predict,pretrain,distill,audit,suggest
   tformer --version
 Set TFORMER_DEBUG=1 for full tracebacks."""
 
-# command -> (its module in tformer_cli/commands, the module's entry point, how it runs): "hydra" composes the
-# config (-m, --cfg, --help, overrides) and calls run(cfg); "argv" calls main(argv), which parses its own options.
-COMMANDS = {
-    "train": ("train", "run", "hydra"),
-    "evaluate": ("evaluate", "run", "hydra"),
-    "predict": ("predict", "main", "argv"),
-    "pretrain": ("pretrain", "run", "hydra"),
-    "distill": ("distill", "run", "hydra"),
-    "audit": ("audit", "run", "hydra"),
-    "suggest": ("suggest", "main", "argv"),
-    "report": ("report", "main", "argv"),
-    "export": ("export", "main", "argv"),
-    "serve": ("serve", "main", "argv"),
-    "push": ("push", "main", "argv"),
-}
+# command -> (its module in tformer_cli/commands, the module's entry point, how it runs): tasks.TASKS
+COMMANDS = {name: (task.module, task.entry, task.style) for name, task in TASKS.items()}
 # `--help`: every key, its value and its YAML comment (commands/help.py)
-KEY_HELP = ("train", "evaluate", "pretrain", "distill", "audit")
+KEY_HELP = tuple(name for name, task in TASKS.items() if task.key_help)
 
 
 def _fail(exc: BaseException) -> None:

@@ -69,7 +69,7 @@ def _evaluate(config: EvaluateConfig, run_dir: RunDir, console, device, precisio
     from ..data import sanity, sources, tokenization
     from ..evaluation import report
     from ..evaluation.evaluate import count, score_split, write_reports
-    from ..store import checkpoint
+    from .. import checkpoint
     from ..store.locate import locate
 
     loaded = checkpoint.load(locate(config.checkpoint or None, config.outputs_dir), device)

@@ -85,7 +85,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
 
     from ..data.tokenization import LongText, load_tokenizer, pad_id
     from .onnx_classifier import EXPORT_FORMAT_VERSION, session
-    from ..store import checkpoint as ckpt
+    from .. import checkpoint as ckpt
 
     if quantize not in QUANTIZATIONS:
         raise TformerError(f"quantize={quantize!r} is not one of none, int8")

@@ -40,7 +40,7 @@ from ..errors import ArgumentTypeError, ConfigError, TformerError
 from ..hydra_setup import compose_tree
 from ..overrides import as_overrides, in_memory_data, override_value
 from ..safe_text import markup, rich
-from ..store import checkpoint as ckpt
+from .. import checkpoint as ckpt
 from ..store.atomic import write_json, write_with
 from ..store.layout import RunDir, resolve_checkpoint, resolve_resumable
 from ..store.ownership import is_ours, new_run_dir

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from .. import timing
 from ..console import output
-from ..store import checkpoint
+from .. import checkpoint
 from ..store.atomic import JsonLines, write_json
 from .config import TrainConfig
 from ..data import sanity, sources, tokenization

@@ -36,7 +36,7 @@ from ..console import progress
 from ..inference import predict_logits
 from ..model import pretrained
 from ..safe_text import markup
-from ..store import checkpoint
+from .. import checkpoint
 from ..store.atomic import sha256_file, write_json, write_with
 from ..store.layout import DISTILLED_FROM, TEACHER_WEIGHTS, CheckpointDir, RunDir, TeacherCache, read_small
 from ..store.locate import locate

@@ -19,7 +19,7 @@ import torch
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
-from ..store import checkpoint
+from .. import checkpoint
 from ..store.atomic import JsonLines, write_json
 from ..data import sources, tokenization
 from ..data.tokenization import TokenizedSplit

@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from .. import cores, timing
-from ..store import checkpoint
+from .. import checkpoint
 from ..console import Output, output
 from ..errors import TformerError
 from ..safe_text import markup

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import TformerError
+from ..tasks import TASKS
 from .atomic import fresh_sibling, json_text, swap_in, write_problem
 from .layout import MARKER, RunDir, resolve_resumable, temporary_sibling
 
@@ -131,7 +132,7 @@ def new_run_dir(path: str | Path, task: str, resume: bool | str | None, key: str
                                f"drop {key} (a resume goes on in its own run's folder)")
     elif taken:
         run = RunDir(path)
-        if run.finished and task in ("train", "distill"):
+        if run.finished and task in TASKS and TASKS[task].trains:
             raise TformerError(f"{path} holds a finished run; train it further with `tformer {task} <same overrides> "
                                f"trainer.epochs=<more> resume={path}`, or pass a new {key}")
         if run.hydra_record.is_dir() or run.checkpoints.is_dir() or is_ours(path, "run"):

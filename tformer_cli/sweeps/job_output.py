@@ -16,10 +16,11 @@ from pathlib import Path
 from ..console import output
 from ..safe_text import markup
 from ..store.layout import RunDir
+from ..tasks import TASKS
 from . import naming
 from .summary import read_job
 
-QUIET_TASKS = ("train", "pretrain")  # (an evaluate sweep's output is its metrics: shown whole)
+QUIET_TASKS = tuple(name for name, task in TASKS.items() if task.quiet_sweeps)
 # the lines a quiet job still shows: each epoch's, an early stop, a resume mid-run (training/loop.py writes them)
 SHOWN = re.compile(r"(epoch +\d+/\d+ |early stopping: |resuming at epoch )")
 

@@ -26,14 +26,14 @@ import torch
 import yaml
 from safetensors import SafetensorError
 
-from ..errors import ConfigError, TformerError
-from ..evaluation.calibration import checked
-from ..model.encoder import EncoderConfig, TransformerClassifier
-from ..typed_config import build
-from . import manifest
-from .atomic import json_text, staged_dir, write_problem
-from .layout import OWN_FILE_CAP, PRETRAINING, CheckpointDir, RunDir
-from .locate import locate
+from .errors import ConfigError, TformerError
+from .evaluation.calibration import checked
+from .model.encoder import EncoderConfig, TransformerClassifier
+from .typed_config import build
+from .store import manifest
+from .store.atomic import json_text, staged_dir, write_problem
+from .store.layout import OWN_FILE_CAP, PRETRAINING, CheckpointDir, RunDir
+from .store.locate import locate
 
 FORMAT_VERSION = 2  # 2: manifest.json (SHA-256 of every file) written and checked
 READABLE_VERSIONS = (1, 2)
@@ -247,7 +247,7 @@ def update_meta(target: CheckpointDir, changes: dict) -> None:
 
 def _check_long_text(ckpt: CheckpointDir, meta: dict, max_len: int) -> None:
     """meta.json's long_text, head_tokens and chunk_overlap: what predict and evaluate read texts by."""
-    from ..data.tokenization import LongText  # (tokenizers: already imported by whoever loads a checkpoint)
+    from .data.tokenization import LongText  # (tokenizers: already imported by whoever loads a checkpoint)
 
     values = {k: meta.get(k) for k in ("head_tokens", "chunk_overlap")}
     wrong = [k for k, v in values.items() if v is not None and (isinstance(v, bool) or not isinstance(v, int))]
