@@ -23,7 +23,7 @@ from tformer_cli.runs import distill as distill_module
 from tformer_cli.runs.distill import distill
 from tformer_cli import checkpoint
 from tformer_cli.store.layout import RunDir
-from tformer_cli.training.objectives import Distillation, distillation_loss
+from tformer_cli.runs.distill import Distillation, distillation_loss
 from tformer_cli.typed_config import plain
 
 TOPICS = {"sports": "goal match team score player coach league stadium referee striker".split(),

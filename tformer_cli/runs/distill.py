@@ -2,7 +2,7 @@
 learns from a trained classifier, the teacher, in the same run directories, loop, checkpoints, Ctrl-C and `resume=`
 as `train`, and ends as an ordinary classifier checkpoint (evaluate, predict, export, serve and push read it as any).
 
-What the student learns from (training/objectives.py: `Distillation`): the teacher's probabilities, softened by a
+What the student learns from (`Distillation`, below): the teacher's probabilities, softened by a
 temperature, on every training text, mixed with the given labels where a text has one. The texts are the data's
 train split plus any unlabeled texts (distill.unlabeled: files, or a split such as IMDB's `unsupervised`), which is
 where distillation gains most: the teacher labels texts nobody labelled. Unlabeled texts that are copies of the
@@ -27,6 +27,7 @@ from pathlib import Path
 import datasets
 import safetensors.torch
 import torch
+import torch.nn.functional as F
 from safetensors import SafetensorError
 
 from ..data import sanity, sources, tokenization
@@ -40,8 +41,8 @@ from .. import checkpoint
 from ..store.atomic import sha256_file, write_json, write_with
 from ..store.layout import DISTILLED_FROM, TEACHER_WEIGHTS, CheckpointDir, RunDir, TeacherCache, read_small
 from ..store.locate import locate
-from ..training.loop import Interrupted, Run
-from ..training.objectives import Distillation
+from ..training.loop import Interrupted, Optimization, Run, sliced_update
+from ..training.objectives import Classification
 from ..typed_config import build
 from .classify import ClassifierJob, Prepared, build_run, class_weights_of, configure, prepare
 from .resume import find_resumable
@@ -131,6 +132,82 @@ def teacher_table(options: DistillOptions, config) -> bool:
         raise ConfigError(f"distill.embeddings=teacher gives the student the teacher's tokenizer and token table, but "
                           f"{what} gives it its own; pass distill.embeddings=own, or drop {what}")
     return options.embeddings == "teacher" or (options.embeddings == "auto" and not own)
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# The objective: what a student learns from
+
+def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, labelled: torch.Tensor, *,
+                      temperature: float, alpha: float, multi_label: bool = False,
+                      class_weight: torch.Tensor | None = None, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Hinton et al. (2015)'s loss, averaged over the rows: alpha * T^2 * KL(teacher_T || student_T) on every row
+    (both softmaxes at temperature T; T^2 keeps the gradients' scale as T changes) plus (1 - alpha) * the usual
+    cross-entropy on the rows that have a label (`labelled`; texts without one learn from the teacher alone).
+    Multi-label: the KL of each label's yes/no (sigmoids at T), averaged over labels, and binary cross-entropy.
+    student, teacher: (B, C) logits; labels: (B,) ids or (B, C) multi-hot; labelled: (B,) bool."""
+    s, t = student.float() / temperature, teacher.float() / temperature
+    if multi_label:
+        p = torch.sigmoid(t)  # KL of Bernoulli(p) from Bernoulli(q): BCE(q; p) - H(p), zero when they agree
+        soft = (F.binary_cross_entropy_with_logits(s, p, reduction="none")
+                - F.binary_cross_entropy_with_logits(t, p, reduction="none")).mean(-1)
+    else:
+        soft = F.kl_div(F.log_softmax(s, -1), F.log_softmax(t, -1), reduction="none", log_target=True).sum(-1)
+    loss = alpha * temperature ** 2 * soft
+    if alpha < 1 and bool(labelled.any()):
+        if multi_label:
+            targets = labels.float() * (1 - label_smoothing) + 0.5 * label_smoothing
+            hard = F.binary_cross_entropy_with_logits(student.float(), targets, reduction="none").mean(-1)
+        else:  # (a class weight scales its rows' term: the mean over rows keeps micro-batch and rank shares exact)
+            hard = F.cross_entropy(student.float(), labels.clamp(min=0), reduction="none",
+                                   label_smoothing=label_smoothing)
+            if class_weight is not None:
+                hard = hard * class_weight[labels.clamp(min=0)]
+        loss = loss + (1 - alpha) * torch.where(labelled, hard, torch.zeros_like(hard))
+    return loss.mean()
+
+
+class Distillation(Classification):
+    """A student learning from a teacher's logits (computed once, runs/distill.py) on labelled and unlabeled texts:
+    `distillation_loss` per row. Validation is classification's (the student's own loss, accuracy and F1 on the
+    labelled validation split), so a distilled run is compared, monitored and reported like a trained one.
+
+    teacher: (documents, C) logits of the training split's documents; labelled: (documents,) whether a document
+    has a label; docs: the split's document of each sequence (None: one sequence per document)."""
+
+    loss_label = "distillation loss"
+
+    def __init__(self, label_names: list[str], teacher: torch.Tensor, labelled: torch.Tensor,
+                 docs: torch.Tensor | None, *, temperature: float, alpha: float, multi_label: bool = False,
+                 loss_weight: torch.Tensor | None = None, label_smoothing: float = 0.0):
+        super().__init__(label_names, loss_weight, label_smoothing)
+        self.teacher, self.labelled, self.docs = teacher, labelled, docs
+        self.temperature, self.alpha, self.multi_label = temperature, alpha, multi_label
+
+    def step(self, opt: Optimization, batch: dict, step: int, share: float, micro_batches: int) -> torch.Tensor:
+        device = opt.device
+        rows = batch["index"] if self.docs is None else self.docs[batch["index"]]
+        ids = batch["input_ids"].to(device, non_blocking=True)
+        mask = batch["attention_mask"].to(device, non_blocking=True)
+        labels = batch["labels"].to(device, non_blocking=True)
+        teacher, labelled = self.teacher[rows].to(device), self.labelled[rows].to(device)
+        n = labels.shape[0]
+
+        def slice_loss(part: slice) -> torch.Tensor:  # a row mean: a slice carries its rows' share
+            with opt.precision.autocast():
+                logits = opt.forward(ids[part], mask[part])
+            loss = distillation_loss(logits, teacher[part], labels[part], labelled[part],
+                                     temperature=self.temperature, alpha=self.alpha, multi_label=self.multi_label,
+                                     class_weight=self.loss_weight, label_smoothing=self.label_smoothing)
+            return loss if part.stop - part.start == n else loss * ((part.stop - part.start) / n)
+
+        return sliced_update(opt, n, micro_batches, slice_loss, share)
+
+    def share(self, split: TokenizedSplit, rows: torch.Tensor, whole: torch.Tensor, world: int) -> float:
+        return world * len(rows) / len(whole)  # a row mean, class weights included (see distillation_loss)
+
+    def epoch_line(self, m: dict) -> str:
+        return (f"train_loss {m['train_loss']:.4f} (distillation)  val_loss {m['val_loss']:.4f}  "
+                f"val_acc {m['val_accuracy']:.4f}  val_f1 {m['val_f1']:.4f}")
 
 
 class DistillJob(ClassifierJob):

@@ -4,7 +4,7 @@ best/last checkpoints, resumption and clean interruption, for every training tas
 Parts with names: `Optimization` (optimizer, LR schedule, gradient scaler: the stateful parts of a step),
 `train_step` (one classification step; the benchmark times this very function), `TrainingState` (where the loop
 is, saved with every `last` checkpoint) and the `Objective` (what differs between tasks: how a batch becomes a
-loss, how validation scores; training/objectives.py). The run engine (runs/) builds a `Run` and calls `fit`.
+loss, how validation scores; each task's beside its job in runs/). The run engine builds a `Run` and calls `fit`.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from .state import TrainingState
 
 
 class Objective(Protocol):
-    """A training task plugged into `fit` (training/objectives.py has classification and masked-LM)."""
+    """A training task plugged into `fit` (classification in training/objectives.py; the other tasks' beside their jobs in runs/)."""
 
     loss_name: str  # the loss's metric names: "loss" logs loss / train_loss, "mlm_loss" train_mlm_loss
     loss_label: str  # the loss in messages: "loss", "MLM loss"
