@@ -125,3 +125,38 @@ def test_class_weighted_loss_takes_the_single_process_step_too(tmp_path):
     assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
     a, b = history(tmp_path / "one")[0], history(tmp_path / "two")[0]
     assert abs(a["val_loss"] - b["val_loss"]) < LOSS_TOL and abs(a["train_loss"] - b["train_loss"]) < LOSS_TOL
+
+
+@pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
+def test_a_rank_killed_stops_the_others_with_one_line_and_the_resume_command(tmp_path):
+    """SIGKILL to rank 1 mid-run (a crash, the OOM killer): rank 0 stops without a gloo traceback, and the launcher
+    names the rank and gives the command that continues the run from its last checkpoint."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    import time
+    from pathlib import Path
+
+    from helpers import TFORMER
+
+    args = [*RUN, "trainer.epochs=20", "trainer.devices=2", "trainer.checkpoint_every_steps=5", "hydra.run.dir=run"]
+    proc = subprocess.Popen([TFORMER, "train", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 600
+    while not (tmp_path / "run" / "checkpoints" / "last").is_dir() and proc.poll() is None:
+        assert time.monotonic() < deadline, "".join(lines)[-3000:]
+        time.sleep(0.05)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    rank1 = next(int(c) for c in children if b"RANK=1" in Path(f"/proc/{c}/environ").read_bytes().split(b"\0"))
+    os.kill(rank1, signal.SIGKILL)
+    proc.wait(timeout=300)
+    reader.join(timeout=30)
+    out = "".join(lines)
+    assert proc.returncode not in (0, 2), out[-3000:]
+    assert "rank 1 stopped (killed by signal 9)" in out and "resume=true" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
