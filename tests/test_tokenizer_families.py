@@ -207,3 +207,23 @@ def test_a_tokenizer_without_a_post_processor_is_read_with_no_special_tokens():
     tok.post_processor = processors.TemplateProcessing(single="<s> $A </s> </s>",
                                                        special_tokens=[("<s>", 2), ("</s>", 3)])
     assert (tokenization.special_layout(tok).before, tokenization.special_layout(tok).after) == (1, 2)
+
+
+@pytest.mark.parametrize("scheme", ["wordpiece", "bpe_roberta", "unigram_cls"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_long_text_cut_before_tokenizing_keeps_exactly_the_same_tokens(scheme, side):
+    """A text far longer than the window is cut at a space before a truncating tokenizer reads it (a one-line
+    30 MB text took minutes): the tokens kept are those of the whole text, for every family's pre-tokenizer."""
+    import random
+
+    import hf_folders
+
+    tok = tokenization.configure(hf_folders.tokenizer(scheme), 16, side)
+    rng = random.Random(0)
+    words = ["Good", "film,", "the", "plot!", "naïve", "  ", "\n", "über-long", "dull...", "x"]
+    texts = [" ".join(rng.choice(words) for _ in range(n)) for n in (5, 900, 3000)]
+    texts.append("nospace" * 1000 + " then words " * 10)  # no space near the cut: read whole
+    texts.append("a " * 3000)
+    assert len(texts[2]) > 2 * 16 * tokenization.CUT_CHARS_PER_TOKEN
+    assert [e.ids for e in tokenization.encodings(tok, texts)] == [e.ids for e in tok.encode_batch(texts)]
+    assert tokenization._cut(tok, texts)[2] != texts[2]  # (the long text was cut)

@@ -357,7 +357,36 @@ def encodings(tok, texts: list[str]):
     For corpora: an Encoding also holds each token's string, offsets and masks (and, cut, the overflowing tokens),
     so one call over every text holds all of them at once (IMDB's 70,000 pretraining texts: over 1 GiB)."""
     for start in range(0, len(texts), ENCODE_CHUNK):
-        yield from tok.encode_batch(texts[start:start + ENCODE_CHUNK])
+        yield from tok.encode_batch(_cut(tok, texts[start:start + ENCODE_CHUNK]))
+
+
+# A text longer than max_len x this many characters is cut (at a space) before a truncating tokenizer reads it: the
+# tokenizer would read all of it to keep max_len tokens (a 30 MB line: minutes and gigabytes). Kept only when the
+# cut part still overflows the window, so the tokens kept are exactly those of the whole text.
+CUT_CHARS_PER_TOKEN = 64
+
+
+def _cut(tok, texts: list[str]) -> list[str]:
+    truncation = tok.truncation
+    if not truncation or tok.pre_tokenizer is None:  # (without a pre-tokenizer a piece may span a space)
+        return texts
+    limit = int(truncation["max_length"]) * CUT_CHARS_PER_TOKEN
+    out = None
+    for i, text in enumerate(texts):
+        if len(text) <= 2 * limit:
+            continue
+        keep_end = str(truncation.get("direction", "right")).lower() == "left"
+        if keep_end:
+            at = next((j for j in range(len(text) - limit, len(text)) if text[j].isspace()), None)
+            part = None if at is None else text[at:]
+        else:
+            at = next((j for j in range(limit, 0, -1) if text[j].isspace()), None)
+            part = None if at is None else text[:at]
+        if part is None or not tok.encode(part).overflowing:  # (no space, or too few tokens: read it whole)
+            continue
+        out = out if out is not None else list(texts)
+        out[i] = part
+    return texts if out is None else out
 
 
 def encode_batch(tok, texts: list[str], max_len: int, long_text: LongText = LongText(),
