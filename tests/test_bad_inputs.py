@@ -136,6 +136,14 @@ def test_lone_surrogates_are_replaced_in_every_job(tiny_run, tmp_path, monkeypat
     assert texts == ["a \ufffd review"]
 
 
+def test_a_bad_top_k_is_shown_safely():
+    for body in (b'{"texts": ["a"], "top_k": "\\ud800"}', b'{"texts": ["a"], "top_k": ' + b"9" * 4000 + b"}"):
+        with pytest.raises(BadRequest) as caught:
+            parse_request(body, ServeLimits(max_body_bytes=1 << 20), 2)
+        json.dumps(str(caught.value)).encode("utf-8")  # (the answer's body: no lone surrogate, a short line)
+        assert len(str(caught.value)) < 120 and "\ud800" not in str(caught.value)
+
+
 def test_a_number_too_long_to_read_is_a_400_not_a_500():
     for body in (b'{"texts": ["a"], "top_k": ' + b"9" * 4984 + b"}", b"[" + b"1" * 5000 + b"]"):
         with pytest.raises(BadRequest, match="a number too long to read") as caught:
@@ -159,7 +167,7 @@ def test_broken_tokenizers_and_tables_are_one_line(tiny_run, tmp_path, monkeypat
     grown = Tokenizer.from_file(str(folder / "tokenizer.json"))
     grown.add_tokens([f"newword{i}" for i in range(50)])
     grown.save(str(folder / "tokenizer.json"))
-    with pytest.raises(TformerError, match="tokenizer has .* tokens but the embedding table only"):
+    with pytest.raises(TformerError, match="the tokenizer gives ids up to .* but the embedding table has only"):
         train(["model=pretrained", f"model.pretrained={folder}", *FAST], quiet=True)
     run = copy_run(tiny_run.run_dir, tmp_path / "run")
     _unigram_without_unk().save(str(run / "checkpoints" / "best" / "tokenizer.json"))

@@ -158,5 +158,6 @@ def test_a_rank_killed_stops_the_others_with_one_line_and_the_resume_command(tmp
     reader.join(timeout=30)
     out = "".join(lines)
     assert proc.returncode not in (0, 2), out[-3000:]
-    assert "rank 1 stopped (killed by signal 9)" in out and "resume=true" in out, out[-3000:]
+    assert "rank 1 stopped (killed by signal 9)" in out and "trainer.devices=2 resume=run" in out, out[-3000:]
+    assert "hydra.run.dir" not in out.split("continues with:")[1], out[-3000:]
     assert "Traceback" not in out, out[-3000:]

@@ -157,3 +157,17 @@ def test_micro_batches_may_change_on_resume_but_must_be_positive():
     assert config_diff(a, b) == []
     with pytest.raises(ConfigError, match="micro_batches"):
         train_config("trainer.micro_batches=0")
+
+
+def test_the_logged_lr_is_the_top_layers_rate_under_layer_wise_decay():
+    """The first parameter group is the lowest layer's: under layer-wise decay its rate is lr x decay^depth, and
+    the lr a run logs (history, progress bar) would read as if the whole model trained that slowly."""
+    cfg = train_config("schedule=constant", "optimizer.lr=0.001")
+    model = TransformerClassifier(EncoderConfig(vocab_size=50, num_classes=3, d_model=16, n_heads=2, d_ff=32,
+                                                max_len=16, n_layers=3, dropout=0.0))
+    for decay in (1.0, 0.5):
+        opt = Optimization(model, optimizer=cfg.optimizer, schedule=cfg.schedule, total_steps=10,
+                           device=torch.device("cpu"), precision=Precision("fp32", "cpu"), layer_lr_decay=decay)
+        rates = [g["lr"] for g in opt.optimizer.param_groups]
+        assert opt.lr == pytest.approx(0.001) and max(rates) == pytest.approx(0.001)
+        assert min(rates) < 0.001 * 0.5 ** 2 if decay < 1 else min(rates) == pytest.approx(0.001)

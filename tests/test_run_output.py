@@ -74,6 +74,14 @@ def test_a_run_that_failed_before_its_first_checkpoint_gets_one_answer(tmp_path)
     assert resumed.returncode == 2 and "nothing to continue; start it again" in resumed.stderr
 
 
+def test_matplotlib_s_first_run_notice_is_not_shown(tmp_path):
+    """A fresh matplotlib cache (a new machine, a CI runner) builds its font list and logs it at INFO, which Hydra's
+    logging would print as a [HYDRA] line in the middle of the run's output."""
+    r = run_tformer("train", *tiny(), cwd=tmp_path, env={"MPLCONFIGDIR": str(tmp_path / "matplotlib")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "matplotlib").is_dir() and "fontManager" not in r.stdout + r.stderr
+
+
 def interrupt_when(args, cwd, ready, *, stream="stdout", env=None):
     """Start `tformer <args>`, send SIGINT once `ready(<stream> so far)` holds; (rc, stdout, stderr)."""
     import threading

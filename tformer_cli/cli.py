@@ -64,6 +64,7 @@ def _fail(exc: BaseException) -> None:
         console._output.close_log()
     job = _hydra_job()  # None outside the Hydra commands
     if job is None:
+        _exiting()
         sys.exit(code)
     run = RunDir(job.runtime.output_dir)
     in_sweep = str(job.mode) == "RunMode.MULTIRUN"
@@ -76,7 +77,16 @@ def _fail(exc: BaseException) -> None:
     # a refused or failed command leaves no folder unless it holds a result
     if not run.discard_if_empty() and in_sweep:
         job_status.write(run.root, job_status.JobStatus.ended(code, message))
+    _exiting()
     sys.exit(code)
+
+
+def _exiting() -> None:
+    """The line is said and the process is ending: a SIGTERM now (a DDP launcher stopping the ranks that are left)
+    must not turn the interpreter's shutdown into a KeyboardInterrupt traceback."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _hydra_job():
@@ -109,9 +119,10 @@ def _guarded(fn):
         except RuntimeError as exc:  # a DDP rank whose peer died: gloo/NCCL raise from inside a collective
             if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 or not _lost_peer(exc):
                 raise
+            how = ("the launcher stops the rest and says how to continue" if os.environ.get("TFORMER_RANKS") else
+                   "stop the other ranks, then continue the run with resume=<run dir>")
             _fail(TformerError(f"rank {os.environ.get('RANK', '?')}: another rank of this DDP run stopped "
-                               f"({str(exc).splitlines()[0][:120]}); the launcher stops the rest and says how to "
-                               f"continue"))
+                               f"({str(exc).splitlines()[0][:120]}); {how}"))
 
     return wrapper
 
@@ -121,7 +132,7 @@ def _lost_peer(exc: BaseException) -> bool:
     RuntimeErrors), not a bug of this rank's."""
     text = str(exc).lower()
     return type(exc).__name__ == "DistBackendError" or any(
-        w in text for w in ("gloo", "nccl", "connection closed by peer", "connection reset", "broken pipe"))
+        w in text for w in ("connection closed by peer", "connection reset", "broken pipe", "read error"))
 
 
 class Stopped(Exception):

@@ -75,7 +75,8 @@ def launch_ranks(n: int, args: list[str]) -> int:
     procs = []
     for rank in range(n):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
-               "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+               "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "TFORMER_RANKS": str(n)}  # (started here: this process reports a rank that dies)
         env.setdefault("OMP_NUM_THREADS", threads)
         procs.append(subprocess.Popen([sys.executable, "-m", "tformer_cli", "train", *args], env=env))
 
@@ -87,7 +88,7 @@ def launch_ranks(n: int, args: list[str]) -> int:
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
     failed, first_exit = None, None
-    while any(p.poll() is None for p in procs):
+    while None in [p.poll() for p in procs]:  # (every rank polled: a dead rank 1 is seen while rank 0 runs)
         done = [p.returncode for p in procs if p.returncode is not None]
         first_exit = first_exit or (time.time() if procs[0].returncode is not None else None)
         bad = [c for c in done if c not in (0, 130)]
@@ -96,6 +97,9 @@ def launch_ranks(n: int, args: list[str]) -> int:
         # a rank that failed, or ranks still running a minute after rank 0 ended (they would wait on it for ever;
         # the others end first as a rule: rank 0 alone reports): stop them, then kill what is left
         if failed is not None or (first_exit and time.time() - first_exit > 60):
+            grace = time.time() + 5  # ranks that lost a peer say so in one line and end by themselves
+            while failed is not None and time.time() < grace and None in [p.poll() for p in procs]:
+                time.sleep(0.1)
             for p in procs:
                 if p.poll() is None:
                     p.send_signal(signal.SIGTERM)
@@ -119,7 +123,9 @@ def launch_ranks(n: int, args: list[str]) -> int:
     if failed is not None and failed != 2:  # (2: a refusal, which the rank said in one line)
         rank = next((r for r, p in enumerate(procs) if p.returncode == failed), "?")
         how = f"killed by signal {-failed}" if failed < 0 else f"exit code {failed}"
+        folder = next((a.split("=", 1)[1] for a in reversed(args) if a.startswith("hydra.run.dir=")), None)
+        kept = [a for a in args if not a.startswith(("hydra.run.dir=", "resume="))]
         print(f"[tformer] rank {rank} stopped ({how}); the other ranks were stopped. A run that saved a checkpoint "
-              f"continues with: tformer train {shlex.join(args)} trainer.devices={n} resume=true (or resume=<run dir>)",
-              file=sys.stderr, flush=True)
+              f"continues with: tformer train {shlex.join(kept)} trainer.devices={n} "
+              f"resume={shlex.quote(folder) if folder else 'true'}", file=sys.stderr, flush=True)
     return code

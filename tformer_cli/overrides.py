@@ -83,8 +83,13 @@ def frame_of(data, split: str) -> pd.DataFrame:
     """A DataFrame of a DataFrame, a dict of columns, or a (texts, labels) pair."""
     name = "data" if split == "train" else f"{split}_data"
     if isinstance(data, pd.DataFrame):
-        strings = [c for c in data.columns if data[c].dtype == object]
-        return data.assign(**{str(c): _valid(data[c].tolist()) for c in strings}) if strings else data
+        strings = [c for c in data.columns if data[c].dtype == object or pd.api.types.is_string_dtype(data[c])]
+        if not strings:
+            return data
+        frame = data.copy()
+        for c in strings:  # (by the column's own key: names need not be strings)
+            frame[c] = pd.Series(_valid(data[c].tolist()), index=data.index, dtype=object)
+        return frame
     if isinstance(data, dict):
         try:
             return pd.DataFrame({k: _valid(list(v)) if isinstance(v, (list, tuple)) else v for k, v in data.items()})

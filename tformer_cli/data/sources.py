@@ -397,12 +397,13 @@ def _to_text_label(ds, cfg, split: str, from_hub: bool = False):
 
 
 def _unlabelled(ds, multi_label: bool = False) -> bool:
-    """A split whose labels are all missing or -1 (GLUE's hidden test labels) cannot be evaluated on. (With
-    multi-label data a missing label is an empty label set, a real answer: only -1 marks hidden labels.)"""
+    """A split whose labels are all missing, blank or -1 (GLUE's hidden test labels) cannot be evaluated on. (With
+    multi-label data a blank CSV cell is an empty label set, a real answer: only -1 marks hidden labels.)"""
     if len(ds) == 0:
         return False
     labels = arrow.column(ds, "label")
     hidden = pc.fill_null(pc.equal(labels, -1), False) if _numeric(labels.type) else \
+        _blank(labels) if _arrow_kind(labels.type) == "str" and not multi_label else \
         pa.array(np.zeros(len(labels), dtype=bool))
     if not multi_label:
         hidden = pc.or_(hidden, pc.is_null(labels))
@@ -448,7 +449,6 @@ def _encode_labels(splits: dict, names: list[str] | None, where: str) -> tuple[d
     """Map string labels to ids (sorted names) or validate integer ids against 0..K-1 (K: the names given in
     `where`, if any). Read as Arrow columns (no Python object per row) when the train labels are strings or
     integers, as every loader gives them; anything else takes the general path, which says what is wrong."""
-    _refuse_empty_names(splits)
     kind = _arrow_kind(arrow.column(splits["train"], "label").type)
     if kind is None:
         return _encode_labels_listed(splits, names, where)
@@ -500,11 +500,17 @@ def _refuse_empty_names(splits: dict) -> None:
         labels = arrow.column(ds, "label")
         if _arrow_kind(labels.type) != "str":
             continue
-        blank = pc.fill_null(pc.equal(pc.utf8_trim_whitespace(labels), ""), False)
+        blank = _blank(labels)
         if pc.any(blank).as_py():
             row = int(np.flatnonzero(blank.to_numpy(zero_copy_only=False))[0])
-            raise TformerError(f"the {split} split has an empty label (row {row + 1}, and "
-                               f"{pc.sum(blank).as_py() - 1:,} more); drop those rows or fill the label column")
+            more = pc.sum(blank).as_py() - 1
+            raise TformerError(f"the {split} split has an empty label (row {row + 1}" + (f", and {more:,} more" if more
+                               else "") + "); drop those rows or fill the label column")
+
+
+def _blank(labels):
+    """Which string labels are empty or only spaces (a missing label, as an empty CSV cell is)."""
+    return pc.fill_null(pc.equal(pc.utf8_trim_whitespace(labels), ""), False)
 
 
 def _arrow_kind(t) -> str | None:
@@ -691,6 +697,8 @@ def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
     if names is None and cfg.label_names:
         names = [str(n) for n in cfg.label_names]
     splits = {s: ds for s, ds in splits.items() if not _unlabelled(ds, cfg.multi_label)}  # e.g. GLUE test files
+    if not cfg.multi_label:
+        _refuse_empty_names(splits)  # (before any row is dropped: the row named is the file's)
     if "train" not in splits:
         raise TformerError(f"{source} has no train split; it has {', '.join(raw)}")
     remove = list(cfg.remove)

@@ -255,7 +255,7 @@ def parse_request(body: bytes, limits: ServeLimits, n_labels: int) -> tuple[list
         raise BadRequest(f"texts[{long}] has {len(data[long])} characters; at most {limits.max_chars} (cut it, or "
                          f"start the server with a larger max_chars)")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= limits.max_top_k:
-        raise BadRequest(f"top_k={str(top_k)[:40]} must be an integer from 1 to {limits.max_top_k}")
+        raise BadRequest(f"top_k={repr(top_k)[:40]} must be an integer from 1 to {limits.max_top_k}")
     # a lone surrogate ("\ud800" is valid JSON) is U+FFFD, as predict reads it: no UTF-8 answer could echo it
     return [valid_unicode(t) for t in data], min(top_k, n_labels)
 

@@ -49,7 +49,7 @@ def absent_classes_note(metrics: dict, label_names: list[str]) -> str | None:
         return None
     present = [per_class[n]["f1-score"] for n in label_names if per_class.get(n, {}).get("support", 0)]
     shown = ", ".join(repr(n) for n in absent[:3]) + (", ..." if len(absent) > 3 else "")
-    return (f"macro averages count the {len(absent):,} {'label' if multi else 'class'}(es) with no text in this "
+    return (f"macro averages count the {len(absent):,} {'label' if multi else 'class'}{'s' if len(absent) != 1 else ''} with no text in this "
             f"split ({shown}) as 0, as scikit-learn does; macro f1 over the {len(present):,} present: "
             f"{sum(present) / max(len(present), 1):.4f}")
 
@@ -237,8 +237,8 @@ def _embeddings(cfg: dict, model: dict, emb: dict) -> str:
     if model.get("init"):
         return "the pretraining run's"
     kd = cfg.get("distill")
-    if isinstance(kd, dict) and (kd.get("embeddings") == "teacher" or
-                                 (kd.get("embeddings") == "auto" and not emb.get("pretrained"))):
+    own_table = emb.get("name") not in (None, "random")  # (embedding_init=<a pretrained table>)
+    if isinstance(kd, dict) and (kd.get("embeddings") == "teacher" or (kd.get("embeddings") == "auto" and not own_table)):
         return "the teacher's token table and tokenizer (projected to the student's width where it differs)"
     return f"{emb.get('name')}" + (f", frozen {emb.get('freeze_epochs')} epoch(s)" if emb.get("name") != "random"
                                    else "")

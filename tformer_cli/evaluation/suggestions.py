@@ -179,7 +179,7 @@ def suggest(run=None, texts=None, *, n: int = 100, text_column: str | None = Non
         raise TformerError("no texts to choose from: the pool is empty")
     seen = labelled_texts(labelled, clf, column)
     keep = selection.eligible([_key(t) for t in pool], [_key(t) for t in seen], has_visible)
-    if not len(keep) and seen and labelled == "auto":
+    if not len(keep) and seen and isinstance(labelled, str) and labelled == "auto":
         raise ConfigError(f"none of the {len(pool):,} texts in the pool can be suggested: each is empty, repeated or "
                           f"already in the run's labelled data; add new texts, or pass labelled=none (None from Python) to choose "
                           f"among the labelled ones too")

@@ -117,12 +117,13 @@ def covers_tokenizer(rows: int, tokenizer_file: Path, source: str) -> None:
     """Every id the tokenizer can give must have a row in the token table: a smaller table (a folder whose
     tokenizer gained tokens, or a mismatched pair) would fail at the first batch that uses a missing id."""
     try:
-        ids = Tokenizer.from_file(str(tokenizer_file)).get_vocab_size(with_added_tokens=True)
+        ids = max(Tokenizer.from_file(str(tokenizer_file)).get_vocab(with_added_tokens=True).values()) + 1
     except Exception as exc:  # (tokenizers raises its own Exception subclass for an unreadable file)
         raise TformerError(f"{source}: its tokenizer {tokenizer_file.name} cannot be read "
                            f"({str(exc).splitlines()[0][:120]})") from None
     if ids > rows:
-        raise TformerError(f"{source}: the tokenizer has {ids:,} tokens but the embedding table only {rows:,} rows; "
+        raise TformerError(f"{source}: the tokenizer gives ids up to {ids - 1:,} but the embedding table has only "
+                           f"{rows:,} rows; "
                            f"the folder mixes two models' files, or its tokenizer gained tokens the weights never "
                            f"saw (resize the embeddings and save the model again)")
 

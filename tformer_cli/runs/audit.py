@@ -141,7 +141,8 @@ def run_audit(tree: dict, overrides: list[str], run_dir: RunDir) -> AuditResult:
             "splits": options.splits, "rows": len(rows), "classes": names, "data": _fingerprint(rows),
             "checkpoint": str(loaded_path) if loaded_path else None,
             # what shapes each fold's model (checked key by key on resume, as train's resume checks its config)
-            "training": {k: v for k, v in train_tree.items() if k not in PLAN_UNTRAINED} if mode == "folds" else None}
+            "training": {k: v for k, v in train_tree.items() if k not in PLAN_UNTRAINED} if mode == "folds" else None,
+            "reading": fold_reading(data_cfg) if mode == "folds" else None}
     _check_plan(run_dir.root / PLAN, plan, resume not in (None, False))
     console.print(f"[bold]audit[/] {len(rows):,} labelled rows of {markup(data_cfg.name)} "
                   f"({', '.join(f'{s} {n:,}' for s, n in rows['split'].value_counts(sort=False).items())}), "
@@ -257,15 +258,19 @@ def _check_plan(path: Path, plan: dict, resuming: bool) -> None:
 PLAN_UNTRAINED = ("data", "resume", "resume_ignore_data_change", "hydra", "checkpoint", "audit", "logger")
 
 
+def fold_reading(data_cfg) -> dict:
+    """The data keys a fold model is trained with besides its rows: how texts are read and its validation split."""
+    return {k: getattr(data_cfg, k) for k in ("truncation", "long_text", "head_tokens", "chunk_overlap",
+                                              "validation_fraction")}
+
+
 def fold_overrides(overrides: list[str], data_cfg, names: list[str]) -> list[str]:
     """The train overrides of a fold: the user's model / optimizer / trainer / ... overrides, the data replaced by
     the fold's file (data=files) with the keys that decide how texts are read kept, and no test pass."""
     dropped = ("checkpoint", "resume", "audit", "data", "hydra")
     kept = [o for o in overrides
             if o.lstrip("+~").split("=", 1)[0].split(".", 1)[0].split("/", 1)[0] not in dropped]
-    reading = {"label_names": names, "truncation": data_cfg.truncation, "long_text": data_cfg.long_text,
-               "head_tokens": data_cfg.head_tokens, "chunk_overlap": data_cfg.chunk_overlap,
-               "validation_fraction": data_cfg.validation_fraction}
+    reading = {"label_names": names, **fold_reading(data_cfg)}
     return [*kept, *[f"data.{k}={override_value(k, v)}" for k, v in reading.items() if v is not None],
             "trainer.test_after_fit=false"]
 

@@ -64,7 +64,8 @@ class DistillOptions:
     cache_dir: str
     batch_size: int
 
-    # temperature: Hinton et al. use 1..20; far above 100 the T² scaling of the loss overflows to NaN
+    # temperature: Hinton et al. use 1..20; far outside 0.1..100 the softened probabilities are all equal (or one-hot)
+    # and the T²-scaled loss over- or underflows (1e30 ended in NaN)
     RANGES = {"temperature": (0.1, 100, "[]"), "alpha": (0, 1, "[]"), "max_unlabeled": (1, None, "[)"),
               "batch_size": (1, 1 << 20, "[]")}
 

@@ -16,7 +16,7 @@ from ..training import recipe
 RESUME_IGNORED = ("resume", "resume_ignore_data_change", "trainer.keep_optimizer_state", "trainer.device",
                   "trainer.num_workers", "trainer.log_every_steps", "trainer.checkpoint_every_steps",
                   "trainer.eval_batch_size", "trainer.test_after_fit", "data.dir", "trainer.compile", "trainer.devices",
-                  "trainer.micro_batches", "logger", "trainer.calibrate")
+                  "trainer.micro_batches", "logger", "trainer.calibrate", "trainer.threads")
 
 
 def find_resumable(resume, task: str, outputs_dir: str | Path = "outputs") -> CheckpointDir:

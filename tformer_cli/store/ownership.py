@@ -115,6 +115,17 @@ def replacing(folder: str | Path, kind: str, key: str,
         raise TformerError(f"could not write {key}={shown}: {write_problem(exc)}") from exc
 
 
+def _running(run: RunDir) -> bool:
+    """Whether another process holds the run's lock (a run still starting has no checkpoint yet either)."""
+    if not run.lock_file.is_file():
+        return False
+    lock = run.lock()
+    if not lock.try_acquire():
+        return True
+    lock.release()
+    return False
+
+
 def new_run_dir(path: str | Path, task: str, resume: bool | str | None, key: str = "hydra.run.dir") -> None:
     """A run starts only in a new or empty folder: an existing run (finished or not, ours or a copy) is never
     written over, and neither is a folder of the user's. A resume goes on in its own run's folder (the session
@@ -136,7 +147,8 @@ def new_run_dir(path: str | Path, task: str, resume: bool | str | None, key: str
             raise TformerError(f"{path} holds a finished run; train it further with `tformer {task} <same overrides> "
                                f"trainer.epochs=<more> resume={path}`, or pass a new {key}")
         if run.hydra_record.is_dir() or run.checkpoints.is_dir() or is_ours(path, "run"):
-            if task != "evaluate" and resolve_resumable(path) is None and run.last.existing() is None:
+            if task in TASKS and TASKS[task].trains and run.last.existing() is None and \
+                    resolve_resumable(path) is None and not _running(run):
                 raise TformerError(f"{path} holds a run that stopped before its first checkpoint, so there is "
                                    f"nothing to resume; pass a new {key}, or delete that folder to start there again")
             how = f"continue it with `tformer {task} <same overrides> resume={path}`, or " if task != "evaluate" else ""
