@@ -28,7 +28,8 @@ def tiny_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:  # (session fixtures run before the autouse one below)
         mp.setenv("HF_DATASETS_CACHE", str(tmp_path_factory.getbasetemp() / "hf_datasets"))
         mp.setenv("HF_HUB_OFFLINE", "1")
-        return train(TINY_RUN, run_dir=tmp_path_factory.mktemp("tiny_run") / "run")
+        return train(TINY_RUN, run_dir=tmp_path_factory.mktemp("tiny_run") / "run", quiet=True)  # (whatever screen an
+        # earlier test captured and closed)
 
 
 @pytest.fixture

@@ -83,12 +83,14 @@ def frame_of(data, split: str) -> pd.DataFrame:
     """A DataFrame of a DataFrame, a dict of columns, or a (texts, labels) pair."""
     name = "data" if split == "train" else f"{split}_data"
     if isinstance(data, pd.DataFrame):
-        strings = [c for c in data.columns if data[c].dtype == object or pd.api.types.is_string_dtype(data[c])]
-        if not strings:
-            return data
-        frame = data.copy()
-        for c in strings:  # (by the column's own key: names need not be strings)
-            frame[c] = pd.Series(_valid(data[c].tolist()), index=data.index, dtype=object)
+        frame = data
+        for c in data.columns:  # (by the column's own key: names need not be strings)
+            if data[c].dtype == object or pd.api.types.is_string_dtype(data[c]):
+                values = data[c].tolist()
+                valid = _valid(values)
+                if valid != values:  # (only then: an untouched frame is stored as the same bytes)
+                    frame = frame.copy() if frame is data else frame
+                    frame[c] = pd.Series(valid, index=data.index, dtype=object)
         return frame
     if isinstance(data, dict):
         try:
