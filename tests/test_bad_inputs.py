@@ -195,3 +195,12 @@ def test_fold_splits_are_checked_before_the_first_fold_trains(tmp_path, monkeypa
     with pytest.raises(TformerError, match="class 'rare' has 3 row"):
         audit([*FAST, "audit.folds=2"], data=frame, quiet=True)
     assert not list(tmp_path.glob("outputs/audit/*/*/fold_*"))
+
+
+def test_a_column_of_label_lists_without_multi_label_names_the_fix(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = _write(tmp_path, "sets.jsonl", [["a", "b"], ["a"]] * 15)
+    for run in (lambda: train(["data=files", f"data.train_file={path}", *FAST], quiet=True),
+                lambda: audit(["data=files", f"data.train_file={path}", *FAST], quiet=True)):
+        with pytest.raises(TformerError, match="holds lists .* add data.multi_label=true"):
+            run()

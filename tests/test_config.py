@@ -189,6 +189,9 @@ def test_code_fallbacks_are_the_yaml_defaults(tmp_path):
     from tformer_cli.store.layout import CheckpointDir
     from tformer_cli.training.config import TrainerConfig
 
+    from tformer_cli.runs.classify import AUTO_MONITOR, monitor_for
+
     stopping = compose_config("train").trainer.early_stopping
-    assert CheckpointDir(tmp_path / "nothing").early_stopping() == (stopping.monitor, stopping.mode)
+    monitor = monitor_for(False) if stopping.monitor == AUTO_MONITOR else stopping.monitor  # (what auto means then)
+    assert CheckpointDir(tmp_path / "nothing").early_stopping() == (monitor, stopping.mode)
     assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(TrainerConfig))

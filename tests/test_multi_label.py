@@ -60,6 +60,11 @@ def test_learns_the_known_label_sets(result):
     assert m["multi_label"] and m["average"] == "micro" and m["n"] == 300
     assert m["f1"] >= 0.9 and m["f1_macro"] >= 0.9 and m["accuracy"] >= 0.7  # subset accuracy: every label right
     assert set(m["per_class"]) >= set(TOPICS)
+    # early stopping watched micro-F1 (trainer.early_stopping.monitor=auto), saved as chosen: a resume compares it
+    assert result.monitor == "val_f1"
+    from tformer_cli.store.layout import CheckpointDir
+
+    assert CheckpointDir(result.best_checkpoint).early_stopping() == ("val_f1", "max")
 
 
 @pytest.mark.slow

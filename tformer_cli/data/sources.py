@@ -549,6 +549,9 @@ def _encode_labels_listed(splits: dict, names: list[str] | None, where: str) -> 
     if len({str(x) for x in train_labels}) < 2:
         raise TformerError(f"the train split has a single class ({train_labels[0]}); a classifier needs examples "
                            f"of at least two classes")
+    if kinds & {"list", "tuple", "ndarray"}:
+        raise TformerError("the label column holds lists (several labels per text): add data.multi_label=true, or "
+                           "give each text one label")
     if kinds - {"str", "int", "float"}:
         raise TformerError(f"labels must be integers or strings, found {', '.join(sorted(kinds))}; convert the "
                            f"label column")

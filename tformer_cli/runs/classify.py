@@ -47,7 +47,19 @@ def configure(tree: dict) -> tuple[TrainConfig, dict]:
     located = sources.absolute_locations(config.data)
     tree["data"].update(located)
     config.data = dataclasses.replace(config.data, **located)
+    stopping = config.trainer.early_stopping
+    if stopping.monitor == AUTO_MONITOR:  # (resolved in the saved tree too: a resume compares the metric chosen)
+        stopping.monitor = tree["trainer"]["early_stopping"]["monitor"] = monitor_for(config.data.multi_label)
     return config, tree
+
+
+AUTO_MONITOR = "auto"
+
+
+def monitor_for(multi_label: bool) -> str:
+    """What trainer.early_stopping.monitor=auto watches: validation accuracy; for multi-label data micro-F1, since
+    exact-match accuracy (every label of a text right) can sit at 0 for epochs while the model learns."""
+    return "val_f1" if multi_label else "val_accuracy"
 
 
 def train(config: TrainConfig, run_dir: RunDir, tree: dict, overrides: list[str] = ()) -> Trained:
