@@ -86,6 +86,6 @@ def _run(task: str, overrides: list[str], run_dir: str | Path | None) -> TrainRe
     if run.root != start.root:  # resumed into the run's own directory
         start.discard_if_empty()
     return TrainResult(run_dir=run.root, best_checkpoint=run.best.path,
-                       monitor=tree["trainer"]["early_stopping"]["monitor"], best_value=done.best_value,
+                       monitor=run.best.early_stopping()[0], best_value=done.best_value,  # (auto: as resolved)
                        history=json.loads(run.history.read_text()),
                        test_metrics=json.loads(run.test_metrics.read_text()) if run.test_metrics.is_file() else None)
