@@ -204,3 +204,14 @@ def test_a_column_of_label_lists_without_multi_label_names_the_fix(tmp_path, mon
                 lambda: audit(["data=files", f"data.train_file={path}", *FAST], quiet=True)):
         with pytest.raises(TformerError, match="holds lists .* add data.multi_label=true"):
             run()
+
+
+@pytest.mark.slow  # two commands
+def test_a_file_that_is_not_utf8_is_one_line_naming_the_byte_in_train_and_pretrain(tmp_path):
+    path = tmp_path / "latin1.csv"
+    path.write_bytes(("text,label\n" + "".join(f"film {i},{'ab'[i % 2]}\n" for i in range(20))).encode()
+                     + b"caf\xe9 cr\xe8me,a\n")
+    for command in ("train", "pretrain"):
+        r = run_tformer(command, "data=files", f"data.train_file={path}", *FAST[:1], cwd=tmp_path)
+        assert r.returncode == 2 and "can't decode byte 0xe9" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "warning" not in r.stdout, r.stdout + r.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,10 +126,20 @@ def load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[
                     out[split] = datasets.load_dataset(fmt, data_files=str(path.resolve()), split="train",
                                                        cache_dir=str(cache[0]), **kwargs)
             except Exception as exc:  # datasets raises many types for unreadable files
-                raise TformerError(f"could not read {path} as {fmt}: {str(exc).splitlines()[0]}; check the file's "
+                raise TformerError(f"could not read {path} as {fmt}: {_first_cause(exc)}; check the file's "
                                    f"format and encoding (UTF-8)") from exc
             bar.update(1)
     return out
+
+
+def _first_cause(exc: BaseException) -> str:
+    """The reason under datasets' wrapper ("An error occurred while generating the dataset"): a byte that is not
+    UTF-8, a malformed line. One line."""
+    inner = exc
+    while inner.__cause__ is not None or inner.__context__ is not None:
+        inner = inner.__cause__ or inner.__context__
+    shown = (str(inner).strip().splitlines() or [type(inner).__name__])[0]
+    return shown if inner is exc else f"{type(inner).__name__}: {shown}"
 
 
 def _megabytes(folder: Path) -> float:
@@ -685,6 +696,8 @@ def _carve(ds, fraction: float, seed: int, name: str):
 def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
     """Load, clean, validate and split the dataset named by the `data` config."""
     datasets.disable_progress_bars()  # its per-step bars (casting, filtering) would spam terminals and logs
+    # its file readers log why a file failed, then raise: the one error line below says it (with the cause)
+    logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)
     raw, names, source, files = _raw_splits(cfg)
     from_hub = _from_hub(source)
     where = ("data.label_names" if names is None else f"{Path(source) / 'labels.txt'}" if files else
