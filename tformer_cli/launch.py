@@ -89,11 +89,8 @@ def launch_ranks(n: int, args: list[str]) -> int:
     signal.signal(signal.SIGTERM, forward)
     failed, first_exit = None, None
     while None in [p.poll() for p in procs]:  # (every rank polled: a dead rank 1 is seen while rank 0 runs)
-        done = [p.returncode for p in procs if p.returncode is not None]
         first_exit = first_exit or (time.time() if procs[0].returncode is not None else None)
-        bad = [c for c in done if c not in (0, 130)]
-        if failed is None and bad:  # (a rank that died first, not another's one-line report of losing it: 2)
-            failed = next((c for c in bad if c != 2), bad[0])
+        failed = failed if failed is not None else _first_failure(procs)
         # a rank that failed, or ranks still running a minute after rank 0 ended (they would wait on it for ever;
         # the others end first as a rule: rank 0 alone reports): stop them, then kill what is left
         if failed is not None or (first_exit and time.time() - first_exit > 60):
@@ -110,14 +107,11 @@ def launch_ranks(n: int, args: list[str]) -> int:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-            codes = [c for c in (p.returncode for p in procs) if c not in (0, 130)]
-            if codes:  # (a rank killed while the others reported losing it: the killed one is the news)
-                failed = next((c for c in codes if c != 2), codes[0])
+            failed = _first_failure(procs) or failed  # (a rank killed while the others reported losing it)
             break
         time.sleep(0.1)
     if failed is None:  # (every rank had ended by the time it was looked at)
-        codes = [c for c in (p.returncode for p in procs) if c not in (0, 130)]
-        failed = next((c for c in codes if c != 2), codes[0]) if codes else None
+        failed = _first_failure(procs)
     code = failed if failed is not None else procs[0].returncode
     code = code if code >= 0 else 128 - code  # (killed by signal N: 128 + N, as a shell reports it)
     if failed is not None and failed != 2:  # (2: a refusal, which the rank said in one line)
@@ -129,3 +123,10 @@ def launch_ranks(n: int, args: list[str]) -> int:
               f"continues with: tformer train {shlex.join(kept)} trainer.devices={n} "
               f"resume={shlex.quote(folder) if folder else 'true'}", file=sys.stderr, flush=True)
     return code
+
+
+def _first_failure(procs) -> int | None:
+    """The exit code that is the news among the ranks that ended: a failure other than 2 (a rank that died, not
+    another rank's one-line report of losing it), else a 2; None while none failed (0 and Ctrl-C's 130 are not)."""
+    bad = [c for c in (p.returncode for p in procs) if c is not None and c not in (0, 130)]
+    return next((c for c in bad if c != 2), bad[0]) if bad else None
