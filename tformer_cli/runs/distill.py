@@ -236,8 +236,8 @@ class DistillJob(ClassifierJob):
         train = labelled if not unlabeled else TokenizedSplit.concat(
             [labelled, tokenize_unlabeled(unlabeled, prepared, config)])
         texts = list(prepared.data.splits["train"]["text"]) + unlabeled
-        logits = teacher_logits(self.teacher, texts, Path(options.cache_dir), session.device, session.precision,
-                                options.batch_size, console)
+        logits = teacher_logits(self.teacher, weights, texts, Path(options.cache_dir), session.device,
+                                session.precision, options.batch_size, console)
         has_label = torch.arange(len(texts)) < labelled.n_docs
         objective = Distillation(prepared.data.label_names, logits, has_label, train.docs,
                                  temperature=options.temperature, alpha=options.alpha,
@@ -335,15 +335,15 @@ def shard_key(texts: list[str]) -> str:
     return digest.hexdigest()[:24]
 
 
-def teacher_logits(teacher: CheckpointDir, texts: list[str], cache_root: Path, device, precision, batch_size: int,
-                   console) -> torch.Tensor:
+def teacher_logits(teacher: CheckpointDir, weights_sha256: str, texts: list[str], cache_root: Path, device,
+                   precision, batch_size: int, console) -> torch.Tensor:
     """(len(texts), classes) float32 logits of the teacher, read from its cache where they were computed before,
     else computed SHARD_TEXTS texts at a time, each shard kept as it is done (Ctrl-C loses at most one)."""
     loaded = checkpoint.load(teacher, device)
     max_len, long_text = int(loaded.model_config["max_len"]), LongText.from_meta(loaded.meta)
     tok = tokenization.load_tokenizer(loaded.tokenizer_file, max_len, long_text)
     classes = int(loaded.model.cfg.num_classes)
-    cache = TeacherCache(cache_root, cache_key(sha256_file(teacher.weights),
+    cache = TeacherCache(cache_root, cache_key(weights_sha256,
                                                f"{max_len}|{long_text}|{tokenization.tokenizer_hash(tok)}"))
     parts = [texts[a:a + SHARD_TEXTS] for a in range(0, len(texts), SHARD_TEXTS)]
     files = [cache.shard(shard_key(part)) for part in parts]
