@@ -669,19 +669,23 @@ def _encode_label_sets(splits: dict, names: list[str] | None, separator: str, wh
     return out, names
 
 
+def too_few_to_carve(rows: int, fraction: float, classes: int) -> bool:
+    """Whether `fraction` of `rows` cannot be carved with every class on both sides (`_carve`'s stratified rule)."""
+    part = int(round(fraction * rows))
+    return part < classes or rows - part < classes
+
+
 def _carve(ds, fraction: float, seed: int, name: str):
     """(rest, a stratified seeded `fraction` of ds) with a clear error when ds is too small to split.
     Label sets (multi-label) cannot be stratified: their split is random (seeded)."""
     if not hasattr(ds.features["label"], "names"):
-        n_part = int(round(fraction * len(ds)))
-        if n_part < 1 or len(ds) - n_part < 1:
+        if too_few_to_carve(len(ds), fraction, 1):
             raise TformerError(f"the train split has {len(ds)} rows: too few to carve a {name} split of "
                                f"data.{name}_fraction={fraction}; add data or give a {name} file (data.{name}_file)")
         parts = ds.train_test_split(test_size=fraction, seed=seed)
         return parts["train"], parts["test"]
     k = len(ds.features["label"].names)
-    n_part = int(round(fraction * len(ds)))
-    if n_part < k or len(ds) - n_part < k:
+    if too_few_to_carve(len(ds), fraction, k):
         raise TformerError(f"the train split has {len(ds)} rows: too few to carve a {name} split of "
                            f"data.{name}_fraction={fraction} with every one of its {k} classes on both sides; add "
                            f"data, change the fraction, or give a {name} file (data.{name}_file)")

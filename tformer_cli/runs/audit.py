@@ -304,8 +304,7 @@ def check_fold_splits(labels: np.ndarray, fold_of: np.ndarray, names: list[str],
             raise TformerError(f"audit: class {names[c]!r} has {total} row(s); a fold model trains on the rows outside "
                                f"its fold and carves its validation split from them, which needs 2 rows of each class "
                                f"there (fold {i + 1} leaves {counts[c]}); add rows of that class or lower audit.folds")
-        n_part = int(round(fraction * len(rest)))
-        if n_part < k_classes or len(rest) - n_part < k_classes:
+        if sources.too_few_to_carve(len(rest), fraction, k_classes):
             raise TformerError(f"audit: fold {i + 1}'s model would train on {len(rest):,} rows, too few to carve a "
                                f"validation split of data.validation_fraction={fraction} with all {k_classes} classes "
                                f"on both sides; add rows, lower audit.folds or change the fraction")
