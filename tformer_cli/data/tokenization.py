@@ -371,6 +371,8 @@ def _cut(tok, texts: list[str]) -> list[str]:
     if not truncation or tok.pre_tokenizer is None:  # (without a pre-tokenizer a piece may span a space)
         return texts
     limit = int(truncation["max_length"]) * CUT_CHARS_PER_TOKEN
+    if not texts or max(map(len, texts)) <= 2 * limit:  # (nearly always: no Python loop over the texts)
+        return texts
     out = None
     for i, text in enumerate(texts):
         if len(text) <= 2 * limit:
