@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 RESULTS: list[dict] = []
+DEADLINE = [float("inf")]  # time.monotonic() by which the script must end (--budget)
 DENSE_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}  # TFLOP/s, dense, no sparsity
 SHAPES = {"minilm": dict(n_layers=6, d_model=384, n_heads=12, d_ff=1536),
           "bert_base": dict(n_layers=12, d_model=768, n_heads=12, d_ff=3072)}
@@ -57,8 +58,16 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
+def left() -> float:
+    return DEADLINE[0] - time.monotonic()
+
+
 def step(name: str, fn, *args, **kwargs):
-    """Run one step; print one line whatever happens; return its result (None when it failed)."""
+    """Run one step; print one line whatever happens; return its result (None when it failed or was skipped)."""
+    if left() < 20:
+        say(f"skip {name}: the --budget is spent")
+        RESULTS.append({"step": name, "ok": True, "skipped": True, "seconds": 0})
+        return None
     start = time.perf_counter()
     try:
         result = fn(*args, **kwargs)
@@ -81,7 +90,7 @@ def tformer(*args: str, cwd: Path, timeout: int = 900) -> str:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     r = subprocess.run([sys.executable, "-m", "tformer_cli", *args], cwd=cwd, env=env, capture_output=True,
-                       text=True, timeout=timeout)
+                       text=True, timeout=max(10, min(timeout, left())))
     if r.returncode != 0:
         tail = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or ["(no output)"]
         raise RuntimeError(f"tformer {args[0]} exit {r.returncode}: {tail[0]}")
@@ -273,9 +282,15 @@ def throughput(folders_made: dict, device: str, quick: bool, measured_peak: floa
     peak = next((v for k, v in DENSE_BF16_PEAK.items() if k in name), None)
     table = {}
     steps, warm = (2, 1) if quick else (20, 5)
-    for shape_name, folder in folders_made.items():
-        for length in (128, 512):
-            batch_size = 4 if quick else 32
+    batch_size = 4 if quick else 32
+    cases = [(shape, length) for shape in folders_made for length in (128, 512)]
+    modes = ("eager", "transformers") + (() if quick and device == "cpu" else ("compiled",))
+    for mode in modes:  # every eager and peer row first: a compile that runs long costs only compiled rows
+        for shape_name, length in cases:
+            if left() < (90 if mode == "compiled" else 30):
+                say(f"     {shape_name} {length} tokens {mode}: skipped, the --budget is spent")
+                continue
+            folder = folders_made[shape_name]
             g = torch.Generator().manual_seed(0)
             enc = load_encoder(folder, None, length)
             vocab = enc.shape["vocab_size"]
@@ -283,8 +298,30 @@ def throughput(folders_made: dict, device: str, quick: bool, measured_peak: floa
                         "attention_mask": torch.ones(batch_size, length, dtype=torch.bool),
                         "labels": torch.randint(0, 2, (batch_size,), generator=g)} for _ in range(steps + warm)]
             cfg = EncoderConfig(**enc.shape, num_classes=2, dropout=0.1, attention_dropout=0.1, pooling="mean")
-            n_params = None
-            for mode in (("eager",) if quick else ("eager", "compiled")):
+            key = f"{shape_name} {length} {mode}"
+            if mode == "transformers":
+                peer = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2).to(dev).train()
+                fused = {"fused": True} if dev.type in ("cpu", "cuda") else {}
+                optimizer = torch.optim.AdamW(peer.parameters(), lr=5e-5, weight_decay=0.01, **fused)
+
+                def peer_step(b, peer=peer, optimizer=optimizer):
+                    with precision.autocast():
+                        loss = peer(input_ids=b["input_ids"].to(dev),
+                                    attention_mask=b["attention_mask"].long().to(dev),
+                                    labels=b["labels"].to(dev)).loss
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(peer.parameters(), 1.0)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    return loss.detach()
+
+                rate = _timed(peer_step, batches, warm, device)
+                ours = table.get(f"{shape_name} {length} eager", {}).get("samples_per_s")
+                row = {"samples_per_s": round(rate, 1)}
+                if ours:
+                    row["tformer_eager_ratio"] = round(ours / rate, 2)
+                del peer, optimizer
+            else:
                 model = TransformerClassifier(cfg)
                 load_into(model, enc)
                 model.to(dev).train()
@@ -293,37 +330,18 @@ def throughput(folders_made: dict, device: str, quick: bool, measured_peak: floa
                                                                                           "eps": 1e-8}),
                                    schedule=ScheduleConfig("constant", 0, 0.0, 0.0), total_steps=steps + warm,
                                    device=dev, precision=precision, grad_clip=1.0, compile=mode == "compiled")
+                started = time.perf_counter()
                 rate = _timed(lambda b: train_step(opt, b), batches, warm, device)
                 flops = 6 * n_params + 12 * cfg.n_layers * cfg.n_heads * (cfg.d_model // cfg.n_heads) * length
-                row = {"samples_per_s": round(rate, 1), "tokens_per_s": round(rate * length)}
+                row = {"samples_per_s": round(rate, 1), "tokens_per_s": round(rate * length),
+                       "seconds_with_warm_up": round(time.perf_counter() - started, 1)}
                 if peak:
                     row["mfu"] = round(rate * length * flops / peak, 3)
                 if measured_peak:
                     row["mfu_of_measured_peak"] = round(rate * length * flops / measured_peak, 3)
-                table[f"{shape_name} {length} {mode}"] = row
-                say(f"     {shape_name} {length} tokens {mode}: {json.dumps(row)}")
                 del model, opt
-            peer = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2).to(dev).train()
-            fused = {"fused": True} if dev.type in ("cpu", "cuda") else {}
-            optimizer = torch.optim.AdamW(peer.parameters(), lr=5e-5, weight_decay=0.01, **fused)
-
-            def peer_step(b):
-                with precision.autocast():
-                    loss = peer(input_ids=b["input_ids"].to(dev), attention_mask=b["attention_mask"].long().to(dev),
-                                labels=b["labels"].to(dev)).loss
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(peer.parameters(), 1.0)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                return loss.detach()
-
-            rate = _timed(peer_step, batches, warm, device)
-            ours = table[f"{shape_name} {length} eager"]["samples_per_s"]
-            table[f"{shape_name} {length} transformers"] = {"samples_per_s": round(rate, 1),
-                                                            "tformer_eager_ratio": round(ours / rate, 2)}
-            say(f"     {shape_name} {length} tokens transformers: {rate:.1f} samples/s (tformer eager "
-                f"{ours / rate:.2f}x)")
-            del peer, optimizer
+            table[key] = row
+            say(f"     {key}: {json.dumps(row)}")
             if device == "cuda":
                 torch.cuda.empty_cache()
     return table
@@ -361,39 +379,66 @@ def fp16(out: Path, device: str) -> dict:
     return run_figures(out / "fp16")
 
 
+STEPS = ("demo", "train", "evaluate", "predict", "export", "serve", "resume", "throughput", "torchrun", "fp16")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="tformer's GPU check: one line per step")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--data", type=Path, default=ROOT / ".gpu" / "imdb", help="train.parquet and test.parquet")
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     ap.add_argument("--quick", action="store_true", help="tiny shapes and few steps (the CPU dry run)")
+    ap.add_argument("--budget", type=float, default=540,
+                    help="seconds the whole check may take: a step that would start with under 20 s left is "
+                         "skipped (and said so), compiled throughput rows need 90 s")
+    ap.add_argument("--only", default="", help="comma-separated step names to run (a rerun after a fix): "
+                    + ",".join(STEPS))
     args = ap.parse_args()
+    DEADLINE[0] = time.monotonic() + args.budget
     out = (args.out or Path(tempfile.mkdtemp(prefix="gpu_check-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    # runs, checkpoints and model folders (a BERT-base one is 440 MB) go to a scratch folder; --out keeps the
+    # summary, so that what a remote machine sends back is small
+    work = Path(tempfile.mkdtemp(prefix="gpu_check-work-"))
     data, dev, quick = args.data.resolve(), args.device, args.quick
-    say(f"gpu_check: device {dev}{' (quick)' if quick else ''}, data {data}, out {out}")
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+    if only - set(STEPS):
+        ap.error(f"--only: unknown step(s) {', '.join(sorted(only - set(STEPS)))}; known: {', '.join(STEPS)}")
+    wanted = lambda name: not only or name in only  # noqa: E731
+    say(f"gpu_check: device {dev}{' (quick)' if quick else ''}, data {data}, out {out}, work {work}, "
+        f"budget {args.budget:.0f} s")
     started = time.perf_counter()
     env = step("environment", environment, dev, quick)
-    step("demo: tformer train", demo, out, dev, quick)
-    made = step("folders: minilm and bert-base shapes (transformers save_pretrained)", folders, out, data, quick)
-    for name in (made or {}):
-        step(f"train {name} on IMDB (bf16)", train_folder, out, data, made[name], name, dev, quick)
-    run = out / "minilm"
-    step("evaluate", evaluate, out, run)
-    step("predict", predict, out, run)
-    step("export (ONNX)", export, out, run)
-    step("serve (one request)", serve, out, run)
-    step("ctrl-c and resume", ctrl_c_and_resume, out, dev, quick)
-    if made:
+    if wanted("demo"):
+        step("demo: tformer train", demo, work, dev, quick)
+    needs_folders = {"train", "evaluate", "predict", "export", "serve", "throughput"}
+    made = None
+    if not only or only & needs_folders:
+        made = step("folders: minilm and bert-base shapes (transformers save_pretrained)", folders, work, data,
+                    quick)
+    if wanted("train") or (only & {"evaluate", "predict", "export", "serve"}):
+        for name in (made or {}) if wanted("train") else ["minilm"]:
+            if made and name in made:
+                step(f"train {name} on IMDB (bf16)", train_folder, work, data, made[name], name, dev, quick)
+    run = work / "minilm"
+    for name, fn in (("evaluate", evaluate), ("predict", predict), ("export", export), ("serve", serve)):
+        if wanted(name):
+            step({"export": "export (ONNX)", "serve": "serve (one request)"}.get(name, name), fn, work, run)
+    if wanted("resume"):
+        step("ctrl-c and resume", ctrl_c_and_resume, work, dev, quick)
+    if made and wanted("throughput"):
         step("throughput: train_step vs transformers", throughput, made, dev, quick,
              (env or {}).get("bf16_matmul_tflops", 0) * 1e12 or None)
-    step("torchrun path (one process)", torchrun, out, dev)
-    if dev == "cuda":
-        step("fp16 with its gradient scaler", fp16, out, dev)
+    if wanted("torchrun"):
+        step("torchrun path (one process)", torchrun, work, dev)
+    if dev == "cuda" and wanted("fp16"):
+        step("fp16 with its gradient scaler", fp16, work, dev)
     failed = [r["step"] for r in RESULTS if not r["ok"]]
+    skipped = [r["step"] for r in RESULTS if r.get("skipped")]
     (out / "summary.json").write_text(json.dumps(RESULTS, indent=1, default=str))
-    say(f"gpu_check: {len(RESULTS) - len(failed)} of {len(RESULTS)} steps ok in {time.perf_counter() - started:.0f} s"
-        + (f"; failed: {', '.join(failed)}" if failed else "") + f"; details in {out / 'summary.json'}")
+    say(f"gpu_check: {len(RESULTS) - len(failed) - len(skipped)} of {len(RESULTS)} steps ok in "
+        f"{time.perf_counter() - started:.0f} s" + (f"; failed: {', '.join(failed)}" if failed else "")
+        + (f"; skipped (budget): {', '.join(skipped)}" if skipped else "") + f"; details in {out / 'summary.json'}")
     sys.exit(1 if failed else 0)
 
 
