@@ -262,15 +262,23 @@ def ctrl_c_and_resume(out: Path, device: str, quick: bool) -> str:
     return f"interrupted (exit {code}) and resumed: {'identical weights' if worst == 0 else f'max |diff| {worst:.2e}'}"
 
 
-def throughput(folders_made: dict, device: str, quick: bool, measured_peak: float | None) -> dict:
-    """tformer's train_step and the peer's on the same full-length batches, bf16, eager and compiled."""
+def throughput(folders_made: dict, device: str, quick: bool, measured_peak: float | None,
+               compiled: set[str] | None = None) -> dict:
+    """tformer's train_step and the peer's on the same batches, bf16: full-length batches (no padding) and batches
+    of mixed lengths (40% to 100% of the length, about 30% padding). Rows, each `<shape> <length> <batches>
+    <mode>`: `eager` (tformer as it runs), `eager padded` (the same with the padding fast paths off: the mask
+    always passed, no unpadding), `transformers` (AutoModelForSequenceClassification, its default attention) and
+    `compiled` (trainer.compile=true; only the cases in `compiled` when given, as `shape:length`). Tokens and MFU
+    count real tokens only."""
     import torch
     import transformers
     from transformers import AutoModelForSequenceClassification
 
     from tformer_cli.hardware import Precision
     from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier
+    from tformer_cli.model.fast_paths import Layout
     from tformer_cli.model.pretrained import load_encoder, load_into
+    from tformer_cli.training import loop
     from tformer_cli.training.config import OptimizerConfig, ScheduleConfig
     from tformer_cli.training.loop import Optimization, train_step
 
@@ -283,22 +291,47 @@ def throughput(folders_made: dict, device: str, quick: bool, measured_peak: floa
     table = {}
     steps, warm = (2, 1) if quick else (20, 5)
     batch_size = 4 if quick else 32
-    cases = [(shape, length) for shape in folders_made for length in (128, 512)]
-    modes = ("eager", "transformers") + (() if quick and device == "cpu" else ("compiled",))
+
+    class Padded:  # the padding fast paths off: every batch runs padded, with its mask
+        @staticmethod
+        def of(mask, device=None, unpad=True):
+            return Layout(True)
+
+    def batches_for(vocab: int, length: int, kind: str) -> list[dict]:
+        g = torch.Generator().manual_seed(0)
+        out = []
+        for _ in range(steps + warm):
+            ids = torch.randint(5, vocab, (batch_size, length), generator=g)
+            if kind == "full":
+                mask = torch.ones(batch_size, length, dtype=torch.bool)
+            else:
+                real = torch.randint(int(0.4 * length), length + 1, (batch_size,), generator=g)
+                mask = torch.arange(length)[None, :] < real[:, None]
+                ids = ids.masked_fill(~mask, 0)
+            out.append({"input_ids": ids, "attention_mask": mask,
+                        "labels": torch.randint(0, 2, (batch_size,), generator=g)})
+        return out
+
+    cases = [(shape, length, kind) for kind in ("full", "mixed") for shape in folders_made for length in (128, 512)]
+    modes = ["eager", "eager padded", "transformers"]
+    if not (quick and device == "cpu"):
+        modes.append("compiled")
     for mode in modes:  # every eager and peer row first: a compile that runs long costs only compiled rows
-        for shape_name, length in cases:
-            if left() < (90 if mode == "compiled" else 30):
-                say(f"     {shape_name} {length} tokens {mode}: skipped, the --budget is spent")
+        for shape_name, length, kind in cases:
+            key = f"{shape_name} {length} {kind} {mode}"
+            if mode == "eager padded" and kind == "full" and device != "cuda":
+                continue  # a CPU already ran full batches without a mask; on a GPU that is new: measured
+            if mode == "compiled" and (kind == "mixed" or (compiled is not None
+                                                           and f"{shape_name}:{length}" not in compiled)):
+                continue
+            if left() < (60 if mode == "compiled" else 20):
+                say(f"     {key}: skipped, the --budget is spent")
                 continue
             folder = folders_made[shape_name]
-            g = torch.Generator().manual_seed(0)
             enc = load_encoder(folder, None, length)
-            vocab = enc.shape["vocab_size"]
-            batches = [{"input_ids": torch.randint(5, vocab, (batch_size, length), generator=g),
-                        "attention_mask": torch.ones(batch_size, length, dtype=torch.bool),
-                        "labels": torch.randint(0, 2, (batch_size,), generator=g)} for _ in range(steps + warm)]
+            batches = batches_for(enc.shape["vocab_size"], length, kind)
+            real_tokens = sum(int(b["attention_mask"].sum()) for b in batches[warm:]) / (steps * batch_size)
             cfg = EncoderConfig(**enc.shape, num_classes=2, dropout=0.1, attention_dropout=0.1, pooling="mean")
-            key = f"{shape_name} {length} {mode}"
             if mode == "transformers":
                 peer = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2).to(dev).train()
                 fused = {"fused": True} if dev.type in ("cpu", "cuda") else {}
@@ -316,10 +349,11 @@ def throughput(folders_made: dict, device: str, quick: bool, measured_peak: floa
                     return loss.detach()
 
                 rate = _timed(peer_step, batches, warm, device)
-                ours = table.get(f"{shape_name} {length} eager", {}).get("samples_per_s")
                 row = {"samples_per_s": round(rate, 1)}
-                if ours:
-                    row["tformer_eager_ratio"] = round(ours / rate, 2)
+                for ours in ("eager", "compiled"):
+                    theirs = table.get(f"{shape_name} {length} {kind} {ours}", {}).get("samples_per_s")
+                    if theirs:
+                        row[f"tformer_{ours}_ratio"] = round(theirs / rate, 2)
                 del peer, optimizer
             else:
                 model = TransformerClassifier(cfg)
@@ -331,14 +365,22 @@ def throughput(folders_made: dict, device: str, quick: bool, measured_peak: floa
                                    schedule=ScheduleConfig("constant", 0, 0.0, 0.0), total_steps=steps + warm,
                                    device=dev, precision=precision, grad_clip=1.0, compile=mode == "compiled")
                 started = time.perf_counter()
-                rate = _timed(lambda b: train_step(opt, b), batches, warm, device)
+                kept, loop.Layout = loop.Layout, (Padded if mode == "eager padded" else loop.Layout)
+                try:
+                    rate = _timed(lambda b: train_step(opt, b), batches, warm, device)
+                finally:
+                    loop.Layout = kept
                 flops = 6 * n_params + 12 * cfg.n_layers * cfg.n_heads * (cfg.d_model // cfg.n_heads) * length
-                row = {"samples_per_s": round(rate, 1), "tokens_per_s": round(rate * length),
+                row = {"samples_per_s": round(rate, 1), "real_tokens_per_s": round(rate * real_tokens),
                        "seconds_with_warm_up": round(time.perf_counter() - started, 1)}
                 if peak:
-                    row["mfu"] = round(rate * length * flops / peak, 3)
+                    row["mfu"] = round(rate * real_tokens * flops / peak, 3)
                 if measured_peak:
-                    row["mfu_of_measured_peak"] = round(rate * length * flops / measured_peak, 3)
+                    row["mfu_of_measured_peak"] = round(rate * real_tokens * flops / measured_peak, 3)
+                if mode == "eager padded":
+                    fast = table.get(f"{shape_name} {length} {kind} eager", {}).get("samples_per_s")
+                    if fast:
+                        row["fast_path_gain"] = round(fast / rate, 2)
                 del model, opt
             table[key] = row
             say(f"     {key}: {json.dumps(row)}")
@@ -391,6 +433,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=540,
                     help="seconds the whole check may take: a step that would start with under 20 s left is "
                          "skipped (and said so), compiled throughput rows need 90 s")
+    ap.add_argument("--compiled", default="", help="the throughput cases measured compiled too, as "
+                    "shape:length (minilm:128,bert_base:512); default: all four")
     ap.add_argument("--only", default="", help="comma-separated step names to run (a rerun after a fix): "
                     + ",".join(STEPS))
     args = ap.parse_args()
@@ -428,7 +472,8 @@ def main() -> None:
         step("ctrl-c and resume", ctrl_c_and_resume, work, dev, quick)
     if made and wanted("throughput"):
         step("throughput: train_step vs transformers", throughput, made, dev, quick,
-             (env or {}).get("bf16_matmul_tflops", 0) * 1e12 or None)
+             (env or {}).get("bf16_matmul_tflops", 0) * 1e12 or None,
+             {x.strip() for x in args.compiled.split(",") if x.strip()} if args.compiled else None)
     if wanted("torchrun"):
         step("torchrun path (one process)", torchrun, work, dev)
     if dev == "cuda" and wanted("fp16"):

@@ -10,6 +10,7 @@ from . import cores
 from .console import progress as progress_bar
 from .data.batching import BatchLoader
 from .data.tokenization import TokenizedSplit
+from .model.fast_paths import Layout
 
 
 def predict_proba(model, split: TokenizedSplit, *, batch_size: int, pad_id: int, device: torch.device,
@@ -69,8 +70,9 @@ def logit_blocks(model, split: TokenizedSplit, *, batch_size: int, pad_id: int, 
         for batch in loader:
             ids = batch["input_ids"].to(device, non_blocking=True)
             mask = batch["attention_mask"].to(device, non_blocking=True)
+            layout = Layout.of(batch["attention_mask"], device)  # decided on the host: no wait on the device
             with precision.autocast():
-                logits = model(ids, mask).float().cpu()
+                logits = model(ids, mask, layout=layout).float().cpu()
             if bar is not None:
                 bar.update(int(batch["attention_mask"].sum()))  # the host copy: no wait on the device
             cores.rebalance()

@@ -11,8 +11,9 @@ LayerNorm, no scale, exact GELU and LayerNorm eps 1e-12, and so run here with th
 `transformers` (a parity test checks the hidden states).
 
 A padding mask (B, T) with True at real tokens keeps padding out of attention and out of mean pooling,
-so a text's logits do not depend on how much padding its batch needed. On CPU, batches with much padding run
-"unpadded" between attentions (`RealTokens`): the linear layers see only the N real tokens, (N, D).
+so a text's logits do not depend on how much padding its batch needed. Batches with much padding run "unpadded"
+between attentions (`RealTokens`): the linear layers see only the N real tokens, (N, D); batches with none run
+with no mask at all. On a GPU the loops decide this on the host before sending the batch (`fast_paths.Layout`).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from ..registry import registrar
 from ..typed_config import check_ranges
 from . import fast_paths, rotary
 from .disentangled import DisentangledSelfAttention, RelativePositionTable
-from .fast_paths import Dropout, RealTokens
+from .fast_paths import Dropout, Layout, RealTokens
 
 
 @dataclass
@@ -424,14 +425,13 @@ class TransformerClassifier(nn.Module):
         """(B, T, X) -> (B, X) by the configured pooling (X = D for hidden states, T for attention rows)."""
         return POOLINGS[self.cfg.pooling](h, mask)
 
-    def encode(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """input_ids (B, T), mask (B, T) bool with True at real tokens -> final hidden states (B, T, D)."""
-        # With no padding in the batch, passing no mask lets SDPA pick its fastest kernel. The check reads the
-        # mask on the host, so it is only made for CPU tensors (on CUDA it would stall the pipeline every step),
-        # and never while tracing for ONNX export, where the graph must keep the mask for every batch it will see.
-        no_padding = not mask.is_cuda and not torch.jit.is_tracing() and bool(mask.all())
-        attn_mask = None if no_padding else mask[:, None, None, :]  # (B, 1, 1, T)
-        rows = None if no_padding else RealTokens.of(mask)
+    def encode(self, input_ids: torch.Tensor, mask: torch.Tensor, layout: Layout | None = None) -> torch.Tensor:
+        """input_ids (B, T), mask (B, T) bool with True at real tokens -> final hidden states (B, T, D). `layout`
+        (fast_paths.Layout) is how the batch runs, decided on the host by the loops that send batches to a GPU;
+        without one it is decided here from the mask, for CPU tensors only."""
+        layout = layout if layout is not None else Layout.of(mask)
+        attn_mask = mask[:, None, None, :] if layout.padded else None  # (B, 1, 1, T); None: SDPA's fastest kernel
+        rows = layout.rows
         x = self.embed(input_ids)
         x = self.embedding_dropout(rows.gather(x) if rows is not None else x)  # (N, D) or (B, T, D)
         context = self.position_context(input_ids.shape[1])
@@ -441,12 +441,13 @@ class TransformerClassifier(nn.Module):
             x = self.final_norm(x)
         return rows.scatter(x) if rows is not None else x
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                layout: Layout | None = None) -> torch.Tensor:
         """input_ids (B, T) long, attention_mask (B, T) bool/int with 1 at real tokens -> logits (B, C)."""
         if attention_mask is None:
             attention_mask = input_ids.ne(self.cfg.pad_id)
         mask = attention_mask.bool()
-        return self.head(self.pool(self.encode(input_ids, mask), mask))
+        return self.head(self.pool(self.encode(input_ids, mask, layout), mask))
 
     @torch.no_grad()
     def explain(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:

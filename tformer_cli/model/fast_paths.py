@@ -84,3 +84,32 @@ class RealTokens:
         """(N, X) -> (B, T, X), zeros at the positions not in the rows."""
         B, T = self.shape
         return x.new_zeros(B * T, x.shape[-1]).index_copy(0, self.index, x).view(B, T, -1)
+
+
+class Layout:
+    """How a batch runs through the encoder: with no padding at all (no mask, so scaled_dot_product_attention may
+    pick its fastest kernel: flash attention on a GPU), on its real tokens between attentions (`RealTokens`), or
+    padded with a mask.
+
+    Deciding needs the mask's values. Read from a mask on the GPU, they would stall the pipeline every step; the
+    training and inference loops therefore decide on the host, from the batch's CPU mask before it is sent
+    (`Layout.of(cpu_mask, device)`), and hand the layout to the model. Called with no device, on the mask the
+    model got, it decides only for CPU tensors and leaves GPU batches padded."""
+
+    __slots__ = ("padded", "rows")
+
+    def __init__(self, padded: bool, rows: RealTokens | None = None):
+        self.padded, self.rows = padded, rows
+
+    @classmethod
+    def of(cls, mask: torch.Tensor, device: torch.device | None = None, unpad: bool = True) -> "Layout":
+        """mask (B, T) bool on the CPU (or the model's own mask when device is None); unpad=False keeps a padded
+        batch in the padded layout (torch.compile, whose graphs want few shapes)."""
+        if mask.device.type != "cpu" or torch.jit.is_tracing():
+            return cls(True)  # a GPU mask is not read; an ONNX graph keeps the mask for every batch it will see
+        if bool(mask.all()):
+            return cls(False)
+        rows = RealTokens.of(mask) if unpad else None
+        if rows is not None and device is not None and device.type != "cpu":
+            rows.index = rows.index.to(device, non_blocking=True)
+        return cls(True, rows)

@@ -23,6 +23,7 @@ from ..data.batching import BatchLoader
 from ..data.tokenization import TokenizedSplit
 from ..errors import TformerError
 from ..hardware import MaybeCompiled, Precision, release_freed_host_memory
+from ..model.fast_paths import Layout
 from . import optim as optim_lib
 from . import schedules
 from . import distributed
@@ -115,12 +116,15 @@ def train_step(opt: Optimization, batch: dict[str, torch.Tensor], loss_weight: f
     slice's loss weighted by its share of the batch's loss): the same update with about 1/N of the activation
     memory, for machines where a batch of long texts does not fit."""
     ids = batch["input_ids"].to(opt.device, non_blocking=True)
-    mask = batch["attention_mask"].to(opt.device, non_blocking=True)
+    host_mask = batch["attention_mask"]
+    mask = host_mask.to(opt.device, non_blocking=True)
     labels = batch["labels"].to(opt.device, non_blocking=True)
+    unpad = opt.forward.compiled is None  # compiled graphs want few shapes: padded or not, never N real tokens
 
     def slice_loss(part: slice) -> torch.Tensor:
+        layout = Layout.of(host_mask[part], opt.device, unpad)  # read on the host: no wait on the device
         with opt.precision.autocast():
-            logits = opt.forward(ids[part], mask[part])
+            logits = opt.forward(ids[part], mask[part], layout=layout)
         loss = opt.loss(logits, labels[part])
         return loss if part.stop - part.start == len(labels) else loss * _loss_share(opt, labels, part)
 
