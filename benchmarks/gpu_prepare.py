@@ -26,7 +26,7 @@ OUT = ROOT / ".gpu"
 # Installed on the usual GPU image (torch, transformers, pandas, pyarrow, matplotlib, onnx, ...) except these.
 MISSING = ["hydra-core", "omegaconf", "antlr4-python3-runtime", "datasets", "dill", "multiprocess", "fastapi",
            "starlette", "uvicorn", "pydantic", "pydantic_core", "annotated-types", "typing-inspection",
-           "annotated-doc"]
+           "annotated-doc", "opentelemetry-api"]  # (FastAPI imports opentelemetry's API for its telemetry hooks)
 SOURCE_ONLY = ["antlr4-python3-runtime"]  # no wheel on PyPI: built here (pure Python)
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 

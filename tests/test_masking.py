@@ -121,3 +121,27 @@ def test_a_row_of_only_padding_gets_the_padded_layouts_logits(monkeypatch, pooli
     padded = model(ids, mask)
     monkeypatch.setattr(RealTokens, "MIN_PADDING", 0.0)
     torch.testing.assert_close(model(ids, mask), padded, rtol=1e-5, atol=1e-5)
+
+
+def test_the_layout_decided_on_the_host_gives_the_models_own_answers():
+    """The loops that send batches to a GPU decide the layout from the CPU mask (`Layout.of(mask, device)`): for a
+    GPU, a full batch runs with no mask and a padded one padded (never on its real tokens); the logits are the
+    same whichever layout runs, and a GPU device is named without one being here."""
+    from tformer_cli.model.fast_paths import Layout
+
+    torch.manual_seed(0)
+    cfg = EncoderConfig(vocab_size=60, num_classes=3, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=40,
+                        pooling="mean")
+    model = TransformerClassifier(cfg).double().eval()
+    full = torch.ones(4, 12, dtype=torch.bool)
+    mixed = torch.arange(12)[None, :] < torch.tensor([12, 3, 7, 1])[:, None]
+    gpu = torch.device("cuda")
+    assert (Layout.of(full, gpu).padded, Layout.of(full, gpu).rows) == (False, None)
+    assert (Layout.of(mixed, gpu).padded, Layout.of(mixed, gpu).rows) == (True, None)
+    assert Layout.of(mixed).rows is not None and Layout.of(mixed, torch.device("cpu")).rows is not None
+    assert Layout.of(mixed, torch.device("cpu"), unpad=False).rows is None  # compiled: few shapes
+    for mask in (full, mixed):
+        ids = torch.where(mask, torch.randint(1, 60, mask.shape), 0)
+        own = model(ids, mask)
+        for layout in (Layout.of(mask, gpu), Layout.of(mask, torch.device("cpu")), Layout(True)):
+            torch.testing.assert_close(model(ids, mask, layout=layout), own, rtol=1e-10, atol=1e-10)
