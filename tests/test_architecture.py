@@ -151,7 +151,7 @@ LAYERS = (
               "tasks")),
     ("store", ("store", "timing")),
     ("data and models", ("data", "model")),
-    ("evaluation's arithmetic", ("evaluation.calibration", "evaluation.metrics", "evaluation.rows",
+    ("evaluation's arithmetic", ("evaluation.calibration", "evaluation.conformal", "evaluation.metrics", "evaluation.rows",
                                  "evaluation.confident", "evaluation.selection", "evaluation.answers",
                                  "evaluation.artifacts", "evaluation.report")),
     ("checkpoints and inference", ("checkpoint", "inference", "overrides")),

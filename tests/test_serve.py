@@ -84,6 +84,14 @@ def test_predict_gives_the_classifier_answers(server, run):
                                         for x in want["top_k"]]
 
 
+def test_a_request_may_ask_for_label_sets_and_gets_the_classifiers(server, run):
+    texts = ["a gripping, beautifully shot film", "never boring", "dull"]
+    expected = Classifier.load(run).predict(texts, coverage=0.9)
+    status, body = server.request("/predict", {"texts": texts, "coverage": 0.9})
+    assert status == 200 and [p["label_set"] for p in body["predictions"]] == [e["label_set"] for e in expected]
+    assert {p["coverage"] for p in body["predictions"]} == {0.9}
+
+
 @pytest.mark.parametrize("body, status, words", [
     (b"not json", 400, "not valid JSON"),
     (b'{"texts": "one string"}', 400, "list of strings"),
@@ -93,6 +101,8 @@ def test_predict_gives_the_classifier_answers(server, run):
     (json.dumps(["x"] * 9).encode(), 400, "at most 8"),
     (json.dumps(["y" * 501]).encode(), 400, "at most 500"),
     (b'{"texts": ["x"], "top_k": 0}', 400, "top_k=0"),
+    (b'{"texts": ["x"], "coverage": 0.905}', 400, "two decimals"),
+    (b'{"texts": ["x"], "coverage": "0.9"}', 400, "must be a number"),
     (json.dumps(["z" * 500] * 8).encode(), 413, "at most 4000"),
     (b"[" * 3000, 400, "too deeply"),
 ])

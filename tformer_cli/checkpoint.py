@@ -27,6 +27,7 @@ import yaml
 from safetensors import SafetensorError
 
 from .errors import ConfigError, TformerError
+from .evaluation import conformal
 from .evaluation.calibration import checked
 from .model.encoder import EncoderConfig, TransformerClassifier
 from .typed_config import build
@@ -100,6 +101,12 @@ class Loaded:
         (saved before calibration existed, with trainer.calibrate=false, or a run's `last`)."""
         return self.meta.get("temperature")
 
+    @property
+    def conformal(self) -> dict | None:
+        """The label-set cuts fitted on validation after training (evaluation/conformal.py); None for a checkpoint
+        without them (trainer.calibrate=false, saved before they existed, or a run's `last`)."""
+        return self.meta.get("conformal")
+
     def saved_config(self) -> dict | None:
         """The run's saved config (None for a checkpoint without one), see `read_config`."""
         return read_config(self.files) if self.files.config.is_file() else None
@@ -150,6 +157,7 @@ def load(path: str | Path | CheckpointDir, device: str | torch.device = "cpu") -
     _check_tokenizer(ckpt, cfg.vocab_size)
     _check_thresholds(ckpt, meta.get("thresholds"), cfg)
     _check_temperature(ckpt, meta.get("temperature"), cfg)
+    _check_conformal(ckpt, meta.get("conformal"), cfg)
     _check_long_text(ckpt, meta, cfg.max_len)
     try:
         state = safetensors.torch.load_file(str(ckpt.weights))
@@ -219,6 +227,14 @@ def _check_temperature(ckpt: CheckpointDir, temperature, cfg) -> None:
     wrong = checked(temperature, cfg.num_classes, cfg.multi_label)
     if wrong:
         raise TformerError(f"checkpoint {ckpt}: {ckpt.meta.name} has temperature={temperature!r:.80}, not {wrong}; "
+                           f"the file was edited, retrain or use another checkpoint")
+
+
+def _check_conformal(ckpt: CheckpointDir, table, cfg) -> None:
+    """meta.json's label-set cuts (evaluation/conformal.py), when it has them."""
+    wrong = None if table is None else conformal.checked(table, cfg.multi_label)
+    if wrong:
+        raise TformerError(f"checkpoint {ckpt}: {ckpt.meta.name} has conformal={json.dumps(table)[:80]}, not {wrong}; "
                            f"the file was edited, retrain or use another checkpoint")
 
 

@@ -47,6 +47,7 @@ class TextPredictor:
     thresholds: list[float] | None = None  # (on the calibrated scale: the same cuts on the logits as raw)
     temperature: float | list[float] | None = None  # the checkpoint's (None: T = 1)
     calibrated = True  # False: predict and predict_proba give the raw model's probabilities unless asked otherwise
+    conformal: dict | None = None  # the checkpoint's label-set cuts (evaluation/conformal.py; None: none saved)
 
     @property
     def labels(self) -> list[str]:
@@ -111,16 +112,32 @@ class TextPredictor:
             out[filled] = self._checked(self._probabilities(windows, batch_size, calibrated))
         return out
 
+    def _cut(self, coverage):
+        """The checkpoint's conformal cut for the level `coverage` (None: every label)."""
+        from .evaluation import conformal  # (numpy only)
+
+        level = conformal.level(coverage)
+        if self.conformal is None:
+            raise TformerError(f"{self.path} has no label-set cuts (trained with trainer.calibrate=false, or by an "
+                               f"older tformer); retrain it, or predict without coverage")
+        return level, self.conformal["cuts"].get(conformal.key(level))
+
     def predict(self, texts, *, top_k: int = 1, explain: bool = False, batch_size: int = 64,
-                calibrated: bool | None = None) -> list[dict]:
+                calibrated: bool | None = None, coverage: float | None = None) -> list[dict]:
         """One dict per text, in order: text, label, probability, top_k (the k best labels), explanation (if
         asked: tokens with last-layer attention and attention rollout weights, each summing to 1), or
         empty=True for a blank text. A multi-label model answers labels (the set over the thresholds, most
         probable first) and probabilities ({label: p} of that set) instead of label and probability.
         calibrated=False (None: `self.calibrated`) reports the raw model's probabilities; the labels are the same
-        (a multi-label set is still cut at the thresholds on the calibrated probabilities, where they were tuned)."""
+        (a multi-label set is still cut at the thresholds on the calibrated probabilities, where they were tuned).
+
+        coverage=0.9 (any of 0.50 .. 0.99) adds `label_set`: the labels, most probable first, whose set holds the
+        true label at least that share of the time (evaluation/conformal.py; multi-label: at least that share of a
+        text's true labels on average), fitted on validation and taken on the calibrated probabilities. It may be
+        empty where the model is surer than the level needs; the same text always gets the same set."""
         import numpy as np
 
+        cut = self._cut(coverage) if coverage is not None else None
         whole_number(top_k, "top_k")
         whole_number(batch_size, "batch_size")
         self._calibrated(calibrated)
@@ -146,6 +163,18 @@ class TextPredictor:
             else:
                 results[i] = {"text": texts[i], "label": names[int(j[0])], "probability": round(float(p[j[0]]), 6),
                               "top_k": top}
+        if cut is not None:
+            from .evaluation import conformal
+
+            level, at = cut
+            # the cuts were fitted on calibrated probabilities: --raw changes the numbers shown, not the sets
+            calibrated_probs = decided if self.multi_label or self._calibrated(calibrated) \
+                else self._checked(self._scaled(logits, True))
+            inside = conformal.sets(calibrated_probs, at, self.multi_label,
+                                    conformal.text_uniforms([texts[i] for i in filled]))
+            for i, p, row in zip(filled, calibrated_probs, inside):
+                results[i]["label_set"] = [names[int(c)] for c in np.argsort(-p, kind="stable") if row[c]]
+                results[i]["coverage"] = level
         if explain:  # of each text's first window (its only one unless long_text=chunks)
             weights = self._attention([ws[0][0] for ws in windows], batch_size)
             for i, ws, w in zip(filled, windows, weights):
@@ -191,7 +220,7 @@ class Classifier(TextPredictor):
         self._loaded, self._tok, self.device, self._long_text = loaded, tokenizer, device, long_text
         self._max_len = int(loaded.model_config["max_len"])
         self.multi_label, self.thresholds = bool(loaded.model.cfg.multi_label), loaded.thresholds
-        self.temperature = loaded.temperature
+        self.temperature, self.conformal = loaded.temperature, loaded.conformal
 
     @classmethod
     def load(cls, checkpoint: str | Path | None = None, *, device: str = "auto",

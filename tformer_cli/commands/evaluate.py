@@ -99,7 +99,8 @@ def _evaluate(config: EvaluateConfig, run_dir: RunDir, console, device, precisio
         tokenization.tokenize_split(texts, tok, max_len, config.split, long_text))
     result = score_split(loaded.model, split, loaded.label_names, pad_id=tokenization.pad_id(tok), device=device,
                          precision=precision, batch_size=config.batch_size, thresholds=loaded.thresholds,
-                         temperature=loaded.temperature)  # (the checkpoint's calibration; raw ones as *_raw)
+                         temperature=loaded.temperature,  # (the checkpoint's calibration; raw ones as *_raw)
+                         label_sets=loaded.conformal)
     metrics = result.metrics
     metrics.update({"checkpoint": str(loaded.path), "split": config.split, "data": data_cfg.name,
                     **long_text.to_meta()})

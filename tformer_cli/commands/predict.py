@@ -1,8 +1,6 @@
-"""`tformer predict`: label texts with a trained checkpoint.
-
-Start-up matters here: no Hydra tree, only torch, safetensors and tokenizers (no transformers, datasets or
-scikit-learn); with --runtime onnx (an export, `tformer export`) not even torch: onnxruntime, tokenizers, numpy.
-"""
+"""`tformer predict`: label texts with a trained checkpoint. Start-up matters here: no Hydra tree, only torch,
+safetensors and tokenizers (no transformers, datasets or scikit-learn); with --runtime onnx (an export, `tformer
+export`) not even torch: onnxruntime, tokenizers, numpy."""
 from __future__ import annotations
 
 import codecs
@@ -10,14 +8,14 @@ import sys
 
 from ..data.visible import has_visible
 from ..errors import TformerError
-from ..evaluation import answers
+from ..evaluation import answers, conformal
 from ..safe_text import terminal
 from ..yesno import parse_bool
 from .options import flag_name, parse_flags
 
 USAGE = """usage: tformer predict [TEXT ...] [--checkpoint PATH] [--top-k N] [--file PATH|-] [--json] [--explain]
                        [--raw] [--batch-size N] [--device auto|cpu|cuda] [--max-chars N] [--max-lines N]
-                       [--runtime torch|onnx] [--outputs-dir DIR] [--] [TEXT ...]
+                       [--runtime torch|onnx] [--coverage LEVEL] [--outputs-dir DIR] [--] [TEXT ...]
 
 Labels each TEXT (or each line of --file PATH, or of standard input when no TEXT is given and input is piped).
 Every argument that is not a flag is a text. One that looks like an old-style option (checkpoint=x) is refused:
@@ -26,14 +24,16 @@ Flags take their value as `--flag VALUE` or `--flag=VALUE`, spelled with - or _ 
 --top-k, -f is --file. --checkpoint defaults to the best checkpoint of the newest run under outputs/.
 --explain shows which tokens drove each decision (last-layer attention from the pooled position, and attention
 rollout). --runtime onnx runs the run's ONNX export (`tformer export`; --checkpoint may be the export dir) with
-onnxruntime, without torch. Probabilities are calibrated (the temperature training fitted on the validation
-split, saved in the checkpoint); --raw shows the model's uncalibrated ones (the labels are the same). Texts
-longer than --max-chars are cut (a warning says how many); a file line with no end in sight (over 64 MiB, or
-40 x max-chars bytes) is refused. --json writes one JSON line per text, control characters escaped as \\uXXXX."""
+onnxruntime, without torch. Probabilities are calibrated (the temperature fitted on the validation split); --raw
+shows the model's own (the same labels). --coverage 0.9 (0.50 .. 0.99) adds each text's label set, which holds
+the true label at least that share of the time (conformal, fitted on validation): several labels where the model
+is unsure, none where it is surer than the level needs. Texts longer than --max-chars are cut (a warning says how
+many); a file line with no end in sight (over 64 MiB, or 40 x max-chars bytes) is refused. --json writes one JSON
+line per text, control characters escaped as \\uXXXX."""
 
 DEFAULTS = {"checkpoint": None, "top_k": 1, "file": None, "json": False, "explain": False, "raw": False,
             "batch_size": 64, "device": "auto", "runtime": "torch", "max_chars": 100_000, "max_lines": 1_000_000,
-            "outputs_dir": "outputs"}
+            "outputs_dir": "outputs", "coverage": None}
 _SHORT = {"-k": "top_k", "-f": "file"}
 
 
@@ -50,6 +50,7 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
     for key in counts:
         if opts[key] < 1:
             raise TformerError(f"{flag_name(key)}={opts[key]} must be at least 1")
+    opts["coverage"] = None if opts["coverage"] is None else conformal.level(opts["coverage"], "--coverage")
     if opts["runtime"] not in ("torch", "onnx"):
         raise TformerError(f"--runtime={terminal(opts['runtime'])!r} must be torch (the checkpoint) or onnx (its "
                            f"export)")
@@ -140,10 +141,9 @@ def main(argv: list[str]) -> int:
     if blank:
         print(f"[tformer] {blank} empty text(s) have no label (marked empty)", file=sys.stderr)
     results = clf.predict(texts, top_k=opts["top_k"], explain=opts["explain"], batch_size=opts["batch_size"],
-                          calibrated=not opts["raw"])
+                          calibrated=not opts["raw"], coverage=opts["coverage"])
     k = min(opts["top_k"], len(clf.labels))
     if opts["json"]:
-        answers.print_json_lines(results, k)
-    else:
-        answers.print_table(results, k, opts["explain"], clf.word_pieces if opts["explain"] else None)
+        return answers.print_json_lines(results, k) or 0
+    answers.print_table(results, k, opts["explain"], clf.word_pieces if opts["explain"] else None)
     return 0

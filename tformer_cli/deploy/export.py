@@ -141,6 +141,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
                     "source_weights_sha256": sha256_file(source.weights), "max_len": cfg.max_len, "pad_id": pad,
                     "multi_label": cfg.multi_label, "thresholds": loaded.thresholds,
                     "temperature": loaded.temperature,  # applied to the graph's logits by OnnxClassifier
+                    "conformal": loaded.conformal,  # label-set cuts (predict --coverage)
                     **long_text.to_meta(), "parity": {"max_abs_logit_diff": worst, "label_agreement": same / total,
                                                       "sequences": total},
                     "tformer_version": __version__, "exported_at": time.time()}

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..classifier import TextPredictor, whole_number
 from ..errors import ConfigError, TformerError
 from ..evaluation.calibration import checked
+from ..evaluation.conformal import checked as conformal_checked
 from ..store.layout import ExportDir
 from ..store.locate import locate_export
 from ..store.manifest import finite_number, read_json, verify_export
@@ -34,6 +35,7 @@ class OnnxClassifier(TextPredictor):
         self.multi_label = bool(info.get("multi_label", False))
         self.thresholds = info.get("thresholds") or ([0.5] * len(labels) if self.multi_label else None)
         self.temperature = info.get("temperature")  # (None: an export without calibration, T = 1)
+        self.conformal = info.get("conformal")  # (None: an export without label-set cuts)
 
     @classmethod
     def load(cls, path: str | Path | None = None, *, outputs_dir: str | Path = "outputs",
@@ -65,6 +67,11 @@ class OnnxClassifier(TextPredictor):
         if wrong:
             raise TformerError(f"export {export}: {export.info.name} has temperature="
                                f"{info.get('temperature')!r:.80}, not {wrong}; export the checkpoint again")
+        table = info.get("conformal")
+        wrong = None if table is None else conformal_checked(table, bool(info.get("multi_label", False)))
+        if wrong:
+            raise TformerError(f"export {export}: {export.info.name} has conformal label-set cuts that are not "
+                               f"{wrong}; export the checkpoint again")
         runner = session(export.model, threads)
         classes = runner.get_outputs()[0].shape[-1]
         if classes != len(labels):

@@ -1,9 +1,10 @@
 """`tformer serve`: a trained classifier behind HTTP (FastAPI on uvicorn).
 
-    POST /predict   body: ["text", ...]  or  {"texts": ["text", ...], "top_k": 2, "raw": false}
+    POST /predict   body: ["text", ...]  or  {"texts": ["text", ...], "top_k": 2, "raw": false, "coverage": 0.9}
                     -> {"predictions": [{"text", "label", "probability", "top_k"?} | {"text", "empty": true}, ...]}
                     probabilities are calibrated (the checkpoint's temperature); "raw": true in the body, or
-                    ?raw=true, gives the model's uncalibrated ones (the same labels)
+                    ?raw=true, gives the model's uncalibrated ones (the same labels); "coverage": 0.9 adds
+                    each text's conformal label set ("label_set", evaluation/conformal.py)
     GET  /labels    -> {"labels": [...]}
     GET  /health    -> {"status": "ok", "runtime", "checkpoint", "requests", "batches", "texts", ...}
 
@@ -35,6 +36,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from ..errors import TformerError
+from ..evaluation import conformal
 from ..safe_text import terminal, valid_unicode
 from ..yesno import parse_bool
 
@@ -233,9 +235,10 @@ def parse_request(body: bytes, limits: ServeLimits, n_labels: int) -> tuple[list
         raise BadRequest("the body nests JSON too deeply; send a flat list of texts") from None
     top_k = 1
     if isinstance(data, dict):
-        unknown = sorted(set(data) - {"texts", "top_k", "raw"})
+        unknown = sorted(set(data) - {"texts", "top_k", "raw", "coverage"})
         if unknown:
-            raise BadRequest(f"unknown field(s) {', '.join(map(repr, unknown))}; the body takes texts, top_k and raw")
+            raise BadRequest(f"unknown field(s) {', '.join(map(repr, unknown))}; the body takes texts, top_k, raw "
+                             f"and coverage")
         if "texts" not in data:
             raise BadRequest('the body has no "texts"; send {"texts": ["..."]} or a JSON list of texts')
         top_k = data.get("top_k", 1)
@@ -279,6 +282,24 @@ def parse_raw(body: bytes, query: str | None) -> bool:
     return bool(given)
 
 
+def parse_coverage(body: bytes, classifier) -> float | None:
+    """The label-set level a /predict request asks for ("coverage": 0.9 in a JSON object body; None: no set), or
+    BadRequest. Called after parse_request, so the body is known to be valid JSON."""
+    data = json.loads(body)
+    given = data.get("coverage") if isinstance(data, dict) else None
+    if given is None:
+        return None
+    if isinstance(given, bool) or not isinstance(given, (int, float)):
+        raise BadRequest(f"coverage={json.dumps(given)[:80]} must be a number from 0.50 to 0.99")
+    level = conformal.level_of(given)
+    if isinstance(level, str):
+        raise BadRequest(level)
+    if classifier.conformal is None:
+        raise BadRequest("this model has no label-set cuts (trained with trainer.calibrate=false, or by an older "
+                         "tformer); ask without coverage")
+    return level
+
+
 class MicroBatcher:
     """Gathers the texts of concurrent requests into batches for one model worker."""
 
@@ -298,9 +319,10 @@ class MicroBatcher:
             self._worker.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
-    async def predict(self, texts: list[str], top_k: int, raw: bool = False) -> list[dict]:
+    async def predict(self, texts: list[str], top_k: int, raw: bool = False,
+                      coverage: float | None = None) -> list[dict]:
         future = asyncio.get_running_loop().create_future()
-        await self.queue.put((texts, top_k, future, raw))
+        await self.queue.put((texts, top_k, future, raw, coverage))
         return await future
 
     async def _run(self) -> None:
@@ -320,15 +342,17 @@ class MicroBatcher:
                 jobs.append(job)
                 size += len(job[0])
             k = max(job[1] for job in jobs)
-            # one pass per kind of probability asked for (calibrated, raw): nearly always one
-            groups = [[job for job in jobs if job[3] == raw] for raw in (False, True)]
+            # one pass per kind of answer asked for (calibrated or raw, a label-set level): nearly always one
+            kinds = list(dict.fromkeys((job[3], job[4]) for job in jobs))
+            groups = [[job for job in jobs if (job[3], job[4]) == kind] for kind in kinds]
             jobs = [job for group in groups for job in group]
             try:
                 results = []
-                for group in (g for g in groups if g):
+                for group in groups:
                     texts = [t for job in group for t in job[0]]
                     results += await loop.run_in_executor(self.executor, lambda: self.classifier.predict(
-                        texts, top_k=k, batch_size=self.max_batch, calibrated=not group[0][3]))
+                        texts, top_k=k, batch_size=self.max_batch, calibrated=not group[0][3],
+                        coverage=group[0][4]))
             except Exception as exc:  # every waiting request learns of it; the worker goes on
                 for job in jobs:
                     if not job[2].done():
@@ -337,7 +361,7 @@ class MicroBatcher:
             self.batches += 1
             self.texts += len(results)
             start = 0
-            for job_texts, job_k, future, _ in jobs:
+            for job_texts, job_k, future, _, _ in jobs:
                 answers = results[start:start + len(job_texts)]
                 start += len(job_texts)
                 for a in answers:
@@ -413,11 +437,12 @@ def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: in
         try:
             texts, top_k = parse_request(bytes(body), limits, len(classifier.labels))
             raw = parse_raw(bytes(body), request.query_params.get("raw"))
+            coverage = parse_coverage(bytes(body), classifier)
         except BadRequest as exc:
             return error(str(exc), exc.status)
         stats["requests"] += 1
         try:
-            return {"predictions": await batcher.predict(texts, top_k, raw)}
+            return {"predictions": await batcher.predict(texts, top_k, raw, coverage)}
         except Exception as exc:  # (asyncio.CancelledError, a client gone, is a BaseException and passes)
             return internal(request, exc)
 

@@ -1,4 +1,4 @@
-"""How `tformer predict` shows its answers: a table (top-k column when asked), and for --explain each text with
+"""How `tformer predict` shows its answers: a table (top-k and label-set columns when asked), and for --explain each text with
 its words shaded by their attention-rollout weight in a terminal, or followed by the weight as a number elsewhere.
 rich is imported where it is used: predict --json and runtime=onnx never load it (their cold start)."""
 from __future__ import annotations
@@ -18,9 +18,13 @@ def print_table(results: list[dict], k: int, explained: bool, pieces=None) -> No
     table.add_column("probability", justify="right")
     if k > 1:
         table.add_column(f"top {k}")
+    level = next((r["coverage"] for r in results if "coverage" in r), None)
+    if level is not None:
+        table.add_column(f"set at {level:.2f}")
+    extra = (k > 1) + (level is not None)
     for r in results:
         if r.get("empty"):
-            table.add_row(rich(repr(r["text"])), "(empty)", "-", *(["-"] if k > 1 else []))
+            table.add_row(rich(repr(r["text"])), "(empty)", "-", *(["-"] * extra))
             continue
         text = r["text"] if len(r["text"]) <= 200 else r["text"][:197] + "..."
         if "labels" in r:  # multi-label: the label set, each with its probability
@@ -30,6 +34,8 @@ def print_table(results: list[dict], k: int, explained: bool, pieces=None) -> No
             row = [rich(text), rich(r["label"]), f"{r['probability']:.3f}"]
         if k > 1:
             row.append(rich(", ".join(f"{x['label']} {x['probability']:.3f}" for x in r["top_k"])))
+        if level is not None:  # empty: the model is surer than the level needs
+            row.append(rich("{" + ", ".join(r["label_set"]) + "}"))
         table.add_row(*row)
     console = screen_console()
     console.print(table)

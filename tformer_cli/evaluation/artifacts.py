@@ -153,11 +153,31 @@ def reliability_diagram_png(path: Path, curves: dict, multi_label: bool, title: 
     return save_png(fig, path, dpi=110)
 
 
+def label_sets_png(path: Path, label_sets: dict, multi_label: bool, title: str) -> Path:
+    """Conformal label sets (evaluation/conformal.py) against the level asked for: the coverage measured on this
+    split beside the diagonal it is promised to reach, and the mean set size."""
+    levels = np.array([float(k) for k in label_sets])
+    coverage = np.array([v["coverage"] for v in label_sets.values()])
+    size = np.array([v["mean_set_size"] for v in label_sets.values()])
+    fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(5.5, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    top.plot(levels, levels, linestyle="--", color="gray", linewidth=1, label="promised (the level)")
+    top.plot(levels, coverage, "o-", color="tab:blue", markersize=3,
+             label="true labels in the set (share)" if multi_label else "texts whose set holds the true label")
+    top.set_ylabel("coverage")
+    top.set_title(mathtext(title), fontsize=10)
+    top.legend(fontsize=8, loc="upper left")
+    bottom.plot(levels, size, "o-", color="tab:green", markersize=3)
+    bottom.set_xlabel("level asked for (predict --coverage)")
+    bottom.set_ylabel("mean set size (labels)")
+    return save_png(fig, path, dpi=110)
+
+
 def report_paths(out_dir: Path) -> dict[str, Path]:
     """The files `write` puts in out_dir (this module owns their names)."""
     return {"confusion_matrix": out_dir / "confusion_matrix.png",
             "classification_report": out_dir / "classification_report.json", "errors": out_dir / "errors.csv",
-            "reliability_diagram": out_dir / "reliability_diagram.png"}  # (reliability_diagram_png)
+            "reliability_diagram": out_dir / "reliability_diagram.png",  # (reliability_diagram_png)
+            "label_sets": out_dir / "label_sets.png"}  # (label_sets_png)
 
 
 ERRORS_MAX_ROWS = 100_000  # errors.csv keeps the most confident (or most wrong) of this many mistakes
@@ -170,7 +190,8 @@ def write(out_dir: Path, metrics: dict, label_names: list[str], texts, *, rows=N
     single-label model's `rows` (evaluation/rows.py); a multi-label model (y_true and probs, (N, C)) gets the
     report and its own errors.csv (no confusion matrix: its labels are not exclusive). texts: the split's texts,
     as a list or a function from row indices to their texts (read a block at a time)."""
-    paths = {k: v for k, v in report_paths(out_dir).items() if k != "reliability_diagram"}  # (evaluate.py's)
+    paths = {k: v for k, v in report_paths(out_dir).items()
+             if k not in ("reliability_diagram", "label_sets")}  # (evaluate.py's)
     write_json(paths["classification_report"], metrics["per_class"], open_levels=1)  # (a class a line)
     if metrics.get("multi_label"):
         return _write_multi_label(paths, metrics, label_names, texts, y_true, probs)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..inference import logit_blocks, loss_of, predict_logits
 from ..safe_text import markup
-from . import artifacts, calibration
+from . import artifacts, calibration, conformal
 from .metrics import compute, compute_multi_label, tune_thresholds
 from .rows import Rows, reduce
 
@@ -32,13 +32,15 @@ class Scored:
 
 
 def score_split(model, split, label_names, *, pad_id, device, precision, batch_size, loss_weight=None,
-                progress="evaluating", thresholds=None, temperature=None, calibration_metrics: bool = True) -> Scored:
+                progress="evaluating", thresholds=None, temperature=None, calibration_metrics: bool = True,
+                label_sets: dict | None = None) -> Scored:
     """The metrics of a model on a tokenized split, its labels decided on the probabilities at `temperature` (the
     checkpoint's; None: raw): a multi-label model's cut at `thresholds` (the checkpoint's, moved to the calibrated
     scale with its temperature), None tunes them on this split (validation does). With calibration_metrics the
     metrics gain ece, brier, nll at the temperature and the raw model's ece_raw, brier_raw, nll_raw. A single-label
     model's logits are reduced block by block as the forward pass makes them: memory grows with texts plus
-    classes, not with their product."""
+    classes, not with their product. `label_sets` (the checkpoint's conformal cuts) adds `label_sets`: the
+    coverage and mean set size at every level (evaluation/conformal.py)."""
     y = split.doc_labels
     if bool(model.cfg.multi_label):
         logits, loss = predict_logits(model, split, batch_size=batch_size, pad_id=pad_id, device=device,
@@ -49,19 +51,29 @@ def score_split(model, split, label_names, *, pad_id, device, precision, batch_s
         metrics = compute_multi_label(y.numpy(), probs, cuts, label_names, loss)
         if calibration_metrics:
             metrics.update(calibration.metrics(logits, y.numpy(), True, temperature))
+        if label_sets is not None:
+            tally = conformal.Tally(label_sets, True)
+            for start in range(0, len(probs), conformal.BLOCK):
+                tally.add(probs[start:start + conformal.BLOCK], y.numpy()[start:start + conformal.BLOCK])
+            metrics["label_sets"] = tally.result()
         return Scored(metrics, logits=logits, labels=y.numpy(), temperature=temperature)
     loss_sum = [0.0]
+    tally = conformal.Tally(label_sets, False) if label_sets is not None else None
 
-    def blocks():  # the logits, their loss summed on the way
+    def blocks():  # the logits, their loss (and label sets) summed on the way
         for index, logits in logit_blocks(model, split, batch_size=batch_size, pad_id=pad_id, device=device,
                                           precision=precision, progress=progress):
             loss_sum[0] += loss_of(logits, y[index], False, loss_weight, reduction="sum")
+            if tally is not None:
+                tally.add(calibration.probabilities(logits.numpy(), temperature), y[index].numpy())
             yield index.numpy(), logits.numpy()
 
     rows = reduce(blocks(), y.numpy(), temperature)
     metrics = compute(rows.labels, rows.pred, label_names, loss_sum[0] / max(len(rows), 1))
     if calibration_metrics:
         metrics.update(rows.figures())
+    if tally is not None:
+        metrics["label_sets"] = tally.result()
     return Scored(metrics, rows=rows, temperature=temperature)
 
 
@@ -113,4 +125,8 @@ def write_reports(out_dir: Path, scored: Scored, label_names, texts, normalize: 
         paths["reliability_diagram"] = artifacts.reliability_diagram_png(
             artifacts.report_paths(out_dir)["reliability_diagram"], curves, scored.rows is None,
             f"reliability: {title}", metrics.get("temperature"))
+    if metrics.get("label_sets"):
+        paths["label_sets"] = artifacts.label_sets_png(artifacts.report_paths(out_dir)["label_sets"],
+                                                       metrics["label_sets"], scored.rows is None,
+                                                       f"label sets: {title}")
     console.print("reports: " + ", ".join(markup(p) for p in paths.values()), highlight=False)

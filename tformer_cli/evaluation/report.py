@@ -10,6 +10,7 @@ from ..errors import TformerError
 from ..safe_text import markup, rich
 from ..store import manifest
 from .calibration import describe
+from .conformal import REPORTED as REPORTED_LEVELS
 from .metrics import top_confusions
 
 
@@ -33,6 +34,8 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
         console.print(rich(note), highlight=False)
     if "ece" in metrics:
         console.print(calibration_table(metrics))
+    if metrics.get("label_sets"):
+        console.print(label_sets_table(metrics["label_sets"], multi))
 
     console.print(per_class_table(metrics, label_names))
     if not multi:  # (labels of a multi-label model are not exclusive: no matrix)
@@ -91,6 +94,19 @@ def calibration_table(metrics: dict) -> Table:
     table.add_row("raw", *(shown(metrics.get(f"{k}_raw")) for k in ("ece", "brier", "nll")))
     if t is not None:
         table.add_row("calibrated", *(shown(metrics.get(k)) for k in ("ece", "brier", "nll")))
+    return table
+
+
+def label_sets_table(label_sets: dict, multi_label: bool) -> Table:
+    """Coverage and mean set size of the conformal label sets at the usual levels (evaluation/conformal.py)."""
+    table = Table(title="label sets (predict --coverage LEVEL; conformal, fitted on validation)", header_style="bold")
+    for col in ("level", "true labels in the set" if multi_label else "coverage", "mean set size", "empty sets"):
+        table.add_column(col, justify="right")
+    for level in REPORTED_LEVELS:
+        row = label_sets.get(f"{level:.2f}")
+        if row is not None:
+            table.add_row(f"{level:.2f}", f"{row['coverage']:.4f}", f"{row['mean_set_size']:.2f}",
+                          f"{row['empty']:.1%}")
     return table
 
 

@@ -23,7 +23,7 @@ from ..data.tokenization import TokenizedSplit
 from ..errors import TformerError
 from ..evaluation import report
 from ..evaluation.artifacts import training_curves_png
-from ..evaluation import calibration
+from ..evaluation import calibration, conformal
 from ..evaluation.evaluate import count, score_split, write_reports
 from ..inference import logit_blocks, predict_logits
 from ..model import pretrained
@@ -313,7 +313,8 @@ def report_run(session: Session, state: TrainingState) -> None:
     with timing.phase("test"):
         scored = score_split(loaded.model, test, loaded.label_names, pad_id=prepared.pad_id, device=session.device,
                              precision=session.precision, batch_size=config.trainer.eval_batch_size,
-                             thresholds=loaded.thresholds, temperature=loaded.temperature)
+                             thresholds=loaded.thresholds, temperature=loaded.temperature,
+                             label_sets=loaded.conformal)
     title = f"test ({count(test)}; best checkpoint)"
     with timing.phase("test reports"):
         report.print_metrics(scored.metrics, loaded.label_names, title, console)
@@ -334,10 +335,11 @@ def calibrate(session: Session) -> checkpoint.Loaded:
     if not config.trainer.calibrate:
         if loaded.temperature is None:
             return loaded
-        checkpoint.update_meta(run_dir.best, {"temperature": None, **(
+        checkpoint.update_meta(run_dir.best, {"temperature": None, "conformal": None, **(
             {"thresholds": calibration.rescaled_thresholds(loaded.thresholds, None, loaded.temperature)}
             if multi else {})})
-        console.print("calibration: off (trainer.calibrate=false); the earlier temperature is removed", highlight=False)
+        console.print("calibration: off (trainer.calibrate=false); the earlier temperature and label-set cuts are "
+                      "removed", highlight=False)
         return checkpoint.load(run_dir.best, session.device)
     validation = prepared.tokenized["validation"]
     fitted_on = calibration.fit_rows(validation.n_docs, len(loaded.label_names), config.seed)
@@ -346,7 +348,8 @@ def calibrate(session: Session) -> checkpoint.Loaded:
     y = validation.doc_labels.numpy()
     y = y if fitted_on is None else y[fitted_on]
     temperature = calibration.fit_temperature(logits, y, multi)
-    changes = {"temperature": temperature}
+    sets = conformal.fit_cuts(calibration.probabilities(logits, temperature, multi), y, multi, config.seed)
+    changes = {"temperature": temperature, "conformal": sets}
     if multi:  # the cuts follow the probabilities they are applied to
         changes["thresholds"] = calibration.rescaled_thresholds(loaded.thresholds, temperature, loaded.temperature)
     checkpoint.update_meta(run_dir.best, changes)
@@ -358,6 +361,11 @@ def calibrate(session: Session) -> checkpoint.Loaded:
                                            f"(a seeded sample: {len(loaded.label_names):,} classes)")
     console.print(f"calibration: temperature {calibration.describe(temperature)}{edge}; validation ECE {before:.4f} -> "
                   f"{after:.4f}{sample} (saved in {markup(run_dir.best)})", highlight=False)
+    at = sets["cuts"][conformal.key(conformal.DEFAULT_LEVEL)]
+    console.print(f"label sets: conformal cuts ({sets['method']}) for the levels 0.50 to 0.99 fitted on "
+                  f"{sets['n']:,} validation texts; at 0.90 the cut is "
+                  f"{'every label (too few texts)' if at is None else f'{at:.4f}'} (predict --coverage 0.9)",
+                  highlight=False)
     return checkpoint.load(run_dir.best, session.device)
 
 

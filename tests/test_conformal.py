@@ -1,0 +1,132 @@
+"""Conformal label sets (evaluation/conformal.py): the coverage promise on generated data with fixed seeds, the
+multi-label false-negative control, and the sets a trained checkpoint gives through predict, evaluate and the
+Python API."""
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from helpers import TFORMER
+from tformer_cli.evaluation import conformal
+
+
+def _softmax_data(rng, n, classes=10, spread=2.0):
+    z = rng.normal(size=(n, classes)) * spread
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    y = (p.cumsum(axis=1) > rng.uniform(size=(n, 1))).argmax(axis=1)  # y drawn from p: a calibrated model
+    return p, y
+
+
+@pytest.mark.parametrize("spread", [0.5, 2.0, 6.0])  # unsure, middling, very sure (sets of one label or none)
+def test_single_label_sets_cover_at_the_level_within_the_finite_sample_bound(spread):
+    rng = np.random.default_rng(7)
+    cal_p, cal_y = _softmax_data(rng, 4000, spread=spread)
+    test_p, test_y = _softmax_data(rng, 40000, spread=spread)
+    table = conformal.fit_cuts(cal_p, cal_y, False, seed=3)
+    tally = conformal.Tally(table, False, seed=11)
+    for start in range(0, len(test_p), 1000):
+        tally.add(test_p[start:start + 1000], test_y[start:start + 1000])
+    result = tally.result()
+    for level in (0.8, 0.9, 0.95):
+        # coverage given the calibration draw is Beta-distributed around the level (sd ~ sqrt(L(1-L)/n) = 0.005 at
+        # n = 4000), plus the test sample's own error (0.0015): 4 sd of both
+        assert abs(result[conformal.key(level)]["coverage"] - level) < 0.025, (level, result[conformal.key(level)])
+    sizes = [result[conformal.key(x)]["mean_set_size"] for x in (0.8, 0.9, 0.95)]
+    assert sizes == sorted(sizes)  # a higher level never gives smaller sets
+
+
+def test_sets_are_the_most_probable_labels_and_grow_where_the_model_is_unsure():
+    rng = np.random.default_rng(0)
+    cal_p, cal_y = _softmax_data(rng, 2000)
+    cut = conformal.fit_cuts(cal_p, cal_y, False)["cuts"]["0.90"]
+    sure = np.array([[0.97, 0.01, 0.01, 0.01]])
+    unsure = np.array([[0.3, 0.28, 0.22, 0.2]])
+    u = np.array([0.5])
+    for p in (sure, unsure):  # a set is a prefix of the ranking
+        inside = conformal.sets(p, cut, False, u)[0]
+        order = np.argsort(-p[0])
+        assert list(inside[order]) == sorted(inside[order], reverse=True)
+    assert conformal.sets(unsure, cut, False, u).sum() > conformal.sets(sure, cut, False, u).sum()
+    assert conformal.sets(unsure, None, False, u).all()  # no cut (too few texts for the level): every label
+    assert (conformal.text_uniforms(["same text", "same text", "other"])[:2] == conformal.text_uniforms(
+        ["same text"])[0]).all()
+
+
+def test_too_few_calibration_texts_give_every_label_at_high_levels():
+    p, y = _softmax_data(np.random.default_rng(0), 9)
+    cuts = conformal.fit_cuts(p, y, False)["cuts"]
+    assert cuts["0.90"] is not None and cuts["0.95"] is None  # ceil(10 x 0.95) = 10 > 9 texts
+
+
+def test_multi_label_sets_keep_the_share_of_true_labels_at_the_level():
+    rng = np.random.default_rng(1)
+
+    def draw(n):
+        p = rng.uniform(size=(n, 12)) ** 2
+        return p, (rng.uniform(size=p.shape) < p).astype(np.int64)
+
+    table = conformal.fit_cuts(*draw(3000), True)
+    tally = conformal.Tally(table, True)
+    tally.add(*draw(30000))
+    for level in (0.8, 0.9, 0.95):
+        got = tally.result()[conformal.key(level)]["coverage"]
+        assert level - 0.02 < got < level + 0.03, (level, got)  # risk control: at least the level, up to noise
+    cuts = [table["cuts"][conformal.key(x)] for x in (0.8, 0.9, 0.95)]
+    assert cuts == sorted(cuts, reverse=True)  # a higher level lowers the cut
+
+
+@pytest.mark.parametrize("value, words", [(0.905, "two decimals"), (1.0, "two decimals"), ("x", "a number"),
+                                          (True, "two decimals"), (float("nan"), "two decimals")])
+def test_a_level_off_the_grid_is_refused_by_name(value, words):
+    assert words in conformal.level_of(value)
+
+
+def test_a_table_edited_into_nonsense_is_named():
+    assert conformal.checked({"method": "aps", "cuts": {"0.90": 0.8}}, False) is None
+    assert conformal.checked({"method": "aps", "cuts": {"0.90": "x"}}, False)
+    assert conformal.checked({"method": "aps", "cuts": {"0.90": 0.8}}, True)  # a single-label table
+    assert conformal.checked([1, 2], False)
+
+
+@pytest.mark.slow
+def test_a_trained_run_saves_its_cuts_and_predict_and_evaluate_use_them(tiny_run):
+    from tformer_cli import Classifier
+
+    run = tiny_run.run_dir
+    meta = json.loads((run / "checkpoints" / "best" / "meta.json").read_text())
+    assert meta["conformal"]["method"] == "aps" and meta["conformal"]["n"] > 0
+    clf = Classifier.load(run)
+    texts = ["a gripping, beautifully shot film", "dull and lifeless", "a film"]
+    answers = clf.predict(texts, coverage=0.9)
+    assert all(set(a["label_set"]) <= set(clf.labels) and a["coverage"] == 0.9 for a in answers)
+    assert clf.predict(texts, coverage=0.9) == answers  # the same text, the same set
+    assert all(len(a["label_set"]) == 2 for a in clf.predict(texts, coverage=0.99)) or \
+        meta["conformal"]["cuts"]["0.99"] is not None
+    assert "label_set" not in clf.predict(texts)[0]  # the default answer stays one label
+    metrics = json.loads((run / "test_metrics.json").read_text())
+    assert set(metrics["label_sets"]["0.90"]) == {"coverage", "mean_set_size", "empty"}
+    assert (run / "test_report" / "label_sets.png").is_file()
+    r = subprocess.run([TFORMER, "predict", f"--checkpoint={run}", "--coverage", "0.8", "--json", *texts],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["label_set"] for line in r.stdout.splitlines()] == [
+        a["label_set"] for a in clf.predict(texts, coverage=0.8)]
+    r = subprocess.run([TFORMER, "predict", f"--checkpoint={run}", "--coverage", "0.905", "x"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "two decimals" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_the_onnx_export_carries_the_cuts_and_gives_the_same_sets(tiny_run, tmp_path):
+    pytest.importorskip("onnxruntime")
+    from tformer_cli import Classifier
+    from tformer_cli.deploy.onnx_classifier import OnnxClassifier
+
+    r = subprocess.run([TFORMER, "export", f"checkpoint={tiny_run.run_dir}", f"out={tmp_path / 'onnx'}"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    texts = ["a gripping, beautifully shot film", "dull and lifeless", "a film", "never boring"]
+    want = [a["label_set"] for a in Classifier.load(tiny_run.run_dir).predict(texts, coverage=0.8)]
+    assert [a["label_set"] for a in OnnxClassifier.load(tmp_path / "onnx").predict(texts, coverage=0.8)] == want

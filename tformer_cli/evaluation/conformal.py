@@ -1,0 +1,218 @@
+"""Conformal label sets: instead of one label, the set of labels that holds the true one at least a chosen share of
+the time (the level, e.g. 0.9), larger where the model is unsure. A natural input for routing: texts whose set
+holds one label (or none) are answered, the others go to a person.
+
+Split conformal prediction (Vovk et al.; Angelopoulos & Bates, "A Gentle Introduction to Conformal Prediction"):
+score each calibration text by how far down the model's ranking its true label sits, take the ceil((n+1) L)-th
+smallest of the n scores as the cut q, and give a new text every label whose score is at most q. If the new text
+and the calibration texts are exchangeable (drawn alike), its true label is in its set with probability at least
+L, whatever the model: the guarantee is finite-sample, with no assumption on the model or the data.
+
+Single-label: adaptive prediction sets (APS, Romano, Sesia & Candes 2020), randomised:
+
+    s(x, y) = sum of p_j over the labels j with p_j > p_y  +  u * p_y          u ~ U(0, 1)
+
+so the set is the most probable labels until their probability mass passes q: one label where the model is sure,
+many where it spreads its probability. Without u the sets could only over-cover (a model that is right 96% of the
+time would give sets of one label and 96% coverage at the level 0.9); with it coverage is L up to 1/(n+1), and a
+text the model is very sure of may get an empty set (its top label is surer than the level needs). u is drawn from
+a seeded generator for the calibration and evaluation texts and, in predict and serve, from a hash of the text,
+so that the same text always gets the same set.
+
+Multi-label: conformal risk control (Angelopoulos et al. 2022) of the false-negative rate: one cut t on the
+calibrated label probabilities, the highest for which the calibration texts' mean share of missed true labels
+(counted with a worst case for the new text: (n * risk + 1) / (n + 1)) stays at most 1 - L. A text's set is every
+label with p_c >= t; on average it holds at least a share L of the text's true labels.
+
+The cuts are fitted after training on the validation split (calibration.py fits the temperature there first; the
+scores use the calibrated probabilities), for every level in LEVELS, and saved in the best checkpoint's meta.json
+under "conformal". That split also chose the best epoch and the temperature: two numbers chosen among a few
+candidates, a dependence far below the sampling error of the cut at a few hundred texts (the test coverage that
+`evaluate` reports is the check).
+
+numpy only, like calibration.py: predict and the torch-free ONNX runtime read it."""
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+
+from ..errors import TformerError
+
+LEVELS = tuple(round(0.5 + 0.01 * i, 2) for i in range(50))  # 0.50 .. 0.99: the levels a checkpoint has cuts for
+REPORTED = (0.8, 0.9, 0.95)  # evaluate's table
+DEFAULT_LEVEL = 0.9
+BLOCK = 4096  # rows sorted at a time: memory is (BLOCK, classes), not (rows, classes)
+
+
+def key(level: float) -> str:
+    return f"{level:.2f}"
+
+
+def level_of(value, name: str = "coverage") -> float | str:
+    """A user's level (0.9, "0.9"): the float, or the one-line reason it is refused."""
+    try:
+        level = float(value)
+    except (TypeError, ValueError):
+        return f"{name}={value!r:.40} must be a number such as 0.9"
+    if isinstance(value, bool) or not math.isfinite(level) or key(level) not in {key(x) for x in LEVELS} \
+            or abs(round(level, 2) - level) > 1e-9:
+        return f"{name}={value!r:.40} must be one of 0.50, 0.51, ..., 0.99 (two decimals)"
+    return round(level, 2)
+
+
+def level(value, name: str = "coverage") -> float:
+    """`level_of`, raising the reason as a TformerError (the CLI and the Python API)."""
+    got = level_of(value, name)
+    if isinstance(got, str):
+        raise TformerError(got)
+    return got
+
+
+def text_uniforms(texts) -> np.ndarray:
+    """u in (0, 1) per text from a CRC-32 of its UTF-8 bytes: the same text always gets the same u."""
+    return np.array([(zlib.crc32(t.encode("utf-8", "surrogatepass")) + 0.5) / 2**32 for t in texts])
+
+
+def row_uniforms(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng([seed, 0x5E7]).random(n)
+
+
+def _ranked(p: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order (B, C): labels most probable first, s (B, C): the APS score of the label at each rank). Labels with
+    equal probability share the mass before them, so a score is a function of p alone, not of the sort."""
+    order = np.argsort(-p, axis=1, kind="stable")
+    ps = np.take_along_axis(p, order, axis=1)
+    before = np.cumsum(ps, axis=1) - ps
+    starts = np.ones_like(ps, dtype=bool)
+    starts[:, 1:] = ps[:, 1:] != ps[:, :-1]
+    before = np.maximum.accumulate(np.where(starts, before, -np.inf), axis=1)
+    return order, before + u[:, None] * ps
+
+
+def aps_scores(probs: np.ndarray, labels: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """The APS score of each row's true label (module docstring), a block of rows at a time."""
+    out = np.empty(len(probs))
+    for start in range(0, len(probs), BLOCK):
+        p, y, v = probs[start:start + BLOCK], labels[start:start + BLOCK], u[start:start + BLOCK]
+        py = p[np.arange(len(p)), y]
+        out[start:start + BLOCK] = np.where(p > py[:, None], p, 0.0).sum(axis=1) + v * py
+    return out
+
+
+def cuts(scores: np.ndarray, levels=LEVELS) -> dict[str, float | None]:
+    """The conformal cut per level: the ceil((n+1) L)-th smallest score; None where n is too small for the level
+    (every label is in the set: (n+1) L > n)."""
+    s = np.sort(np.asarray(scores, dtype=np.float64))
+    n = len(s)
+    out = {}
+    for level in levels:
+        k = math.ceil((n + 1) * level - 1e-9)
+        out[key(level)] = float(s[k - 1]) if 1 <= k <= n else None
+    return out
+
+
+def fnr_cuts(probs: np.ndarray, targets: np.ndarray, levels=LEVELS) -> dict[str, float | None]:
+    """Multi-label: per level the highest cut t on the label probabilities with (sum of missed shares + 1) / (n + 1)
+    <= 1 - L (conformal risk control, module docstring); None where n is too small (every label)."""
+    y = np.asarray(targets) > 0.5
+    n = len(y)
+    rows, cols = np.nonzero(y)
+    weight = 1.0 / np.maximum(y.sum(axis=1), 1)[rows]  # each true label's share of its text's loss
+    p = np.asarray(probs, dtype=np.float64)[rows, cols]
+    order = np.argsort(p, kind="stable")
+    p, missed = p[order], np.concatenate([[0.0], np.cumsum(weight[order])])  # missed[k]: loss if the k lowest miss
+    out = {}
+    for level in levels:
+        budget = (1 - level) * (n + 1) - 1
+        if budget < 0:
+            out[key(level)] = None
+            continue
+        k = int(np.searchsorted(missed, budget + 1e-12, side="right")) - 1  # most true labels that may be missed
+        if k >= len(p):
+            out[key(level)] = 1.0  # every true label may be missed: only labels at probability 1
+            continue
+        out[key(level)] = float(p[k])  # t = the (k+1)-th lowest true-label probability: the k below it are missed
+    return out
+
+
+def fit_cuts(probs: np.ndarray, labels: np.ndarray, multi_label: bool, seed: int = 0) -> dict:
+    """What a checkpoint saves: the method, the number of calibration texts, and the cut per level."""
+    if multi_label:
+        return {"method": "crc-fnr", "n": int(len(probs)), "cuts": fnr_cuts(probs, labels)}
+    u = row_uniforms(len(probs), seed)
+    return {"method": "aps", "n": int(len(probs)), "cuts": cuts(aps_scores(probs, np.asarray(labels), u))}
+
+
+def checked(table, multi_label: bool) -> str | None:
+    """None when a saved table is usable, else what is wrong with it (a hand-edited or foreign meta.json)."""
+    want = "crc-fnr" if multi_label else "aps"
+    if not isinstance(table, dict) or table.get("method") != want or not isinstance(table.get("cuts"), dict):
+        return f"a mapping with method {want} and its cuts"
+    for name, cut in table["cuts"].items():
+        if name not in {key(x) for x in LEVELS} or not (
+                cut is None or (isinstance(cut, (int, float)) and not isinstance(cut, bool)
+                                and math.isfinite(cut) and 0 <= cut <= 2)):
+            return "cuts between 0 and 2 (or null) at the levels 0.50 .. 0.99"
+    return None
+
+
+def sets(probs: np.ndarray, cut: float | None, multi_label: bool, u: np.ndarray | None = None) -> np.ndarray:
+    """(rows, classes) bool: each row's label set at a cut (None: every label)."""
+    p = np.asarray(probs, dtype=np.float64)
+    if cut is None:
+        return np.ones(p.shape, dtype=bool)
+    if multi_label:
+        return p >= cut
+    out = np.zeros(p.shape, dtype=bool)
+    for start in range(0, len(p), BLOCK):
+        block = p[start:start + BLOCK]
+        order, s = _ranked(block, u[start:start + BLOCK])
+        np.put_along_axis(out[start:start + BLOCK], order, s <= cut, axis=1)
+    return out
+
+
+class Tally:
+    """Evaluation's running counts, a block of rows at a time: at every level, how many texts had their true label
+    in their set (multi-label: the share of true labels in it) and how many labels the sets held."""
+
+    def __init__(self, table: dict, multi_label: bool, seed: int = 0):
+        self.levels = [x for x in LEVELS if table["cuts"].get(key(x), "absent") != "absent"]
+        self.cut = np.array([np.inf if table["cuts"][key(x)] is None else table["cuts"][key(x)] for x in self.levels])
+        self.multi, self.seed, self.n = multi_label, seed, 0
+        self.covered = np.zeros(len(self.levels))
+        self.size = np.zeros(len(self.levels))
+        self.empty = np.zeros(len(self.levels))
+
+    def add(self, probs: np.ndarray, labels: np.ndarray) -> None:
+        p = np.asarray(probs, dtype=np.float64)
+        if not len(p):
+            return
+        cut = self.cut[None, :]
+        if self.multi:
+            y = np.asarray(labels) > 0.5
+            inside = p[:, :, None] >= cut[:, None, :]  # (B, C, L)
+            self.size += inside.sum(axis=(0, 1))
+            self.empty += (~inside.any(axis=1)).sum(axis=0)
+            true = np.maximum(y.sum(axis=1), 1)[:, None]
+            self.covered += np.where(y.any(axis=1)[:, None], (inside & y[:, :, None]).sum(axis=1) / true, 1.0).sum(0)
+        else:
+            u = row_uniforms(self.n + len(p), self.seed)[self.n:]  # the same u for a row, block after block
+            y = np.asarray(labels)
+            own = aps_scores(p, y, u)
+            self.covered += (own[:, None] <= cut).sum(axis=0)
+            _, s = _ranked(p, u)
+            c = s.shape[1]
+            flat = (s + 4.0 * np.arange(len(s))[:, None]).ravel()  # rows' scores rise; rows apart by 4
+            at = np.searchsorted(flat, (np.minimum(cut, 3.0) + 4.0 * np.arange(len(s))[:, None]), side="right")
+            counts = at - c * np.arange(len(s))[:, None]  # (B, L) labels with s <= cut
+            self.size += counts.sum(axis=0)
+            self.empty += (counts == 0).sum(axis=0)
+        self.n += len(p)
+
+    def result(self) -> dict:
+        """{level: {coverage, mean_set_size, empty}} for every level with a cut."""
+        n = max(self.n, 1)
+        return {key(x): {"coverage": float(self.covered[i] / n), "mean_set_size": float(self.size[i] / n),
+                         "empty": float(self.empty[i] / n)} for i, x in enumerate(self.levels)}
