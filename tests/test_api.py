@@ -38,7 +38,7 @@ def test_classifier_predicts_in_order_with_empty_texts_marked(result):
     assert probs.shape == (3, 2) and np.isnan(probs[1]).all()
     np.testing.assert_allclose(probs[[0, 2]].sum(axis=1), 1.0, atol=1e-5)
     assert out[0]["probability"] == pytest.approx(float(probs[0].max()), abs=1e-5)
-    explained = clf.explain(["the film was great"])[0]["explanation"]
+    explained = clf.explain(["the film was great"], method="rollout")[0]["explanation"]
     assert sum(explained["rollout"]) == pytest.approx(1.0, abs=1e-4)
     assert len(explained["tokens"]) == len(explained["last_layer"])
 

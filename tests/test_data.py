@@ -167,7 +167,7 @@ def test_head_tail_trains_evaluates_and_predicts_alike(tmp_path):
     assert json.loads(chunked.read_text())["long_text"] == "chunks"
     assert json.loads(chunked.read_text())["n"] == 100  # documents, whatever their number of windows
     long = "this film was great " * 30 + "but the ending was boring"
-    r = run_tformer("predict", "--explain", "--json", long, cwd=tmp_path)
+    r = run_tformer("predict", "--explain=rollout", "--json", long, cwd=tmp_path)
     tokens = json.loads(r.stdout)["explanation"]["tokens"]
     assert len(tokens) == 12 and tokens[:5] == ["[CLS]", "this", "film", "was", "great"] and tokens[-2] == "boring"
 
@@ -264,7 +264,7 @@ def test_chunks_train_evaluate_and_predict_per_document(tmp_path):
     out = json.loads(next(tmp_path.glob("outputs/evaluate/*/*/metrics.json")).read_text())
     assert r.returncode == 0 and (out["n"], out["accuracy"]) == (100, test["accuracy"])
     long = "this film was great " * 10 + "but the ending was boring"
-    r = run_tformer("predict", "--json", "--explain", long, "short one", cwd=tmp_path)
+    r = run_tformer("predict", "--json", "--explain=rollout", long, "short one", cwd=tmp_path)
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert r.returncode == 0 and len(rows) == 2 and len(rows[0]["explanation"]["tokens"]) == 8
 

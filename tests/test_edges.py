@@ -59,14 +59,17 @@ def test_a_user_error_keeps_its_error_prefix(capsys):
 def test_a_redirected_explanation_carries_each_words_weight():
     result = {"label": "positive", "probability": 0.91,
               "explanation": {"tokens": ["[CLS]", "super", "##b", "film", "[SEP]"], "rollout": [0.1, 0.3, 0.2, 0.3, 0.1]}}
-    assert plain_explanation(result).plain == "positive 0.910: superb(0.50) film(0.30)"
+    assert plain_explanation(result).plain == "positive 0.910 [rollout]: superb(0.50) film(0.30)"
+    result["explanation"] = {"method": "occlusion", "words": ["superb", "film", "!"], "weights": [0.4, -0.05, 0.0]}
+    assert plain_explanation(result).plain == "positive 0.910 [occlusion]: superb(+0.40) film(-0.05) !(+0.00)"
 
 
 @pytest.mark.slow  # a `tformer predict` process
 def test_predict_explain_into_a_file_prints_the_weights(tiny_run, tmp_path):
     r = run_tformer("predict", "--explain", f"--checkpoint={tiny_run.run_dir}", "the film was great", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert re.search(r"\d\.\d{3}: the\(\d\.\d\d\) film\(\d\.\d\d\) was\(\d\.\d\d\) great\(\d\.\d\d\)", r.stdout), r.stdout
+    w = r"\([+-]\d\.\d\d\)"
+    assert re.search(rf"\d\.\d{{3}} \[occlusion\]: the{w} film{w} was{w} great{w}", r.stdout), r.stdout
 
 
 @pytest.mark.slow  # trains in a `tformer` process

@@ -43,7 +43,7 @@ def test_a_family_trains_predicts_explains_and_exports(family, tmp_path):
     np.testing.assert_allclose(together, alone, atol=1e-5)  # padding in a batch changes nothing
     np.testing.assert_allclose(together.sum(axis=1), 1.0, atol=1e-5)
 
-    explained = clf.explain(["the film was never dull"])[0]["explanation"]
+    explained = clf.explain(["the film was never dull"], method="rollout")[0]["explanation"]
     assert sum(explained["rollout"]) == pytest.approx(1.0, abs=1e-4)
     words = [w for w, _ in words_and_weights(explained["tokens"], explained["rollout"], clf.word_pieces)]
     assert words == ["the", "film", "was", "never", "dull"], explained["tokens"]

@@ -55,7 +55,10 @@ def test_onnx_runtime_gives_the_torch_answers(exported, run):
     a, b = torch_clf.predict(TEXTS, top_k=2), onnx_clf.predict(TEXTS, top_k=2)
     assert [r["label"] for r in a] == [r["label"] for r in b] and b[1]["empty"]
     with pytest.raises(TformerError, match="torch runtime"):
-        onnx_clf.explain(["never boring"])
+        onnx_clf.explain(["never boring"], method="rollout")
+    occluded = onnx_clf.explain(["never boring"])[0]["explanation"]  # occlusion needs only forward passes
+    assert occluded["words"] == ["never", "boring"] and occluded == torch_clf.explain(["never boring"])[0][
+        "explanation"] | {"weights": pytest.approx(occluded["weights"], abs=1e-3)}
 
 
 def test_predict_runtime_onnx_never_imports_torch(exported, run, tmp_path):

@@ -57,8 +57,8 @@ def test_evaluate_writes_png_report_and_errors_sorted_by_confidence(run):
 @pytest.mark.slow
 def test_explain_weights_sum_to_one_per_text(run):
     work, run_dir = run
-    r = run_tformer("predict", "--explain", "--json", "not bad at all", "the plot was dull but the cast was superb",
-                    cwd=work)
+    r = run_tformer("predict", "--explain=rollout", "--json", "not bad at all",
+                    "the plot was dull but the cast was superb", cwd=work)
     assert r.returncode == 0, r.stderr[-2000:]
     for line in r.stdout.splitlines():
         e = json.loads(line)["explanation"]

@@ -193,7 +193,7 @@ def test_explain_glues_each_scheme_s_pieces_into_whole_words(build):
     assert [w for w, _ in pairs] == expected  # the special tokens dropped, whatever they are called
     assert sum(w for _, w in pairs) == len(e.tokens) - 2 and max(w for _, w in pairs) > 1
     result = {"label": "positive", "probability": 0.9, "explanation": {"tokens": e.tokens, "rollout": [0.1] * len(e)}}
-    assert plain_explanation(result, pieces).plain.startswith(f"positive 0.900: {expected[0]}(")
+    assert plain_explanation(result, pieces).plain.startswith(f"positive 0.900 [rollout]: {expected[0]}(")
 
 
 def test_a_tokenizer_without_a_post_processor_is_read_with_no_special_tokens():

@@ -17,6 +17,7 @@ A temperature never changes which label wins, so `calibrated=False` changes the 
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from . import cores
@@ -125,7 +126,8 @@ class TextPredictor:
     def predict(self, texts, *, top_k: int = 1, explain: bool = False, batch_size: int = 64,
                 calibrated: bool | None = None, coverage: float | None = None) -> list[dict]:
         """One dict per text, in order: text, label, probability, top_k (the k best labels), explanation (if
-        asked: tokens with last-layer attention and attention rollout weights, each summing to 1), or
+        asked: explain=True or "occlusion" gives each word's weight, the fall in the answer's probability when it is
+        deleted; explain="rollout" gives tokens with last-layer attention and rollout weights summing to 1), or
         empty=True for a blank text. A multi-label model answers labels (the set over the thresholds, most
         probable first) and probabilities ({label: p} of that set) instead of label and probability.
         calibrated=False (None: `self.calibrated`) reports the raw model's probabilities; the labels are the same
@@ -141,9 +143,10 @@ class TextPredictor:
         whole_number(top_k, "top_k")
         whole_number(batch_size, "batch_size")
         self._calibrated(calibrated)
-        if explain and not hasattr(self, "_attention"):
-            raise TformerError(f"explain needs the model's attention weights, which the {self.runtime} runtime does "
-                               f"not give; use the torch runtime (the checkpoint) to explain")
+        method = explain_method(explain)
+        if method == "rollout" and not hasattr(self, "_attention"):
+            raise TformerError(f"explain=rollout needs the model's attention weights, which the {self.runtime} "
+                               f"runtime does not give; use explain=occlusion, or the torch runtime (the checkpoint)")
         texts, filled, windows = self._encode(texts)
         blank = {"labels": [], "probabilities": {}} if self.multi_label else {"label": None, "probability": None}
         results = [{"text": t, **blank, "empty": True, "top_k": []} for t in texts]
@@ -175,12 +178,36 @@ class TextPredictor:
             for i, p, row in zip(filled, calibrated_probs, inside):
                 results[i]["label_set"] = [names[int(c)] for c in np.argsort(-p, kind="stable") if row[c]]
                 results[i]["coverage"] = level
-        if explain:  # of each text's first window (its only one unless long_text=chunks)
+        if method == "occlusion":
+            chosen = [int(np.argmax(p)) for p in decided]  # single-label: the answer; multi-label: its top label
+            for i, exp in zip(filled, self._occlusion([texts[i] for i in filled], chosen, batch_size)):
+                results[i]["explanation"] = exp
+        elif method == "rollout":  # of each text's first window (its only one unless long_text=chunks)
             weights = self._attention([ws[0][0] for ws in windows], batch_size)
             for i, ws, w in zip(filled, windows, weights):
-                results[i]["explanation"] = {"tokens": ws[0][1], "last_layer": [round(x, 6) for x in w["last"]],
+                results[i]["explanation"] = {"method": "rollout", "tokens": ws[0][1],
+                                             "last_layer": [round(x, 6) for x in w["last"]],
                                              "rollout": [round(x, 6) for x in w["rollout"]]}
         return results
+
+    def _occlusion(self, texts: list[str], labels: list[int], batch_size: int) -> list[dict]:
+        """Per text, each word's weight: how much the (calibrated) probability of `labels[i]` falls when that word
+        alone is deleted from the text (negative: the word spoke against it). One forward pass per word, batched
+        over every text; only a text's first OCCLUDED_WORDS words are tried (later ones get no weight)."""
+        import numpy as np
+
+        spans = [[m.span() for m in WORD.finditer(t)] for t in texts]
+        variants = [t[:a] + t[b:] for t, ws in zip(texts, spans) for a, b in ws[:OCCLUDED_WORDS]]
+        full = self.predict_proba(texts, batch_size=batch_size, calibrated=True)
+        cut = self.predict_proba(variants, batch_size=batch_size, calibrated=True) if variants else np.zeros((0, 1))
+        out, at = [], 0
+        for t, ws, c, p in zip(texts, spans, labels, full):
+            n = min(len(ws), OCCLUDED_WORDS)
+            rest = np.nan_to_num(cut[at:at + n, c], nan=1.0 / len(p))  # a text of one word: deleted, no evidence
+            at += n
+            out.append({"method": "occlusion", "label": self.labels[c], "words": [t[a:b] for a, b in ws],
+                        "weights": [round(float(p[c] - x), 6) for x in rest] + [0.0] * (len(ws) - n)})
+        return out
 
     @property
     def word_pieces(self):
@@ -190,9 +217,29 @@ class TextPredictor:
 
         return word_pieces(self._tok)
 
-    def explain(self, texts, *, batch_size: int = 64) -> list[dict]:
-        """`predict(texts, explain=True)`: which tokens drove each decision."""
-        return self.predict(texts, explain=True, batch_size=batch_size)
+    def explain(self, texts, *, method: str = "occlusion", batch_size: int = 64) -> list[dict]:
+        """`predict(texts, explain=method)`: which words (occlusion) or tokens (rollout) drove each decision."""
+        return self.predict(texts, explain=method, batch_size=batch_size)
+
+
+# Explanations. occlusion (the default): delete each word in turn and watch the answer's probability: what the
+# model does, for every family, pooling and runtime, at one forward pass per word. rollout: attention rollout
+# (Abnar & Zuidema 2020), the torch runtime only; cheap, but on pretrained mean-pooled encoders nearly flat and
+# spread over word pieces.
+EXPLAIN_METHODS = ("occlusion", "rollout")
+WORD = re.compile(r"\w+(?:['\u2019]\w+)*|[^\w\s]")  # a word (its apostrophes kept: hasn't) or one punctuation mark
+OCCLUDED_WORDS = 512  # words tried per text: past the model's max_len they change nothing anyway
+
+
+def explain_method(explain) -> str | None:
+    """predict's `explain`: False/None (none), True (occlusion) or a method's name."""
+    if explain is None or explain is False:
+        return None
+    if explain is True:
+        return "occlusion"
+    if isinstance(explain, str) and explain in EXPLAIN_METHODS:
+        return explain
+    raise TformerError(f"explain={explain!r:.40} must be true, false, or one of {', '.join(EXPLAIN_METHODS)}")
 
 
 # Below this many floating-point operations (2 x tokens x the encoder's matrix weights) a forward pass takes tens

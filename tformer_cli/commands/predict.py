@@ -8,12 +8,13 @@ import sys
 
 from ..data.visible import has_visible
 from ..errors import TformerError
+from ..classifier import EXPLAIN_METHODS
 from ..evaluation import answers, conformal
 from ..safe_text import terminal
 from ..yesno import parse_bool
 from .options import flag_name, parse_flags
 
-USAGE = """usage: tformer predict [TEXT ...] [--checkpoint PATH] [--top-k N] [--file PATH|-] [--json] [--explain]
+USAGE = """usage: tformer predict [TEXT ...] [--checkpoint PATH] [--top-k N] [--file PATH|-] [--json] [--explain[=M]]
                        [--raw] [--batch-size N] [--device auto|cpu|cuda] [--max-chars N] [--max-lines N]
                        [--runtime torch|onnx] [--coverage LEVEL] [--outputs-dir DIR] [--] [TEXT ...]
 
@@ -22,8 +23,8 @@ Every argument that is not a flag is a text. One that looks like an old-style op
 write --checkpoint=x, or put -- before it to label it as a text; after --, every argument is a text.
 Flags take their value as `--flag VALUE` or `--flag=VALUE`, spelled with - or _ (--top-k, --top_k); -k is
 --top-k, -f is --file. --checkpoint defaults to the best checkpoint of the newest run under outputs/.
---explain shows which tokens drove each decision (last-layer attention from the pooled position, and attention
-rollout). --runtime onnx runs the run's ONNX export (`tformer export`; --checkpoint may be the export dir) with
+--explain shows which words drove each decision: how much the answer's probability falls when each is deleted
+(occlusion; --explain=rollout: attention rollout over tokens, torch only). --runtime onnx runs the run's ONNX export (`tformer export`; --checkpoint may be the export dir) with
 onnxruntime, without torch. Probabilities are calibrated (the temperature fitted on the validation split); --raw
 shows the model's own (the same labels). --coverage 0.9 (0.50 .. 0.99) adds each text's label set, which holds
 the true label at least that share of the time (conformal, fitted on validation): several labels where the model
@@ -46,7 +47,7 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
         raise TformerError(f"--top-k, --batch-size, --max-chars and --max-lines must be integers "
                            f"({terminal(exc)})") from exc
     opts.update({key: parse_bool(opts[key], flag_name(key)) for key in ("json", "explain", "raw")
-                 if isinstance(opts[key], str)})
+                 if isinstance(opts[key], str) and not (key == "explain" and opts[key] in EXPLAIN_METHODS)})
     for key in counts:
         if opts[key] < 1:
             raise TformerError(f"{flag_name(key)}={opts[key]} must be at least 1")

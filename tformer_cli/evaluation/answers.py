@@ -1,5 +1,5 @@
-"""How `tformer predict` shows its answers: a table (top-k and label-set columns when asked), and for --explain each text with
-its words shaded by their attention-rollout weight in a terminal, or followed by the weight as a number elsewhere.
+"""How `tformer predict` shows its answers: a table (top-k and label-set columns when asked), and for --explain each
+text with its words shaded by their weight in a terminal, or followed by the weight as a number elsewhere.
 rich is imported where it is used: predict --json and runtime=onnx never load it (their cold start)."""
 from __future__ import annotations
 
@@ -91,26 +91,35 @@ def _head(result: dict) -> str:
             else ", ".join(result["labels"]) or "(no label)")
 
 
+def _pairs(result: dict, pieces=None) -> tuple[str, list[tuple[str, float]]]:
+    """(the method, its (word, weight) pairs): occlusion's words as they are; rollout's tokens glued into words."""
+    exp = result["explanation"]
+    if exp.get("method") == "occlusion":
+        return "occlusion", list(zip(exp["words"], exp["weights"]))
+    return "rollout", words_and_weights(exp["tokens"], exp["rollout"], pieces)
+
+
 def plain_explanation(result: dict, pieces=None):
-    """The text with each word's rollout weight after it, `superb(0.41)`: what the shading says, for a file."""
+    """The text with each word's weight after it, `superb(+0.41)` (occlusion: the fall in the answer's probability
+    when the word is deleted; rollout: its attention share): what the shading says, for a file."""
     from rich.text import Text  # deferred: predict's cold start
 
-    exp = result["explanation"]
-    pairs = words_and_weights(exp["tokens"], exp["rollout"], pieces)
-    words = " ".join(f"{terminal(word)}({w:.2f})" for word, w in pairs)
-    return Text(f"{terminal(_head(result))}: {words}")
+    method, pairs = _pairs(result, pieces)
+    shown = "{:+.2f}" if method == "occlusion" else "{:.2f}"
+    words = " ".join(f"{terminal(word)}({shown.format(w)})" for word, w in pairs)
+    return Text(f"{terminal(_head(result))} [{method}]: {words}")
 
 
 def render_explanation(result: dict, pieces=None):
-    """The text with each word's background as strong as its rollout weight (rich markup)."""
+    """The text with each word's background as strong as its weight (red: for the answer; blue: against it)."""
     from rich.text import Text  # deferred: predict's cold start
 
-    exp = result["explanation"]
-    pairs = words_and_weights(exp["tokens"], exp["rollout"], pieces)
-    top = max((w for _, w in pairs), default=1.0) or 1.0
-    text = Text(f"{terminal(_head(result))}: ", style="bold")
+    method, pairs = _pairs(result, pieces)
+    top = max((abs(w) for _, w in pairs), default=1.0) or 1.0
+    text = Text(f"{terminal(_head(result))} [{method}]: ", style="bold")
     for word, w in pairs:
-        level = int(255 - 180 * (w / top))
-        text.append(terminal(word), style=f"black on rgb(255,{level},{level})" if w / top > 0.15 else "")
+        level = int(255 - 180 * (abs(w) / top))
+        colour = f"rgb(255,{level},{level})" if w > 0 else f"rgb({level},{level},255)"
+        text.append(terminal(word), style=f"black on {colour}" if abs(w) / top > 0.15 else "")
         text.append(" ")
     return text
