@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -18,7 +19,7 @@ from helpers import TINY_TRAINING, compose_config, run_tformer, tiny
 from tformer_cli import Classifier, TformerError, train
 from tformer_cli.commands import report
 from tformer_cli.data.tokenization import TokenizedSplit
-from tformer_cli.errors import ConfigError
+from tformer_cli.errors import ConfigError, TformerError
 from tformer_cli.runs import distill as distill_module
 from tformer_cli.runs.distill import distill
 from tformer_cli import checkpoint
@@ -153,6 +154,24 @@ def test_a_student_learns_its_teachers_answers_and_is_an_ordinary_checkpoint(tea
     pytest.importorskip("onnxruntime")
     exported = run_tformer("export", f"checkpoint={run.root}", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
+
+
+def test_a_static_student_has_no_attention_and_learns_its_teachers_answers(teacher, topic_files, tmp_path):
+    """model=static: token vectors (from the teacher's table), their mean and an MLP head; an ordinary checkpoint
+    whose answers follow the teacher's, explained by occlusion."""
+    run = run_distill(tmp_path, "static", f"teacher={teacher.run_dir}", "model=static", "model.d_model=32",
+                      "model.head_hidden=32", "model.max_len=64", "optimizer.lr=5e-3", "trainer.epochs=12",
+                      f"distill.unlabeled=[{topic_files / 'unlabeled.csv'}]")
+    weights = checkpoint.load(run.best, "cpu").model.state_dict()
+    assert not [k for k in weights if k.startswith("blocks.")] and "head.0.weight" in weights
+    texts = pd.read_csv(topic_files / "train.csv")["text"].tolist()
+    mine, theirs = Classifier.load(run.last, device="cpu"), Classifier.load(teacher.run_dir, device="cpu")
+    assert (mine.predict_proba(texts).argmax(1) == theirs.predict_proba(texts).argmax(1)).mean() >= 0.95
+    shuffled = [" ".join(reversed(t.split())) for t in texts[:20]]  # a bag of tokens: order is not seen
+    np.testing.assert_allclose(mine.predict_proba(shuffled), mine.predict_proba(texts[:20]), atol=1e-5)
+    assert mine.explain(["rocket orbit launch"])[0]["explanation"]["method"] == "occlusion"
+    with pytest.raises(TformerError, match="static model"):
+        mine.explain(["rocket orbit launch"], method="rollout")
 
 
 @pytest.mark.slow

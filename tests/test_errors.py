@@ -58,7 +58,7 @@ def test_overrides_hydra_cannot_apply_get_one_line_with_the_nearest_real_names(t
              ("train", "schedule=warmup_magic"): "schedule=warmup_magic: there is no such schedule config",
              ("train", "model=smal"): "did you mean model=small? (the choices: base, deberta_v3_small, distilbert, "
                                       "electra_small, minilm_l6, modernbert_base, pretrained, roberta_base, small, "
-                                      "tiny, xlmr_base)",
+                                      "static, tiny, xlmr_base)",
              ("train", "optimizer.lr=[1"): "could not read an override",
              ("train", "trainer.early_stoping.patience=2"): "did you mean trainer.early_stopping.patience?",
              ("evaluate", "data.dri=x"): "data.dri is not a setting of `tformer evaluate`; did you mean data.dir?",

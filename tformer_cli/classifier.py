@@ -359,6 +359,9 @@ class Classifier(TextPredictor):
         from .data.tokenization import TokenizedSplit, pad_id
 
         split, pad, model = TokenizedSplit.from_ids(ids), pad_id(self._tok), self._loaded.model
+        if not model.cfg.n_layers:
+            raise TformerError(f"{self.path} is a static model (no attention layers): explain=rollout has no "
+                               f"attention to roll out; use explain=occlusion (--explain)")
         out: list[dict] = [{} for _ in range(len(split))]
         for start in range(0, len(split), batch_size):
             idx = torch.arange(start, min(start + batch_size, len(split)))

@@ -106,9 +106,10 @@ class EncoderConfig:
         if self.attention != "standard" and (self.positions == "rotary" or self.local_window):
             raise ConfigError(f"model.attention={self.attention} has positions of its own: it takes neither "
                               f"model.positions=rotary nor model.local_window; use model.attention=standard")
-        if self.positions == "none" and self.attention == "standard":
+        if self.positions == "none" and self.attention == "standard" and self.n_layers:
             raise ConfigError("model.positions=none gives standard attention no position information; use sinusoidal, "
-                              "learned or rotary (positions=none is for model.attention=disentangled)")
+                              "learned or rotary (positions=none is for model.attention=disentangled, or a static "
+                              "model: n_layers=0)")
         if self.attention == "disentangled" and self.max_relative_positions and \
                 self.max_relative_positions <= self.relative_buckets // 2 + 1:
             raise ConfigError(f"model.max_relative_positions={self.max_relative_positions} must exceed "
