@@ -50,14 +50,26 @@ def test_sets_are_the_most_probable_labels_and_grow_where_the_model_is_unsure():
         assert list(inside[order]) == sorted(inside[order], reverse=True)
     assert conformal.sets(unsure, cut, False, u).sum() > conformal.sets(sure, cut, False, u).sum()
     assert conformal.sets(unsure, None, False, u).all()  # no cut (too few texts for the level): every label
-    assert (conformal.text_uniforms(["same text", "same text", "other"])[:2] == conformal.text_uniforms(
-        ["same text"])[0]).all()
+    u = conformal.token_uniforms([[([2, 7, 3], None)], [([2, 7, 3], None)], [([2, 8, 3], None)]])
+    assert u[0] == u[1] != u[2] and 0 < u.min() and u.max() < 1  # the same reading, the same draw
 
 
 def test_too_few_calibration_texts_give_every_label_at_high_levels():
     p, y = _softmax_data(np.random.default_rng(0), 9)
     cuts = conformal.fit_cuts(p, y, False)["cuts"]
     assert cuts["0.90"] is not None and cuts["0.95"] is None  # ceil(10 x 0.95) = 10 > 9 texts
+
+
+def test_a_level_with_too_few_texts_counts_every_label_in_evaluate_as_predict_gives_it():
+    rng = np.random.default_rng(2)
+    p = rng.uniform(size=(30, 5))
+    y = (rng.uniform(size=p.shape) < p).astype(np.int64)
+    table = conformal.fit_cuts(p, y, True)
+    assert table["cuts"]["0.99"] is None
+    tally = conformal.Tally(table, True)
+    tally.add(p, y)
+    assert tally.result()["0.99"]["mean_set_size"] == 5 and tally.result()["0.99"]["coverage"] == 1.0
+    assert conformal.sets(p, None, True).all()
 
 
 def test_multi_label_sets_keep_the_share_of_true_labels_at_the_level():
@@ -78,16 +90,28 @@ def test_multi_label_sets_keep_the_share_of_true_labels_at_the_level():
 
 
 @pytest.mark.parametrize("value, words", [(0.905, "two decimals"), (1.0, "two decimals"), ("x", "a number"),
+                                          (10 ** 400, "a number"),
                                           (True, "two decimals"), (float("nan"), "two decimals")])
 def test_a_level_off_the_grid_is_refused_by_name(value, words):
     assert words in conformal.level_of(value)
 
 
 def test_a_table_edited_into_nonsense_is_named():
-    assert conformal.checked({"method": "aps", "cuts": {"0.90": 0.8}}, False) is None
-    assert conformal.checked({"method": "aps", "cuts": {"0.90": "x"}}, False)
-    assert conformal.checked({"method": "aps", "cuts": {"0.90": 0.8}}, True)  # a single-label table
+    whole = {conformal.key(x): 0.8 for x in conformal.LEVELS}
+    assert conformal.checked({"method": "aps", "cuts": whole}, False) is None
+    assert conformal.checked({"method": "aps", "cuts": whole | {"0.90": "x"}}, False)
+    assert conformal.checked({"method": "aps", "cuts": {"0.90": 0.8}}, False)  # levels missing
+    assert conformal.checked({"method": "aps", "cuts": whole}, True)  # a single-label table
     assert conformal.checked([1, 2], False)
+
+
+def test_a_static_model_must_pool_by_the_mean():
+    from tformer_cli.errors import ConfigError
+    from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier
+
+    with pytest.raises(ConfigError, match="pooling=mean"):
+        TransformerClassifier(EncoderConfig(vocab_size=20, num_classes=2, n_layers=0, positions="none",
+                                            pooling="cls"))
 
 
 @pytest.mark.slow

@@ -30,4 +30,5 @@ def test_the_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     assert [x["step"] for x in results if not x["ok"]] == [], r.stdout[-4000:]
     assert r.returncode == 0 and "steps ok" in r.stdout.splitlines()[-1]
     speeds = next(x["result"] for x in results if x["step"].startswith("throughput"))
-    assert {"minilm 128 eager", "bert_base 512 eager", "minilm 128 transformers"} <= set(speeds)
+    assert {"minilm 128 full eager", "bert_base 512 mixed eager", "minilm 128 full transformers",
+            "bert_base 128 mixed eager padded"} <= set(speeds)

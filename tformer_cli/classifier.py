@@ -173,8 +173,7 @@ class TextPredictor:
             # the cuts were fitted on calibrated probabilities: --raw changes the numbers shown, not the sets
             calibrated_probs = decided if self.multi_label or self._calibrated(calibrated) \
                 else self._checked(self._scaled(logits, True))
-            inside = conformal.sets(calibrated_probs, at, self.multi_label,
-                                    conformal.text_uniforms([texts[i] for i in filled]))
+            inside = conformal.sets(calibrated_probs, at, self.multi_label, conformal.token_uniforms(windows))
             for i, p, row in zip(filled, calibrated_probs, inside):
                 results[i]["label_set"] = [names[int(c)] for c in np.argsort(-p, kind="stable") if row[c]]
                 results[i]["coverage"] = level
@@ -196,17 +195,16 @@ class TextPredictor:
         over every text; only a text's first OCCLUDED_WORDS words are tried (later ones get no weight)."""
         import numpy as np
 
-        spans = [[m.span() for m in WORD.finditer(t)] for t in texts]
-        variants = [t[:a] + t[b:] for t, ws in zip(texts, spans) for a, b in ws[:OCCLUDED_WORDS]]
         full = self.predict_proba(texts, batch_size=batch_size, calibrated=True)
-        cut = self.predict_proba(variants, batch_size=batch_size, calibrated=True) if variants else np.zeros((0, 1))
-        out, at = [], 0
-        for t, ws, c, p in zip(texts, spans, labels, full):
-            n = min(len(ws), OCCLUDED_WORDS)
-            rest = np.nan_to_num(cut[at:at + n, c], nan=1.0 / len(p))  # a text of one word: deleted, no evidence
-            at += n
-            out.append({"method": "occlusion", "label": self.labels[c], "words": [t[a:b] for a, b in ws],
-                        "weights": [round(float(p[c] - x), 6) for x in rest] + [0.0] * (len(ws) - n)})
+        out = []
+        for t, c, p in zip(texts, labels, full):  # a text at a time: memory holds one text's variants
+            spans = [m.span() for m in WORD.finditer(t)]
+            n = min(len(spans), OCCLUDED_WORDS)
+            variants = [t[:a] + t[b:] for a, b in spans[:n]]
+            cut = self.predict_proba(variants, batch_size=batch_size, calibrated=True)[:, c] if n else np.zeros(0)
+            rest = np.nan_to_num(cut, nan=1.0 / len(p))  # a text of one word: deleted, no evidence left
+            out.append({"method": "occlusion", "label": self.labels[c], "words": [t[a:b] for a, b in spans],
+                        "weights": [round(float(p[c] - x), 6) for x in rest] + [0.0] * (len(spans) - n)})
         return out
 
     @property
@@ -228,7 +226,7 @@ class TextPredictor:
 # spread over word pieces.
 EXPLAIN_METHODS = ("occlusion", "rollout")
 WORD = re.compile(r"\w+(?:['\u2019]\w+)*|[^\w\s]")  # a word (its apostrophes kept: hasn't) or one punctuation mark
-OCCLUDED_WORDS = 512  # words tried per text: past the model's max_len they change nothing anyway
+OCCLUDED_WORDS = 512  # words tried per text (one forward pass each); later words get no weight
 
 
 def explain_method(explain) -> str | None:

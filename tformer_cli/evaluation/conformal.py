@@ -16,16 +16,17 @@ so the set is the most probable labels until their probability mass passes q: on
 many where it spreads its probability. Without u the sets could only over-cover (a model that is right 96% of the
 time would give sets of one label and 96% coverage at the level 0.9); with it coverage is L up to 1/(n+1), and a
 text the model is very sure of may get an empty set (its top label is surer than the level needs). u is drawn from
-a seeded generator for the calibration and evaluation texts and, in predict and serve, from a hash of the text,
-so that the same text always gets the same set.
+a seeded generator for the calibration and evaluation texts and, in predict and serve, from a hash of the token ids
+the text is read as, so that the same text always gets the same set.
 
 Multi-label: conformal risk control (Angelopoulos et al. 2022) of the false-negative rate: one cut t on the
 calibrated label probabilities, the highest for which the calibration texts' mean share of missed true labels
 (counted with a worst case for the new text: (n * risk + 1) / (n + 1)) stays at most 1 - L. A text's set is every
-label with p_c >= t; on average it holds at least a share L of the text's true labels.
+label with p_c >= t; on average it holds at least a share L of the text's true labels (a text with none counts as
+fully covered, in the fit as in evaluate).
 
-The cuts are fitted after training on the validation split (calibration.py fits the temperature there first; the
-scores use the calibrated probabilities), for every level in LEVELS, and saved in the best checkpoint's meta.json
+The cuts are fitted after training on the validation texts the temperature is fitted on (calibration.py: all of
+them, or a seeded sample when texts x classes pass 4 million; the scores use the calibrated probabilities), for every level in LEVELS, and saved in the best checkpoint's meta.json
 under "conformal". That split also chose the best epoch and the temperature: two numbers chosen among a few
 candidates, a dependence far below the sampling error of the cut at a few hundred texts (the test coverage that
 `evaluate` reports is the check).
@@ -43,7 +44,11 @@ from ..errors import TformerError
 LEVELS = tuple(round(0.5 + 0.01 * i, 2) for i in range(50))  # 0.50 .. 0.99: the levels a checkpoint has cuts for
 REPORTED = (0.8, 0.9, 0.95)  # evaluate's table
 DEFAULT_LEVEL = 0.9
-BLOCK = 4096  # rows sorted at a time: memory is (BLOCK, classes), not (rows, classes)
+BLOCK_ENTRIES = 1 << 20  # probabilities worked on at a time: memory is bounded, not (rows, classes)
+
+
+def _rows_per_block(classes: int) -> int:
+    return max(1, BLOCK_ENTRIES // max(classes, 1))
 
 
 def key(level: float) -> str:
@@ -54,7 +59,7 @@ def level_of(value, name: str = "coverage") -> float | str:
     """A user's level (0.9, "0.9"): the float, or the one-line reason it is refused."""
     try:
         level = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (a JSON integer of a thousand digits)
         return f"{name}={value!r:.40} must be a number such as 0.9"
     if isinstance(value, bool) or not math.isfinite(level) or key(level) not in {key(x) for x in LEVELS} \
             or abs(round(level, 2) - level) > 1e-9:
@@ -70,9 +75,17 @@ def level(value, name: str = "coverage") -> float:
     return got
 
 
-def text_uniforms(texts) -> np.ndarray:
-    """u in (0, 1) per text from a CRC-32 of its UTF-8 bytes: the same text always gets the same u."""
-    return np.array([(zlib.crc32(t.encode("utf-8", "surrogatepass")) + 0.5) / 2**32 for t in texts])
+def token_uniforms(windows) -> np.ndarray:
+    """u in (0, 1) per text from a CRC-32 of the token ids it is read as (each window's): the same reading always
+    gets the same u, so a text gets the same set in predict, serve and the ONNX runtime, and a changed spacing or
+    casing that the model cannot see does not draw a new one."""
+    out = np.empty(len(windows))
+    for i, ws in enumerate(windows):
+        crc = 0
+        for ids, _ in ws:
+            crc = zlib.crc32(np.asarray(ids, dtype="<i4").tobytes(), crc)
+        out[i] = (crc + 0.5) / 2**32
+    return out
 
 
 def row_uniforms(n: int, seed: int = 0) -> np.ndarray:
@@ -88,16 +101,20 @@ def _ranked(p: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     starts = np.ones_like(ps, dtype=bool)
     starts[:, 1:] = ps[:, 1:] != ps[:, :-1]
     before = np.maximum.accumulate(np.where(starts, before, -np.inf), axis=1)
-    return order, before + u[:, None] * ps
+    # non-decreasing along the ranking in exact arithmetic; the accumulate removes rounding's 1e-16 dips, so a set
+    # is always a prefix (Tally counts it with one searchsorted)
+    return order, np.maximum.accumulate(before + u[:, None] * ps, axis=1)
 
 
 def aps_scores(probs: np.ndarray, labels: np.ndarray, u: np.ndarray) -> np.ndarray:
     """The APS score of each row's true label (module docstring), a block of rows at a time."""
     out = np.empty(len(probs))
-    for start in range(0, len(probs), BLOCK):
-        p, y, v = probs[start:start + BLOCK], labels[start:start + BLOCK], u[start:start + BLOCK]
+    block = _rows_per_block(probs.shape[1] if len(probs) else 1)
+    for start in range(0, len(probs), block):
+        p = np.asarray(probs[start:start + block], dtype=np.float64)  # as `sets` reads them
+        y, v = labels[start:start + block], u[start:start + block]
         py = p[np.arange(len(p)), y]
-        out[start:start + BLOCK] = np.where(p > py[:, None], p, 0.0).sum(axis=1) + v * py
+        out[start:start + block] = np.where(p > py[:, None], p, 0.0).sum(axis=1) + v * py
     return out
 
 
@@ -150,8 +167,10 @@ def checked(table, multi_label: bool) -> str | None:
     want = "crc-fnr" if multi_label else "aps"
     if not isinstance(table, dict) or table.get("method") != want or not isinstance(table.get("cuts"), dict):
         return f"a mapping with method {want} and its cuts"
+    if set(table["cuts"]) != {key(x) for x in LEVELS}:
+        return "a cut (or null) for each of the levels 0.50 .. 0.99"
     for name, cut in table["cuts"].items():
-        if name not in {key(x) for x in LEVELS} or not (
+        if not (
                 cut is None or (isinstance(cut, (int, float)) and not isinstance(cut, bool)
                                 and math.isfinite(cut) and 0 <= cut <= 2)):
             return "cuts between 0 and 2 (or null) at the levels 0.50 .. 0.99"
@@ -166,21 +185,25 @@ def sets(probs: np.ndarray, cut: float | None, multi_label: bool, u: np.ndarray 
     if multi_label:
         return p >= cut
     out = np.zeros(p.shape, dtype=bool)
-    for start in range(0, len(p), BLOCK):
-        block = p[start:start + BLOCK]
-        order, s = _ranked(block, u[start:start + BLOCK])
-        np.put_along_axis(out[start:start + BLOCK], order, s <= cut, axis=1)
+    block = _rows_per_block(p.shape[1])
+    for start in range(0, len(p), block):
+        order, s = _ranked(p[start:start + block], u[start:start + block])
+        np.put_along_axis(out[start:start + block], order, s <= cut, axis=1)
     return out
 
 
 class Tally:
     """Evaluation's running counts, a block of rows at a time: at every level, how many texts had their true label
-    in their set (multi-label: the share of true labels in it) and how many labels the sets held."""
+    in their set (multi-label: the share of true labels in it; a text with none counts as covered, as in the fit)
+    and how many labels the sets held."""
 
     def __init__(self, table: dict, multi_label: bool, seed: int = 0):
-        self.levels = [x for x in LEVELS if table["cuts"].get(key(x), "absent") != "absent"]
-        self.cut = np.array([np.inf if table["cuts"][key(x)] is None else table["cuts"][key(x)] for x in self.levels])
-        self.multi, self.seed, self.n = multi_label, seed, 0
+        self.levels = list(LEVELS)
+        cuts = [table["cuts"].get(key(x)) for x in self.levels]
+        # no cut (too few calibration texts): every label, whichever way a set is read
+        self.cut = np.array([(-np.inf if multi_label else np.inf) if c is None else c for c in cuts])
+        self.multi, self.n = multi_label, 0
+        self.draws = np.random.default_rng([seed, 0x5E7])  # row_uniforms' stream, drawn a block at a time
         self.covered = np.zeros(len(self.levels))
         self.size = np.zeros(len(self.levels))
         self.empty = np.zeros(len(self.levels))
@@ -189,30 +212,36 @@ class Tally:
         p = np.asarray(probs, dtype=np.float64)
         if not len(p):
             return
-        cut = self.cut[None, :]
-        if self.multi:
-            y = np.asarray(labels) > 0.5
-            inside = p[:, :, None] >= cut[:, None, :]  # (B, C, L)
-            self.size += inside.sum(axis=(0, 1))
-            self.empty += (~inside.any(axis=1)).sum(axis=0)
-            true = np.maximum(y.sum(axis=1), 1)[:, None]
-            self.covered += np.where(y.any(axis=1)[:, None], (inside & y[:, :, None]).sum(axis=1) / true, 1.0).sum(0)
-        else:
-            u = row_uniforms(self.n + len(p), self.seed)[self.n:]  # the same u for a row, block after block
-            y = np.asarray(labels)
-            own = aps_scores(p, y, u)
-            self.covered += (own[:, None] <= cut).sum(axis=0)
-            _, s = _ranked(p, u)
-            c = s.shape[1]
-            flat = (s + 4.0 * np.arange(len(s))[:, None]).ravel()  # rows' scores rise; rows apart by 4
-            at = np.searchsorted(flat, (np.minimum(cut, 3.0) + 4.0 * np.arange(len(s))[:, None]), side="right")
-            counts = at - c * np.arange(len(s))[:, None]  # (B, L) labels with s <= cut
-            self.size += counts.sum(axis=0)
-            self.empty += (counts == 0).sum(axis=0)
+        block = _rows_per_block(p.shape[1])
+        for start in range(0, len(p), block):
+            self._add(p[start:start + block], np.asarray(labels)[start:start + block])
         self.n += len(p)
 
+    def _add(self, p: np.ndarray, labels: np.ndarray) -> None:
+        if self.multi:
+            y = labels > 0.5
+            true = np.maximum(y.sum(axis=1), 1)
+            has = y.any(axis=1)
+            for j, cut in enumerate(self.cut):  # one level at a time: (rows, classes), never x 50
+                inside = p >= cut
+                count = inside.sum(axis=1)
+                self.size[j] += count.sum()
+                self.empty[j] += (count == 0).sum()
+                self.covered[j] += np.where(has, (inside & y).sum(axis=1) / true, 1.0).sum()
+            return
+        u = self.draws.random(len(p))
+        own = aps_scores(p, labels, u)
+        self.covered += (own[:, None] <= self.cut[None, :]).sum(axis=0)
+        _, s = _ranked(p, u)
+        rows, c = np.arange(len(s))[:, None], s.shape[1]
+        flat = (s + 4.0 * rows).ravel()  # each row's scores rise (a prefix is a set); rows 4 apart
+        at = np.searchsorted(flat, np.minimum(self.cut[None, :], 3.0) + 4.0 * rows, side="right")
+        counts = at - c * rows  # (B, L): labels with s <= cut
+        self.size += counts.sum(axis=0)
+        self.empty += (counts == 0).sum(axis=0)
+
     def result(self) -> dict:
-        """{level: {coverage, mean_set_size, empty}} for every level with a cut."""
+        """{level: {coverage, mean_set_size, empty}} for every level."""
         n = max(self.n, 1)
         return {key(x): {"coverage": float(self.covered[i] / n), "mean_set_size": float(self.size[i] / n),
                          "empty": float(self.empty[i] / n)} for i, x in enumerate(self.levels)}

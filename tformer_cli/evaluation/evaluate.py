@@ -53,8 +53,7 @@ def score_split(model, split, label_names, *, pad_id, device, precision, batch_s
             metrics.update(calibration.metrics(logits, y.numpy(), True, temperature))
         if label_sets is not None:
             tally = conformal.Tally(label_sets, True)
-            for start in range(0, len(probs), conformal.BLOCK):
-                tally.add(probs[start:start + conformal.BLOCK], y.numpy()[start:start + conformal.BLOCK])
+            tally.add(probs, y.numpy())
             metrics["label_sets"] = tally.result()
         return Scored(metrics, logits=logits, labels=y.numpy(), temperature=temperature)
     loss_sum = [0.0]

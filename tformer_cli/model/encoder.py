@@ -106,6 +106,9 @@ class EncoderConfig:
         if self.attention != "standard" and (self.positions == "rotary" or self.local_window):
             raise ConfigError(f"model.attention={self.attention} has positions of its own: it takes neither "
                               f"model.positions=rotary nor model.local_window; use model.attention=standard")
+        if not self.n_layers and self.pooling != "mean":
+            raise ConfigError(f"model.n_layers=0 (a static model) needs model.pooling=mean: with "
+                              f"pooling={self.pooling} and no layers every text would get the same answer")
         if self.positions == "none" and self.attention == "standard" and self.n_layers:
             raise ConfigError("model.positions=none gives standard attention no position information; use sinusoidal, "
                               "learned or rotary (positions=none is for model.attention=disentangled, or a static "

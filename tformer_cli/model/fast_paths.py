@@ -92,7 +92,7 @@ class Layout:
     only), or padded with a mask.
 
     Deciding needs the mask's values. Read from a mask on the GPU, they would stall the pipeline every step; the
-    training and inference loops therefore decide on the host, from the batch's CPU mask before it is sent
+    classification train step and the inference loop therefore decide on the host, from the batch's CPU mask before it is sent
     (`Layout.of(cpu_mask, device)`), and hand the layout to the model. Called with no device, on the mask the
     model got, it decides only for CPU tensors and leaves GPU batches padded.
 
