@@ -130,7 +130,7 @@ def test_tformer_train_refuses_an_oversized_model_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("kw", [{}, {"positions": "learned", "norm": "pre"}, {"head_hidden": 7, "embedding_dim": 12},
-                                {"embedding_norm": True, "n_layers": 0},
+                                {"embedding_norm": True, "n_layers": 0, "pooling": "mean"},
                                 {"embedding_projection": "after_norm", "embedding_dim": 12, "embedding_norm": True,
                                  "positions": "learned"},
                                 {"embedding_projection": "after_norm", "embedding_dim": 12},
