@@ -113,8 +113,9 @@ class TextPredictor:
             out[filled] = self._checked(self._probabilities(windows, batch_size, calibrated))
         return out
 
-    def _cut(self, coverage):
-        """The checkpoint's conformal cut for the level `coverage` (None: every label)."""
+    def label_set_cut(self, coverage) -> tuple[float, float | None]:
+        """(the level, the checkpoint's conformal cut there; None: every label) for predict's `coverage`, or one
+        TformerError line: a level off the grid, or a checkpoint without cuts (serve answers that with a 400)."""
         from .evaluation import conformal  # (numpy only)
 
         level = conformal.level(coverage)
@@ -139,7 +140,9 @@ class TextPredictor:
         empty where the model is surer than the level needs; the same text always gets the same set."""
         import numpy as np
 
-        cut = self._cut(coverage) if coverage is not None else None
+        from .evaluation import conformal  # (numpy only)
+
+        cut = self.label_set_cut(coverage) if coverage is not None else None
         whole_number(top_k, "top_k")
         whole_number(batch_size, "batch_size")
         self._calibrated(calibrated)
@@ -166,20 +169,19 @@ class TextPredictor:
             else:
                 results[i] = {"text": texts[i], "label": names[int(j[0])], "probability": round(float(p[j[0]]), 6),
                               "top_k": top}
-        if cut is not None:
-            from .evaluation import conformal
-
-            level, at = cut
-            # the cuts were fitted on calibrated probabilities: --raw changes the numbers shown, not the sets
+        if cut is not None or method == "occlusion":
+            # label sets and word weights are taken on calibrated probabilities (where the cuts were fitted):
+            # --raw changes the numbers shown, not them
             calibrated_probs = decided if self.multi_label or self._calibrated(calibrated) \
                 else self._checked(self._scaled(logits, True))
+        if cut is not None:
+            level, at = cut
             inside = conformal.sets(calibrated_probs, at, self.multi_label, conformal.token_uniforms(windows))
             for i, p, row in zip(filled, calibrated_probs, inside):
                 results[i]["label_set"] = [names[int(c)] for c in np.argsort(-p, kind="stable") if row[c]]
                 results[i]["coverage"] = level
         if method == "occlusion":
-            chosen = [int(np.argmax(p)) for p in decided]  # single-label: the answer; multi-label: its top label
-            for i, exp in zip(filled, self._occlusion([texts[i] for i in filled], chosen, batch_size)):
+            for i, exp in zip(filled, self._occlusion([texts[i] for i in filled], calibrated_probs, batch_size)):
                 results[i]["explanation"] = exp
         elif method == "rollout":  # of each text's first window (its only one unless long_text=chunks)
             weights = self._attention([ws[0][0] for ws in windows], batch_size)
@@ -189,15 +191,16 @@ class TextPredictor:
                                              "rollout": [round(x, 6) for x in w["rollout"]]}
         return results
 
-    def _occlusion(self, texts: list[str], labels: list[int], batch_size: int) -> list[dict]:
-        """Per text, each word's weight: how much the (calibrated) probability of `labels[i]` falls when that word
-        alone is deleted from the text (negative: the word spoke against it). One forward pass per word, batched
-        over every text; only a text's first OCCLUDED_WORDS words are tried (later ones get no weight)."""
+    def _occlusion(self, texts: list[str], probs, batch_size: int) -> list[dict]:
+        """Per text, each word's weight: how much the calibrated probability `probs` gives the text's top label (the
+        answer; a multi-label model's most probable label) falls when that word alone is deleted (negative: the
+        word spoke against it). One forward pass per word, a text's variants batched together; only a text's first
+        OCCLUDED_WORDS words are tried (later ones get no weight)."""
         import numpy as np
 
-        full = self.predict_proba(texts, batch_size=batch_size, calibrated=True)
         out = []
-        for t, c, p in zip(texts, labels, full):  # a text at a time: memory holds one text's variants
+        for t, p in zip(texts, probs):  # a text at a time: memory holds one text's variants
+            c = int(np.argmax(p))
             spans = [m.span() for m in WORD.finditer(t)]
             n = min(len(spans), OCCLUDED_WORDS)
             variants = [t[:a] + t[b:] for a, b in spans[:n]]

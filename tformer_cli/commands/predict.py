@@ -1,6 +1,5 @@
 """`tformer predict`: label texts with a trained checkpoint. Start-up matters here: no Hydra tree, only torch,
-safetensors and tokenizers (no transformers, datasets or scikit-learn); with --runtime onnx (an export, `tformer
-export`) not even torch: onnxruntime, tokenizers, numpy."""
+safetensors and tokenizers (no transformers, datasets or scikit-learn); --runtime onnx: onnxruntime, not torch."""
 from __future__ import annotations
 
 import codecs
@@ -24,13 +23,13 @@ write --checkpoint=x, or put -- before it to label it as a text; after --, every
 Flags take their value as `--flag VALUE` or `--flag=VALUE`, spelled with - or _ (--top-k, --top_k); -k is
 --top-k, -f is --file. --checkpoint defaults to the best checkpoint of the newest run under outputs/.
 --explain shows which words drove each decision: how much the answer's probability falls when each is deleted
-(occlusion; --explain=rollout: attention rollout over tokens, torch only). --runtime onnx runs the run's ONNX export (`tformer export`; --checkpoint may be the export dir) with
-onnxruntime, without torch. Probabilities are calibrated (the temperature fitted on the validation split); --raw
-shows the model's own (the same labels). --coverage 0.9 (0.50 .. 0.99) adds each text's label set, which holds
-the true label at least that share of the time (conformal, fitted on validation): several labels where the model
-is unsure, none where it is surer than the level needs. Texts longer than --max-chars are cut (a warning says how
-many); a file line with no end in sight (over 64 MiB, or 40 x max-chars bytes) is refused. --json writes one JSON
-line per text, control characters escaped as \\uXXXX."""
+(occlusion; --explain=rollout: attention rollout over tokens, torch only). --runtime onnx runs the run's ONNX
+export (`tformer export`; --checkpoint may be the export dir) with onnxruntime, without torch. Probabilities are
+calibrated (the temperature fitted on the validation split); --raw shows the model's own (the same labels).
+--coverage 0.9 (0.50 .. 0.99) adds each text's label set, which holds the true label at least that share of the
+time (conformal, fitted on validation): several labels where the model is unsure, none where it is surer than the
+level needs. Texts longer than --max-chars are cut (a warning says how many); a file line with no end in sight
+(over 64 MiB, or 40 x max-chars bytes) is refused. --json: one JSON line per text, control characters as \\uXXXX."""
 
 DEFAULTS = {"checkpoint": None, "top_k": 1, "file": None, "json": False, "explain": False, "raw": False,
             "batch_size": 64, "device": "auto", "runtime": "torch", "max_chars": 100_000, "max_lines": 1_000_000,
@@ -145,6 +144,7 @@ def main(argv: list[str]) -> int:
                           calibrated=not opts["raw"], coverage=opts["coverage"])
     k = min(opts["top_k"], len(clf.labels))
     if opts["json"]:
-        return answers.print_json_lines(results, k) or 0
-    answers.print_table(results, k, opts["explain"], clf.word_pieces if opts["explain"] else None)
+        answers.print_json_lines(results, k)
+    else:
+        answers.print_table(results, k, opts["explain"], clf.word_pieces if opts["explain"] else None)
     return 0

@@ -36,7 +36,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from ..errors import TformerError
-from ..evaluation import conformal
 from ..safe_text import terminal, valid_unicode
 from ..yesno import parse_bool
 
@@ -291,13 +290,10 @@ def parse_coverage(body: bytes, classifier) -> float | None:
         return None
     if isinstance(given, bool) or not isinstance(given, (int, float)):
         raise BadRequest(f"coverage={json.dumps(given)[:80]} must be a number from 0.50 to 0.99")
-    level = conformal.level_of(given)
-    if isinstance(level, str):
-        raise BadRequest(level)
-    if classifier.conformal is None:
-        raise BadRequest("this model has no label-set cuts (trained with trainer.calibrate=false, or by an older "
-                         "tformer); ask without coverage")
-    return level
+    try:
+        return classifier.label_set_cut(given)[0]  # (the predictor's own checks: the level, the saved cuts)
+    except TformerError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 class MicroBatcher:

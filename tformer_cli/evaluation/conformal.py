@@ -26,8 +26,8 @@ label with p_c >= t; on average it holds at least a share L of the text's true l
 fully covered, in the fit as in evaluate).
 
 The cuts are fitted after training on the validation texts the temperature is fitted on (calibration.py: all of
-them, or a seeded sample when texts x classes pass 4 million; the scores use the calibrated probabilities), for every level in LEVELS, and saved in the best checkpoint's meta.json
-under "conformal". That split also chose the best epoch and the temperature: two numbers chosen among a few
+them, or a seeded sample when texts x classes pass 4 million; the scores use the calibrated probabilities), for
+every level in LEVELS, and saved in the best checkpoint's meta.json under "conformal". That split also chose the best epoch and the temperature: two numbers chosen among a few
 candidates, a dependence far below the sampling error of the cut at a few hundred texts (the test coverage that
 `evaluate` reports is the check).
 
@@ -42,6 +42,7 @@ import numpy as np
 from ..errors import TformerError
 
 LEVELS = tuple(round(0.5 + 0.01 * i, 2) for i in range(50))  # 0.50 .. 0.99: the levels a checkpoint has cuts for
+KEYS = frozenset(f"{x:.2f}" for x in LEVELS)  # (how meta.json names them: `key`)
 REPORTED = (0.8, 0.9, 0.95)  # evaluate's table
 DEFAULT_LEVEL = 0.9
 BLOCK_ENTRIES = 1 << 20  # probabilities worked on at a time: memory is bounded, not (rows, classes)
@@ -61,7 +62,7 @@ def level_of(value, name: str = "coverage") -> float | str:
         level = float(value)
     except (TypeError, ValueError, OverflowError):  # (a JSON integer of a thousand digits)
         return f"{name}={value!r:.40} must be a number such as 0.9"
-    if isinstance(value, bool) or not math.isfinite(level) or key(level) not in {key(x) for x in LEVELS} \
+    if isinstance(value, bool) or not math.isfinite(level) or key(level) not in KEYS \
             or abs(round(level, 2) - level) > 1e-9:
         return f"{name}={value!r:.40} must be one of 0.50, 0.51, ..., 0.99 (two decimals)"
     return round(level, 2)
@@ -88,8 +89,9 @@ def token_uniforms(windows) -> np.ndarray:
     return out
 
 
-def row_uniforms(n: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng([seed, 0x5E7]).random(n)
+def draws(seed: int = 0) -> np.random.Generator:
+    """The u of calibration and evaluation texts, in row order (a Tally draws it a block at a time)."""
+    return np.random.default_rng([seed, 0x5E7])
 
 
 def _ranked(p: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -158,7 +160,7 @@ def fit_cuts(probs: np.ndarray, labels: np.ndarray, multi_label: bool, seed: int
     """What a checkpoint saves: the method, the number of calibration texts, and the cut per level."""
     if multi_label:
         return {"method": "crc-fnr", "n": int(len(probs)), "cuts": fnr_cuts(probs, labels)}
-    u = row_uniforms(len(probs), seed)
+    u = draws(seed).random(len(probs))
     return {"method": "aps", "n": int(len(probs)), "cuts": cuts(aps_scores(probs, np.asarray(labels), u))}
 
 
@@ -167,13 +169,11 @@ def checked(table, multi_label: bool) -> str | None:
     want = "crc-fnr" if multi_label else "aps"
     if not isinstance(table, dict) or table.get("method") != want or not isinstance(table.get("cuts"), dict):
         return f"a mapping with method {want} and its cuts"
-    if set(table["cuts"]) != {key(x) for x in LEVELS}:
+    if set(table["cuts"]) != KEYS:
         return "a cut (or null) for each of the levels 0.50 .. 0.99"
-    for name, cut in table["cuts"].items():
-        if not (
-                cut is None or (isinstance(cut, (int, float)) and not isinstance(cut, bool)
-                                and math.isfinite(cut) and 0 <= cut <= 2)):
-            return "cuts between 0 and 2 (or null) at the levels 0.50 .. 0.99"
+    number = lambda c: isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c)  # noqa: E731
+    if not all(c is None or (number(c) and 0 <= c <= 2) for c in table["cuts"].values()):
+        return "cuts between 0 and 2 (or null) at the levels 0.50 .. 0.99"
     return None
 
 
@@ -203,7 +203,7 @@ class Tally:
         # no cut (too few calibration texts): every label, whichever way a set is read
         self.cut = np.array([(-np.inf if multi_label else np.inf) if c is None else c for c in cuts])
         self.multi, self.n = multi_label, 0
-        self.draws = np.random.default_rng([seed, 0x5E7])  # row_uniforms' stream, drawn a block at a time
+        self.draws = draws(seed)
         self.covered = np.zeros(len(self.levels))
         self.size = np.zeros(len(self.levels))
         self.empty = np.zeros(len(self.levels))

@@ -11,9 +11,9 @@ LayerNorm, no scale, exact GELU and LayerNorm eps 1e-12, and so run here with th
 `transformers` (a parity test checks the hidden states).
 
 A padding mask (B, T) with True at real tokens keeps padding out of attention and out of mean pooling,
-so a text's logits do not depend on how much padding its batch needed. Batches with much padding run "unpadded"
-between attentions (`RealTokens`): the linear layers see only the N real tokens, (N, D); batches with none run
-with no mask at all. On a GPU the loops decide this on the host before sending the batch (`fast_paths.Layout`).
+so a text's logits do not depend on how much padding its batch needed. On a CPU, batches with much padding run
+"unpadded" between attentions (`RealTokens`): the linear layers see only the N real tokens, (N, D). Batches with
+no padding run with no mask at all, on a GPU too, where the loops decide it on the host (`fast_paths.Layout`).
 """
 from __future__ import annotations
 

@@ -92,8 +92,8 @@ class Layout:
     only), or padded with a mask.
 
     Deciding needs the mask's values. Read from a mask on the GPU, they would stall the pipeline every step; the
-    classification train step and the inference loop therefore decide on the host, from the batch's CPU mask before it is sent
-    (`Layout.of(cpu_mask, device)`), and hand the layout to the model. Called with no device, on the mask the
+    classification train step and the inference loop therefore decide on the host, from the batch's CPU mask
+    before it is sent (`Layout.of(cpu_mask, device)`), and hand the layout to the model. Called with no device, on the mask the
     model got, it decides only for CPU tensors and leaves GPU batches padded.
 
     On a GPU a batch with padding stays padded: carried on its real tokens it trained 15 to 26% slower (32 texts
