@@ -91,6 +91,30 @@ def config_kwargs(family: str, tok: Tokenizer, max_positions: int = 128) -> dict
     return bert
 
 
+_TOKENIZERS: dict = {}  # scheme -> Tokenizer, trained once per session
+
+
+def reference(family: str, folder: Path, task_class: str = "AutoModel", **changes):
+    """`folder` with a random `family` model saved by transformers (model.safetensors; `task_class` a task model
+    such as BertForMaskedLM) and a tokenizer.json whose vocabulary is the model's; returns it and the reference
+    model (eager attention, eval mode), every weight perturbed so that zero-initialised biases are compared too."""
+    import transformers
+
+    scheme, config_class = FAMILIES[family]
+    tok = _TOKENIZERS.get(scheme) or _TOKENIZERS.setdefault(scheme, tokenizer(scheme))
+    config = getattr(transformers, config_class)(**{**config_kwargs(family, tok, 40), **changes})
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = getattr(transformers, task_class).from_config(config) if task_class == "AutoModel" else \
+        getattr(transformers, task_class)(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder, model.eval()
+
+
 def write(family: str, folder: Path, seed: int = 0, max_positions: int = 128) -> Path:
     """`folder` holding config.json, model.safetensors (the family's base model, random weights) and tokenizer.json."""
     import transformers

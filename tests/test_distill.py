@@ -120,6 +120,8 @@ def test_splits_concatenate_with_their_documents_numbered_on():
     (["distill.alpha=1.5"], "distill.alpha=1.5 must be"),
     (["distill.temperature=0"], "distill.temperature=0"),
     (["distill.embeddings=mine"], "distill.embeddings=mine is not one of auto, teacher, own"),
+    (["distill.layers=[2,0]"], "lowest first, each once"),
+    (["distill.layers=[]"], "lowest first, each once"),
     ([], "tformer distill needs teacher=<run dir>"),
     (["teacher=/nowhere/at/all"], "checkpoint /nowhere/at/all does not exist"),
 ])
@@ -154,6 +156,26 @@ def test_a_student_learns_its_teachers_answers_and_is_an_ordinary_checkpoint(tea
     pytest.importorskip("onnxruntime")
     exported = run_tformer("export", f"checkpoint={run.root}", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
+
+
+def test_a_student_cut_from_its_teacher_starts_as_its_blocks_and_head(teacher, topic_files, tmp_path):
+    """distill.layers=[1]: the teacher's tokenizer, embeddings, block 1 (renumbered 0) and head, before any step;
+    a block the teacher lacks is one line."""
+    from tformer_cli.runs.distill import teacher_layers
+
+    student = teacher_layers(distill_module.find_teacher(teacher.run_dir), [1])
+    theirs = checkpoint.load(teacher.run_dir, "cpu").model.state_dict()
+    assert student.model_config["n_layers"] == 1 and not any(k.startswith("blocks.1.") for k in student.state)
+    for key, value in student.state.items():
+        source = key.replace("blocks.0.", "blocks.1.") if key.startswith("blocks.") else key
+        assert torch.equal(value, theirs[source]), key
+    run = run_distill(tmp_path, "cut", f"teacher={teacher.run_dir}", "distill.layers=[1]", "trainer.epochs=2")
+    assert "started as the teacher's blocks 1 of 2" in (run.root / "distill.log").read_text()
+    saved = checkpoint.load(run.best, "cpu")
+    assert saved.model_config["n_layers"] == 1
+    assert saved.tokenizer_file.read_text() == checkpoint.load(teacher.run_dir, "cpu").tokenizer_file.read_text()
+    with pytest.raises(TformerError, match="names block 5, but the teacher has 2 blocks"):
+        run_distill(tmp_path, "five", f"teacher={teacher.run_dir}", "distill.layers=[0,5]")
 
 
 def test_a_static_student_has_no_attention_and_learns_its_teachers_answers(teacher, topic_files, tmp_path):

@@ -19,25 +19,8 @@ from tformer_cli.model.pretrained import load_encoder, load_into
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.set_verbosity_error()
 
-TOKENIZERS = {}  # scheme -> Tokenizer, trained once per session
-
-
 def hf_folder(family: str, folder: Path, task_class: str = "AutoModel", **changes) -> tuple[Path, torch.nn.Module]:
-    """`folder` with a random `family` model saved by transformers (model.safetensors) and a tokenizer.json whose
-    vocabulary is the model's; returns it and the reference model (eager attention, eval mode)."""
-    scheme, config_class = hf_folders.FAMILIES[family]
-    tok = TOKENIZERS.get(scheme) or TOKENIZERS.setdefault(scheme, hf_folders.tokenizer(scheme))
-    config = getattr(transformers, config_class)(**{**hf_folders.config_kwargs(family, tok, 40), **changes})
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = getattr(transformers, task_class).from_config(config) if task_class == "AutoModel" else \
-        getattr(transformers, task_class)(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    model.save_pretrained(folder, safe_serialization=True)
-    tok.save(str(folder / "tokenizer.json"))
-    return folder, model.eval()
+    return hf_folders.reference(family, folder, task_class, **changes)
 
 
 def ours(folder: Path, max_len: int = 32) -> tuple[TransformerClassifier, object]:

@@ -133,7 +133,7 @@ def test_a_resume_with_other_settings_and_a_seed_that_would_leak_are_refused(pre
                                                         base=PRETRAIN))), RunDir(tmp_path / "unused"))
     with pytest.raises(TformerError, match="pass seed=42"):
         train([*PRETRAIN, "seed=7", f"model.init={pretrained.root}"], run_dir=tmp_path / "ft")
-    with pytest.raises(TformerError, match="from-scratch encoder"):
+    with pytest.raises(TformerError, match="continued with resume="):
         pretrain(plain(compose_config("pretrain", *PRETRAIN, f"model.init={pretrained.root}")),
                  RunDir(tmp_path / "p"))
     from tformer_cli.deploy import hub_repo

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .encoder import EncoderConfig, TransformerClassifier
+from .pretrained import PretrainedEncoder, load_into
 
 IGNORE = -100  # label of a position that is not predicted (F.cross_entropy's ignore_index)
 
@@ -71,6 +72,20 @@ class MaskedLM(nn.Module):
                 return logits.sum() * 0.0
             return F.cross_entropy(logits.float(), labels[labels.ne(IGNORE)])
         return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+
+
+def continued(cfg: EncoderConfig, encoder: PretrainedEncoder) -> MaskedLM:
+    """The masked-LM model of a pretrained encoder (built from `encoder.shape`): its weights, and its checkpoint's
+    own head where the family saves one that this head computes (families/base.py: mlm_head), else a new one."""
+    model = MaskedLM(cfg)
+    load_into(model.encoder, encoder)
+    head = encoder.mlm_head
+    if head:
+        model.transform.load_state_dict({k.removeprefix("transform."): v for k, v in head.items()
+                                         if k.startswith("transform.")})
+        with torch.no_grad():
+            model.output_bias.copy_(head["output_bias"])
+    return model
 
 
 def encoder_state(mlm_state: dict) -> dict:

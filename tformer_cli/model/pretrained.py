@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 from .. import hub
 from ..errors import TformerError
 from .families import FAMILIES, Family, ModelConfig
+from .families.base import mlm_head
 
 
 @dataclass
@@ -146,6 +147,8 @@ class PretrainedEncoder:
     tokenizer_file: Path
     source: str
     family: str = "BERT"  # as the run log names it
+    mlm_head: dict[str, torch.Tensor] | None = None  # model/mlm.py's head from the checkpoint (empty: it has none)
+    mlm_head_note: str = ""  # what `tformer pretrain` says of that head
 
 
 def _refuse_pickles(folder: Path) -> None:
@@ -238,10 +241,9 @@ def encoder_shape(folder: Path, max_len: int) -> dict:
     return family.shape(c, max_len)
 
 
-def encoder_tensors(folder: Path, family: Family) -> dict[str, torch.Tensor]:
+def encoder_tensors(tensors: dict[str, torch.Tensor], folder: Path, family: Family) -> dict[str, torch.Tensor]:
     """The checkpoint's encoder tensors in fp32 under the base model's names (the task model's prefix stripped,
     heads dropped); weights named for another family are refused, not guessed."""
-    tensors = load_file(str(folder / "model.safetensors"))
     foreign = {f.name: p for f in FAMILIES.values() for p in f.prefixes if p not in family.prefixes
                and any(k.startswith(p) for k in tensors)}
     if foreign:
@@ -261,7 +263,8 @@ def load_encoder(spec: str, package: str | None, max_len: int) -> PretrainedEnco
     folder = locate_model(spec, package)
     family, c = family_of(folder)
     shape = family.shape(c, max_len)
-    tensors = encoder_tensors(folder, family)
+    saved = load_file(str(folder / "model.safetensors"))
+    tensors = encoder_tensors(saved, folder, family)
     try:
         state = family.state(tensors, shape, c)
     except KeyError as exc:
@@ -271,8 +274,9 @@ def load_encoder(spec: str, package: str | None, max_len: int) -> PretrainedEnco
                            f"model's or damaged") from None
     shape["vocab_size"] = int(state["token_embedding.weight"].shape[0])
     covers_tokenizer(shape["vocab_size"], tokenizer_file(folder), f"model.pretrained={folder}")
+    head, note = mlm_head(saved, c, family.mlm_heads, shape["d_model"], shape["vocab_size"])
     return PretrainedEncoder(shape, {k: v.contiguous() for k, v in state.items()}, tokenizer_file(folder),
-                             str(folder), family.name)
+                             str(folder), family.name, head, note)
 
 
 def load_into(model: torch.nn.Module, encoder: PretrainedEncoder) -> None:

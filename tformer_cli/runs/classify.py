@@ -106,6 +106,7 @@ class Prepared:
     model_cfg: Any  # EncoderConfig
     embeddings_source: str | None  # where a pretrained table or encoder came from (None: random or resumed)
     data_fingerprint: dict  # sources.fingerprint: saved with every checkpoint, checked on resume
+    cut_from_teacher: bool = False  # a distillation student that is its teacher with fewer blocks
 
     @property
     def pad_id(self) -> int:
@@ -116,7 +117,9 @@ class Prepared:
         epochs, layers = freeze_plan(config)
         frozen = (f", frozen for {epochs} epoch(s)" + (f" with the lowest {layers} blocks" if layers else "")
                   if epochs else "")
-        if options.init and self.embeddings_source:
+        if self.cut_from_teacher:
+            source = f"started as {self.embeddings_source}"
+        elif options.init and self.embeddings_source:
             source = f"encoder from the {self.embeddings_source}"
         elif self.embeddings_source and not (options.pretrained or config.embedding_init.pretrained):
             source = f"embeddings from {self.embeddings_source}"  # a table prepare() was given (a teacher's)
@@ -128,10 +131,23 @@ class Prepared:
                 + (f"; layer-wise lr decay {options.layer_lr_decay}" if options.layer_lr_decay != 1.0 else ""))
 
 
-def prepare(config: TrainConfig, resume, console, data_report=None, table=None) -> Prepared:
+@dataclass
+class TeacherLayers:
+    """A distillation student that starts as its teacher with fewer blocks (runs/distill.py: distill.layers): the
+    teacher's model config with its n_layers, its weights with the kept blocks renumbered, and its tokenizer."""
+
+    model_config: dict
+    state: dict
+    tokenizer_file: Any  # Path
+    source: str
+
+
+def prepare(config: TrainConfig, resume, console, data_report=None, table=None,
+            student: TeacherLayers | None = None) -> Prepared:
     """Data (checked by data/sanity.py, its report saved at `data_report` unless None), tokenizer (the run's own
     when resuming) and model (built, or the checkpoint's, checked on load). table: a token table and its tokenizer
-    (pretrained.PretrainedEmbeddings) to start from instead of embedding_init's (a distillation teacher's)."""
+    (pretrained.PretrainedEmbeddings) to start from instead of embedding_init's (a distillation teacher's);
+    student: a distillation student cut from its teacher, which brings its own tokenizer, length and weights."""
     with timing.phase("load"):
         data = sources.load(config.data, seed=config.seed)
     console.print(f"[bold]data[/] {markup(config.data.name)} from {markup(data.source)}: " + ", ".join(
@@ -143,7 +159,7 @@ def prepare(config: TrainConfig, resume, console, data_report=None, table=None) 
                             config.resume_ignore_data_change, console)
         sanity.check(data, data_report)
     with timing.phase("vocabulary"):
-        tok, pre, encoder, init, max_len = tokenizer_for(config, data, resume, console, table)
+        tok, pre, encoder, init, max_len = tokenizer_for(config, data, resume, console, table, student)
     with timing.phase("tokenize"):
         tokenization.configure(tok, max_len, config.data.truncation, config.long_text)
         tokenized = {s: TokenizedSplit.from_dataset(tokenization.tokenize_split(ds, tok, max_len, s, config.long_text))
@@ -153,6 +169,11 @@ def prepare(config: TrainConfig, resume, console, data_report=None, table=None) 
         return Prepared(data, tok, tokenized, model, model_cfg, None, fingerprint)
     if init is not None:
         return _from_pretraining(config, init, data, tok, tokenized, fingerprint, console)
+    if student is not None:
+        model_cfg = EncoderConfig.from_dict(student.model_config)
+        model = TransformerClassifier(model_cfg)
+        model.load_state_dict(student.state)
+        return Prepared(data, tok, tokenized, model, model_cfg, student.source, fingerprint, cut_from_teacher=True)
     if encoder is not None:
         model_cfg = config.encoder_config(**encoder.shape, num_classes=len(data.label_names),
                                           multi_label=config.data.multi_label)
@@ -170,11 +191,14 @@ def prepare(config: TrainConfig, resume, console, data_report=None, table=None) 
     return Prepared(data, tok, tokenized, model, model_cfg, pre.source if pre is not None else None, fingerprint)
 
 
-def tokenizer_for(config: TrainConfig, data, resume, console, table=None):
+def tokenizer_for(config: TrainConfig, data, resume, console, table=None, student: TeacherLayers | None = None):
     """(tokenizer, a pretrained token table, a pretrained encoder, a pretraining run to start from (each or None),
     max_len): the
     resumed run's tokenizer, a pretraining run's, a pretrained encoder's, or one learned from the train texts
     (with embedding_init's table when it has one); model.max_len=auto fitted with it (training/recipe.py)."""
+    if student is not None:  # the teacher's tokenizer and length (its position table is that long)
+        max_len = config.model["max_len"] = int(student.model_config["max_len"])
+        return tokenization.load_tokenizer(student.tokenizer_file, max_len), None, None, None, max_len
     options, train = config.model_options, data.splits["train"]
     (max_len, fit_later), pre, encoder, init = recipe.planned_max_len(config, train, resume, console), None, \
         None, None
@@ -237,6 +261,8 @@ def _from_pretraining(config: TrainConfig, init, data, tok, tokenized, fingerpri
         raise TformerError(f"the pretraining run {init.files.path} does not fit this encoder (missing "
                            f"{[k for k in missing if not k.startswith('head.')][:3]}, unexpected {unexpected[:3]})")
     source = f"pretraining run {init.files.path.parent.parent}"
+    if init.meta.get("continued_from"):  # the chain: a pretrained encoder, pretrained further on the task's text
+        source += f", continued from the {init.meta['continued_from']}"
     console.print(f"[bold]encoder[/] from {markup(source)} ({model_cfg.n_layers} layers, d_model {model_cfg.d_model}, "
                   f"its tokenizer); a new {model_cfg.num_classes}-way head", highlight=False)
     return Prepared(data, tok, tokenized, model, model_cfg, source, fingerprint)

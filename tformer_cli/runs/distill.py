@@ -13,7 +13,9 @@ max_len and long-text reading), and its logits are kept in a cache (store/layout
 student of that teacher on those texts: a sweep over students, or a resumed run, never runs the teacher again.
 
 By default a from-scratch student reads with the teacher's tokenizer and starts from the teacher's token table
-(projected to the student's width when they differ): `distill.embeddings`.
+(projected to the student's width when they differ): `distill.embeddings`. With `distill.layers=[0,2,4]` the student
+is the teacher itself with only those blocks (DistilBERT's initialisation, Sanh et al. 2019): its tokenizer,
+embeddings, the chosen blocks in order and its head are copied, so it starts close to the teacher's answers.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ from ..store.locate import locate
 from ..training.loop import Interrupted, Optimization, Run, sliced_update
 from ..training.objectives import Classification
 from ..typed_config import build
-from .classify import ClassifierJob, Prepared, build_run, class_weights_of, configure, prepare
+from .classify import ClassifierJob, Prepared, TeacherLayers, build_run, class_weights_of, configure, prepare
 from .resume import find_resumable
 from .session import Session, Trained, execute
 
@@ -63,6 +65,7 @@ class DistillOptions:
     embeddings: str
     cache_dir: str
     batch_size: int
+    layers: list | None = None
 
     # temperature: Hinton et al. use 1..20; far outside 0.1..100 the softened probabilities are all equal (or one-hot)
     # and the T²-scaled loss over- or underflows (1e30 ended in NaN)
@@ -75,6 +78,11 @@ def options_of(tree: dict) -> DistillOptions:
     if options.embeddings not in EMBEDDINGS:
         raise ConfigError(f"distill.embeddings={options.embeddings} is not one of {', '.join(EMBEDDINGS)}")
     options.unlabeled = [str(u) for u in options.unlabeled]
+    layers = options.layers
+    if layers is not None and (not isinstance(layers, list) or not layers or any(
+            isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers) or layers != sorted(set(layers))):
+        raise ConfigError(f"distill.layers={layers!r} must list the teacher's blocks to keep, lowest first, each once "
+                          f"(0 = the lowest), e.g. distill.layers=[0,2,4]; or null for the model= preset's student")
     return options
 
 
@@ -88,9 +96,12 @@ def distill(tree: dict, run_dir: RunDir, overrides=()) -> Trained:
     tree["teacher"] = str(teacher.path.resolve()) if not str(tree["teacher"]).startswith("hf://") else tree["teacher"]
     options.cache_dir = tree["distill"]["cache_dir"] = str(Path(options.cache_dir).expanduser().resolve())
     tree = with_teacher_data(tree, list(overrides), teacher)
+    if options.layers is not None:
+        tree = with_teacher_model(tree, list(overrides), teacher)
     config, located = configure({k: v for k, v in tree.items() if k not in ("teacher", "distill")})
     tree.update(located)
-    teacher_table(options, config)  # (refuses a conflict now, before any data is read)
+    if options.layers is None:
+        teacher_table(options, config)  # (refuses a conflict now, before any data is read)
     resume_from = find_resumable(config.resume, "distill") if config.resume else None
     return execute(DistillJob(options, teacher), config, tree, run_dir, overrides, resume_from)
 
@@ -120,6 +131,20 @@ def with_teacher_data(tree: dict, overrides: list[str], teacher: CheckpointDir) 
     typed = {k.split(".", 1)[1]: tree["data"][k.split(".", 1)[1]] for k in keys
              if k.startswith("data.") and k.split(".", 1)[1] in tree["data"]}
     tree["data"] = {**saved["data"], **typed}
+    return tree
+
+
+def with_teacher_model(tree: dict, overrides: list[str], teacher: CheckpointDir) -> dict:
+    """distill.layers: the teacher's model config (its recipe: learning rate, layer-wise decay, pooling...) where no
+    model=<preset> was given; model.<key>= overrides typed on the command line still apply on top of it."""
+    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides if "=" in o]
+    if "model" in keys:
+        return tree
+    saved = checkpoint.read_config(teacher) if teacher.config.is_file() else None
+    if isinstance(saved, dict) and isinstance(saved.get("model"), dict):
+        typed = {k.split(".", 1)[1]: tree["model"][k.split(".", 1)[1]] for k in keys
+                 if k.startswith("model.") and k.split(".", 1)[1] in tree["model"]}
+        tree["model"] = {**saved["model"], **typed}
     return tree
 
 
@@ -220,15 +245,18 @@ class DistillJob(ClassifierJob):
     def build(self, session: Session) -> tuple[Run, str]:
         config, console, resume, options = session.config, session.console, session.resume, self.options
         writes = session.dist is None or session.dist.is_main
-        table = None
-        if resume is None and teacher_table(options, config):
+        table = student = None
+        if resume is None and options.layers is not None:
+            student = teacher_layers(self.teacher, options.layers)
+        elif resume is None and teacher_table(options, config):
             loaded = checkpoint.load(self.teacher, "cpu")
             table = pretrained.table(loaded.model.token_embedding.weight, loaded.tokenizer_file,
                                      f"the teacher's token table ({self.teacher})", int(config.model["d_model"]))
         weights = sha256_file(self.teacher.weights)
         if resume is not None:
             self.check_same_teacher(resume, weights)
-        prepared = prepare(config, resume, console, session.run_dir.data_report if writes else None, table=table)
+        prepared = prepare(config, resume, console, session.run_dir.data_report if writes else None, table=table,
+                           student=student)
         session.prepared = prepared
         self.check_classes(prepared)
         unlabeled = unlabeled_texts(config, options, prepared.data, console)
@@ -287,6 +315,26 @@ class DistillJob(ClassifierJob):
                 session.console.print(f"test accuracy: student {student:.4f}, teacher {teacher:.4f} (its run's test "
                                       f"split; {100 * (student - teacher):+.2f} points)", highlight=False)
         return best
+
+
+def teacher_layers(teacher: CheckpointDir, layers: list[int]) -> TeacherLayers:
+    """The student that is the teacher with only `layers` of its blocks (renumbered 0..k-1), everything else copied."""
+    loaded = checkpoint.load(teacher, "cpu")
+    cfg = dict(loaded.model_config)
+    n = int(cfg.get("n_layers", 0))
+    if layers[-1] >= n:
+        raise ConfigError(f"distill.layers={layers} names block {layers[-1]}, but the teacher has {n} blocks (0 to "
+                          f"{n - 1})" if n else f"distill.layers: the teacher {teacher.path} has no blocks to keep")
+    state = {}
+    for key, value in loaded.model.state_dict().items():
+        if key.startswith("blocks."):
+            index, rest = key.split(".", 2)[1:]
+            if int(index) in layers:
+                state[f"blocks.{layers.index(int(index))}.{rest}"] = value.clone()
+        else:
+            state[key] = value.clone()
+    source = f"the teacher's blocks {', '.join(map(str, layers))} of {n} ({teacher.path})"
+    return TeacherLayers({**cfg, "n_layers": len(layers)}, state, loaded.tokenizer_file, source)
 
 
 def unlabeled_texts(config, options: DistillOptions, data, console) -> list[str]:

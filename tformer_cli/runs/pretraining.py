@@ -2,6 +2,11 @@
 the same run directories, loop, checkpoints, progress, Ctrl-C and `resume=` as `train`. Then
 `tformer train model.init=<this run dir>` fine-tunes a classifier from it (runs/classify.py: `_from_pretraining`).
 
+The encoder starts from scratch (model=tiny|small|base) or from a pretrained one (model=minilm_l6, model=pretrained
+model.pretrained=<folder>): continued pretraining on the task's own text (domain-adaptive pretraining, Gururangan
+et al. 2020), with the checkpoint's own masked-LM head where its family saves one that our head computes
+(families/: MlmHead), else a new head tied to the token table; its tokenizer is kept as it is.
+
 Texts: the data config's train split, plus data.dir/unsupervised.parquet when present (mlm.use_unsupervised) and
 mlm.extra_files; never the test split. A text longer than model.max_len is read as consecutive windows of it
 (mlm.windows), so every token is learned from: keeping each text's first max_len tokens, pretraining at 128 tokens
@@ -26,8 +31,9 @@ from ..data.tokenization import TokenizedSplit
 from ..errors import ConfigError, TformerError
 from ..evaluation import report
 from ..evaluation.artifacts import training_curves_png
+from ..model import pretrained
 from ..model.encoder import EncoderConfig
-from ..model.mlm import IGNORE, MaskedLM, mask_tokens
+from ..model.mlm import IGNORE, MaskedLM, continued, mask_tokens
 from ..store.layout import PRETRAINING, CheckpointDir, RunDir
 from ..safe_text import markup
 from ..data.batching import BatchLoader
@@ -128,10 +134,11 @@ def pretrain(tree: dict, run_dir: RunDir, overrides=(), model_name: str | None =
     options = build(MlmOptions, tree.get("mlm") or {}, "mlm")
     config, located = configure({k: v for k, v in tree.items() if k != "mlm"})  # (data paths made absolute)
     tree.update(located)
-    if config.model_options.pretrained or config.model_options.init:
-        raise TformerError("tformer pretrain trains a from-scratch encoder (model=tiny|small|base); a pretrained "
-                           "encoder (model.pretrained / model.init) is fine-tuned with tformer train")
-    if recipe.is_auto(config.model):  # windows of max_len tokens cover every text: no length to fit to the data
+    if config.model_options.init:
+        raise TformerError("model.init names the pretraining run tformer train starts from; tformer pretrain starts "
+                           "from scratch or from model.pretrained, and a pretraining run is continued with "
+                           "resume=<its run dir> (trainer.epochs=<more> to extend a finished one)")
+    if recipe.is_auto(config.model) and not config.model_options.pretrained:  # (a pretrained one: build())
         raise ConfigError("tformer pretrain reads texts as windows of model.max_len tokens and has no length to fit: "
                           "give a number, e.g. model.max_len=128")
     resume_from = find_resumable(config.resume, "pretrain") if config.resume else None
@@ -152,9 +159,13 @@ class PretrainJob:
         if session.dist.enabled:
             raise TformerError("tformer pretrain runs in one process; pass trainer.devices=1")
         train_texts, val_texts = pretraining_texts(config, self.options, console)
-        max_len = int(config.model["max_len"])
+        options, encoder = config.model_options, None
+        max_len = window_length(config, tree, resume, console)
         if resume is not None:
             tok, pre = tokenization.load_tokenizer(resume.loaded.tokenizer_file, max_len), None
+        elif options.pretrained:  # continued pretraining: the encoder, its tokenizer and (where saved) its MLM head
+            encoder = pretrained.load_encoder(options.pretrained, options.pretrained_package, max_len)
+            tok, pre = tokenization.load_tokenizer(encoder.tokenizer_file, max_len), None
         else:
             tok, pre = build_tokenizer_and_embeddings(config, train_texts)
         tokenization.configure(tok, max_len)  # (cut: the first max_len tokens; the saved tokenizer stays so)
@@ -168,11 +179,15 @@ class PretrainJob:
         pad = tokenization.pad_id(tok)
         if resume is not None:
             model_cfg = EncoderConfig.from_dict(resume.loaded.model_config)
+        elif encoder is not None:
+            model_cfg = config.encoder_config(**encoder.shape, num_classes=2)
         else:
             model_cfg = config.encoder_config(
                 vocab_size=pre.weight.shape[0] if pre is not None else tok.get_vocab_size(), num_classes=2,
                 embedding_dim=pre.weight.shape[1] if pre is not None else 0, pad_id=pad)
-        model = MaskedLM(model_cfg)
+        model = continued(model_cfg, encoder) if encoder is not None else MaskedLM(model_cfg)
+        continued_from = (resume.loaded.meta.get("continued_from") if resume is not None else
+                          f"{encoder.family} model {encoder.source}" if encoder is not None else None)
         if resume is not None:
             model.load_state_dict(resume.loaded.state)
         elif pre is not None:
@@ -190,21 +205,26 @@ class PretrainJob:
         run = Run(model=model, train=train_split, validation=val_split, objective=objective, pad_id=pad,
                   device=session.device, precision=session.precision, trainer=config.trainer,
                   optimizer=config.optimizer, schedule=config.schedule,
-                  save_checkpoint=self._saver(session, model, model_cfg, tok),
+                  save_checkpoint=self._saver(session, model, model_cfg, tok, continued_from),
                   resume=(resume.tensors, resume.state) if resume is not None else None, log_metrics=metrics_log)
-        return run, (f"[bold]model[/] {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, vocabulary "
-                     f"{model_cfg.vocab_size:,}, {sum(p.numel() for p in model.parameters()):,} parameters with the "
-                     f"MLM head (output layer tied to the token table); texts read as {read_as}")
+        head = (encoder.mlm_head_note if encoder is not None else
+                "MLM head (output layer tied to the token table)")
+        start = f"continued from the {markup(continued_from)}: " if continued_from else ""
+        return run, (f"[bold]model[/] {start}{model_cfg.n_layers} layers, d_model {model_cfg.d_model}, vocabulary "
+                     f"{model_cfg.vocab_size:,}, {sum(p.numel() for p in model.parameters()):,} parameters with "
+                     f"{head}; texts read as {read_as}")
 
     @staticmethod
-    def _saver(session: Session, model: MaskedLM, model_cfg: EncoderConfig, tok):
+    def _saver(session: Session, model: MaskedLM, model_cfg: EncoderConfig, tok, continued_from: str | None):
         config_yaml, tokenizer_json = OmegaConf.to_yaml(OmegaConf.create(session.tree)), tok.to_str()
+        chain = {"continued_from": continued_from} if continued_from else {}
 
         def save(which: str, metrics: dict, training_state=None) -> None:
             checkpoint.save(session.run_dir.checkpoint(which), model, model_config=model_cfg.to_dict(),
                             tokenizer_json=tokenizer_json, label_names=[], config_yaml=config_yaml,
                             metrics=metrics, training_state=training_state,
-                            meta={"kind": PRETRAINING, "epoch": metrics.get("epoch"), "step": metrics.get("step")})
+                            meta={"kind": PRETRAINING, "epoch": metrics.get("epoch"), "step": metrics.get("step"),
+                                  **chain})
         return save
 
     def report(self, session: Session, state: TrainingState) -> float:
@@ -216,7 +236,8 @@ class PretrainJob:
                                 metric="mlm_", name="masked-LM ")
         best = state.best_metrics
         same = [o for o in session.overrides if o.split("=", 1)[0] in ("data", "data.dir", "model", "model.max_len",
-                                                                         "seed")]
+                                                                         "model.pretrained", "seed",
+                                                                         "model.pretrained_package")]
         if self.model_name and not any(o.startswith("model=") for o in same):
             same.append(f"model={self.model_name}")  # (pretrain's default preset may not be train's)
         if not any(o.startswith("data=") for o in same):
@@ -225,6 +246,23 @@ class PretrainJob:
                       f"{best.get('val_mlm_loss', float('nan')):.4f}); fine-tune it with: tformer train "
                       f"model.init={markup(run_dir)} {markup(' '.join(same))}", highlight=False)
         return float(best.get("val_mlm_loss", float("nan")))
+
+
+def window_length(config, tree: dict, resume, console) -> int:
+    """model.max_len as a number: as given; `auto` (a pretrained encoder's presets) is the resumed run's own length,
+    else the most max_len=auto may choose for the model (model.max_len_limit within its positions): windows have no
+    length to fit to the texts. The number replaces `auto` in the config the run saves."""
+    model = config.model
+    if recipe.is_auto(model):
+        if resume is not None:
+            model["max_len"] = int(resume.loaded.model_config["max_len"])
+        else:
+            folder = pretrained.locate_model(config.model_options.pretrained, config.model_options.pretrained_package)
+            model["max_len"] = recipe.usable_positions(folder, recipe.limit(model))
+            console.print(f"[bold]windows[/] of {model['max_len']} tokens (model.max_len=auto: the model's "
+                          f"max_len_limit within its positions; give model.max_len=<n> for another)", highlight=False)
+        tree["model"]["max_len"] = model["max_len"]
+    return int(model["max_len"])
 
 
 def pretraining_texts(config, options: MlmOptions, console) -> tuple[list[str], list[str]]:

@@ -60,6 +60,19 @@ class Family:
     shape: Callable[[ModelConfig, int], dict]  # (config, max_len) -> EncoderConfig keys (vocab_size excluded)
     state: Callable[[Tensors, dict, ModelConfig], Tensors]  # (tensors, shape, config) -> our parameter names
     needs: str = ""  # what it needs installed beyond tformer's own packages, for the README table
+    mlm_heads: tuple["MlmHead", ...] = ()  # where its masked-LM checkpoints keep the prediction head
+
+
+@dataclass(frozen=True)
+class MlmHead:
+    """Where a family's masked-LM checkpoint keeps its prediction head, which is model/mlm.py's head: dense (d->d),
+    an activation, a LayerNorm, then the output layer tied to the token table plus a bias. `activation` names the
+    config.json key of the head's activation (None: always exact GELU, as RoBERTa's)."""
+
+    dense: str
+    norm: str
+    bias: tuple[str, ...]  # the output bias, by each name it is saved under
+    activation: str | None = "hidden_act"
 
 
 FAMILIES: dict[str, Family] = {}  # by model_type
@@ -79,3 +92,28 @@ def layer_norm(t: Tensors, ours: str, theirs: str, state: Tensors) -> None:
             state[f"{ours}.{kind}"] = value
         elif kind == "weight":
             raise KeyError(f"{theirs}.weight")
+
+
+def mlm_head(t: Tensors, c: ModelConfig, heads: tuple[MlmHead, ...], d_model: int, vocab: int) -> tuple[Tensors, str]:
+    """(model/mlm.py's head tensors, what the log says of them): the checkpoint's own head when it has one that our
+    head computes exactly (same shapes, exact GELU), else ({}, why a new head is made). A bias the checkpoint leaves
+    out (ModernBERT's) is zero, which is what it computes."""
+    if c.get("tie_word_embeddings", True) is False:  # (ours is always the token table)
+        return {}, "its output layer is not the token table (tie_word_embeddings=false): a new head tied to it"
+    for head in heads:
+        if f"{head.dense}.weight" not in t:
+            continue
+        act = "gelu" if head.activation is None else c.get(head.activation, "gelu")
+        if act != "gelu":
+            return {}, f"its {head.dense.rsplit('.', 1)[0]} head uses {act}, not exact GELU: a new head"
+        zeros = torch.zeros(d_model)
+        out = {"transform.0.weight": t[f"{head.dense}.weight"], "transform.0.bias": t.get(f"{head.dense}.bias", zeros),
+               "transform.2.weight": t.get(f"{head.norm}.weight", t.get(f"{head.norm}.gamma")),
+               "transform.2.bias": t.get(f"{head.norm}.bias", t.get(f"{head.norm}.beta", zeros)),
+               "output_bias": next((t[b] for b in head.bias if b in t), torch.zeros(vocab))}
+        wanted = {"transform.0.weight": (d_model, d_model), "transform.0.bias": (d_model,),
+                  "transform.2.weight": (d_model,), "transform.2.bias": (d_model,), "output_bias": (vocab,)}
+        if any(v is None or tuple(v.shape) != wanted[k] for k, v in out.items()):
+            return {}, f"its {head.dense.rsplit('.', 1)[0]} head has another shape than ours: a new head"
+        return {k: v.float().contiguous() for k, v in out.items()}, f"its masked-LM head ({head.dense.rsplit('.', 1)[0]})"
+    return {}, "no masked-LM head in the checkpoint: a new head tied to the token table"

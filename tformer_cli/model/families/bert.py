@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Family, ModelConfig, Tensors, layer_norm, register
+from .base import Family, MlmHead, ModelConfig, Tensors, layer_norm, register
 
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
@@ -65,4 +65,8 @@ def state(t: Tensors, shape: dict, c: ModelConfig) -> Tensors:
     return {**embeddings(t, shape["max_len"]), **layers(t, shape["n_layers"])}
 
 
-BERT = register(Family(name="BERT", model_types=("bert",), prefixes=("bert.",), shape=shape, state=state))
+# BertForMaskedLM / BertForPreTraining: the head BERT was pretrained with (its decoder tied to the word table).
+MLM_HEAD = MlmHead("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
+                   ("cls.predictions.bias", "cls.predictions.decoder.bias"))
+BERT = register(Family(name="BERT", model_types=("bert",), prefixes=("bert.",), shape=shape, state=state,
+                       mlm_heads=(MLM_HEAD,)))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Family, ModelConfig, Tensors, layer_norm, register
+from .base import Family, MlmHead, ModelConfig, Tensors, layer_norm, register
 from .bert import activation
 
 
@@ -92,5 +92,9 @@ def state(t: Tensors, shape: dict, c: ModelConfig) -> Tensors:
     return out
 
 
+# DebertaV2ForMaskedLM saves its head under BERT's names, or (the original checkpoints' layout) under lm_predictions.
+HEADS = (MlmHead("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
+                 ("cls.predictions.bias", "cls.predictions.decoder.bias")),
+         MlmHead("lm_predictions.lm_head.dense", "lm_predictions.lm_head.LayerNorm", ("lm_predictions.lm_head.bias",)))
 DEBERTA = register(Family(name="DeBERTa", model_types=("deberta-v2",), prefixes=("deberta.",), shape=shape,
-                          state=state))
+                          state=state, mlm_heads=HEADS))

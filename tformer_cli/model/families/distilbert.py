@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import bert
-from .base import Family, ModelConfig, Tensors, layer_norm, register
+from .base import Family, MlmHead, ModelConfig, Tensors, layer_norm, register
 
 
 def shape(c: ModelConfig, max_len: int) -> dict:
@@ -37,4 +37,5 @@ def state(t: Tensors, shape: dict, c: ModelConfig) -> Tensors:
 
 
 DISTILBERT = register(Family(name="DistilBERT", model_types=("distilbert",), prefixes=("distilbert.",), shape=shape,
-                             state=state))
+                             state=state, mlm_heads=(MlmHead("vocab_transform", "vocab_layer_norm",
+                                                             ("vocab_projector.bias",), activation="activation"),)))

@@ -2,12 +2,13 @@
 embedding_size wide: word + position + token type 0 -> LayerNorm, all E-wide, then `embeddings_project`, a
 Linear(E, H) with bias, when E != hidden_size (our embedding_projection=after_norm).
 
-A generator checkpoint (ElectraForMaskedLM) has the same encoder and loads too; its head tensors are dropped.
+A generator checkpoint (ElectraForMaskedLM) has the same encoder and loads too; its head tensors are dropped, and
+`tformer pretrain` continues with its head where that head is d_model wide (an embedding_size as wide as hidden_size).
 """
 from __future__ import annotations
 
 from . import bert
-from .base import Family, ModelConfig, Tensors, register
+from .base import Family, MlmHead, ModelConfig, Tensors, register
 
 
 def shape(c: ModelConfig, max_len: int) -> dict:
@@ -26,4 +27,8 @@ def state(t: Tensors, shape: dict, c: ModelConfig) -> Tensors:
     return out
 
 
-ELECTRA = register(Family(name="ELECTRA", model_types=("electra",), prefixes=("electra.",), shape=shape, state=state))
+# ElectraForMaskedLM (a generator): its head's activation is always exact GELU.
+HEADS = (MlmHead("generator_predictions.dense", "generator_predictions.LayerNorm", ("generator_lm_head.bias",),
+                 activation=None),)
+ELECTRA = register(Family(name="ELECTRA", model_types=("electra",), prefixes=("electra.",), shape=shape, state=state,
+                          mlm_heads=HEADS))

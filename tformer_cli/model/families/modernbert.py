@@ -10,7 +10,7 @@ biases in the linear layers or LayerNorms (`bias=false`). Configs saved by trans
 """
 from __future__ import annotations
 
-from .base import Family, ModelConfig, Tensors, layer_norm, register
+from .base import Family, MlmHead, ModelConfig, Tensors, layer_norm, register
 from .bert import activation
 
 LAYER_KINDS = ("full_attention", "sliding_attention")
@@ -82,5 +82,7 @@ def state(t: Tensors, shape: dict, c: ModelConfig) -> Tensors:
     return out
 
 
+# ModernBertForMaskedLM: head (dense, activation, norm; biases as configured) then the decoder tied to the table.
+HEADS = (MlmHead("head.dense", "head.norm", ("decoder.bias",), activation="classifier_activation"),)
 MODERNBERT = register(Family(name="ModernBERT", model_types=("modernbert",), prefixes=("model.",), shape=shape,
-                             state=state))
+                             state=state, mlm_heads=HEADS))

@@ -8,7 +8,7 @@ checkpoints have one token type, folded into the positions as in BERT.
 from __future__ import annotations
 
 from . import bert
-from .base import Family, ModelConfig, Tensors, register
+from .base import Family, MlmHead, ModelConfig, Tensors, register
 
 
 def offset(c: ModelConfig) -> int:
@@ -24,9 +24,12 @@ def state(t: Tensors, shape: dict, c: ModelConfig) -> Tensors:
     return {**bert.embeddings(t, shape["max_len"], offset(c)), **bert.layers(t, shape["n_layers"])}
 
 
-# All save their task models' encoders under "roberta." (RobertaForMaskedLM, XLMRobertaForSequenceClassification).
-ROBERTA = register(Family(name="RoBERTa", model_types=("roberta",), prefixes=("roberta.",), shape=shape, state=state))
+# All save their task models' encoders under "roberta." (RobertaForMaskedLM, XLMRobertaForSequenceClassification),
+# and RobertaLMHead's activation is always exact GELU.
+HEADS = (MlmHead("lm_head.dense", "lm_head.layer_norm", ("lm_head.bias", "lm_head.decoder.bias"), activation=None),)
+ROBERTA = register(Family(name="RoBERTa", model_types=("roberta",), prefixes=("roberta.",), shape=shape,
+                          state=state, mlm_heads=HEADS))
 CAMEMBERT = register(Family(name="CamemBERT", model_types=("camembert",), prefixes=("roberta.",), shape=shape,
-                            state=state))
+                            state=state, mlm_heads=HEADS))
 XLM_ROBERTA = register(Family(name="XLM-RoBERTa", model_types=("xlm-roberta",), prefixes=("roberta.",), shape=shape,
-                              state=state))
+                              state=state, mlm_heads=HEADS))
