@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 import hf_folders
 from helpers import compose_config, tiny, train_config
-from tformer_cli import train
+from tformer_cli import TformerError, train
 from tformer_cli.console import output
 from tformer_cli.model.encoder import EncoderConfig
 from tformer_cli.model.mlm import continued, encoder_state
@@ -26,9 +26,12 @@ from tformer_cli.typed_config import plain
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.set_verbosity_error()
 
-HEADED = [("bert", "BertForMaskedLM"), ("roberta", "RobertaForMaskedLM"), ("xlm-roberta", "XLMRobertaForMaskedLM"),
-          ("distilbert", "DistilBertForMaskedLM"), ("deberta-v2", "DebertaV2ForMaskedLM"),
-          ("modernbert", "ModernBertForMaskedLM"), ("electra", "ElectraForMaskedLM")]
+HEADED = [("bert", "BertForMaskedLM", {}), ("roberta", "RobertaForMaskedLM", {}),
+          ("xlm-roberta", "XLMRobertaForMaskedLM", {}), ("distilbert", "DistilBertForMaskedLM", {}),
+          ("deberta-v2", "DebertaV2ForMaskedLM", {}),  # its head under cls.predictions (legacy, the default)
+          ("deberta-v2", "DebertaV2ForMaskedLM", {"legacy": False}),  # under lm_predictions.lm_head
+          ("modernbert", "ModernBertForMaskedLM", {}),
+          ("electra", "ElectraForMaskedLM", {"embedding_size": hf_folders.SMALL["hidden"]})]  # (a d-wide generator)
 
 
 def masked_lm(folder, max_len: int = 32):
@@ -45,9 +48,8 @@ def padded(vocab: int, pad: int, lengths=(12, 5, 9, 3)):
     return ids.masked_fill(~mask, pad), mask
 
 
-@pytest.mark.parametrize("family,task_class", HEADED, ids=[f for f, _ in HEADED])
-def test_each_family_s_masked_lm_head_gives_transformers_logits(family, task_class, tmp_path):
-    changes = {"embedding_size": hf_folders.SMALL["hidden"]} if family == "electra" else {}  # (a d-wide generator)
+@pytest.mark.parametrize("family,task_class,changes", HEADED, ids=[f + "-" * bool(c) for f, _, c in HEADED])
+def test_each_family_s_masked_lm_head_gives_transformers_logits(family, task_class, changes, tmp_path):
     folder, reference = hf_folders.reference(family, tmp_path, task_class, **changes)
     model, enc = masked_lm(folder)
     assert enc.mlm_head, enc.mlm_head_note
@@ -64,7 +66,8 @@ def test_each_family_s_masked_lm_head_gives_transformers_logits(family, task_cla
     ("bert", "AutoModel", "no masked-LM head"),  # a sentence encoder (all-MiniLM-L6-v2 is one)
     ("electra", "ElectraForMaskedLM", "another shape"),  # a generator narrower than its embeddings
     ("bert", "BertForMaskedLM", "relu"),  # not exact GELU
-    ("bert", "BertForMaskedLM", "tie_word_embeddings")])  # an output layer of its own
+    ("bert", "BertForMaskedLM", "tie_word_embeddings"),  # an output layer of its own
+    ("modernbert", "ModernBertForSequenceClassification", "no masked-LM head")])  # a `head` that is a classifier's
 def test_a_checkpoint_without_a_head_ours_computes_gets_a_new_tied_head(family, task_class, why, tmp_path):
     changes = {"relu": {"hidden_act": "relu"}, "tie_word_embeddings": {"tie_word_embeddings": False}}.get(why, {})
     folder, _ = hf_folders.reference(family, tmp_path, task_class, **changes)
@@ -124,3 +127,7 @@ def test_pretraining_a_loaded_encoder_changes_it_keeps_its_tokenizer_resumes_and
     result = train([*tiny(*model), f"model.init={whole.root}"], run_dir=tmp_path / "ft")
     log = (result.run_dir / "train.log").read_text()
     assert f"continued from the BERT model {folder}" in log and str(whole.root) in log
+    other, _ = hf_folders.reference("bert", tmp_path / "other", "BertForMaskedLM")
+    with pytest.raises(TformerError, match="was pretrained from the BERT model .* but model.pretrained names"):
+        train([*tiny("model=pretrained", f"model.pretrained={other}"), f"model.init={whole.root}"],
+              run_dir=tmp_path / "mixed")

@@ -169,13 +169,45 @@ def test_a_student_cut_from_its_teacher_starts_as_its_blocks_and_head(teacher, t
     for key, value in student.state.items():
         source = key.replace("blocks.0.", "blocks.1.") if key.startswith("blocks.") else key
         assert torch.equal(value, theirs[source]), key
-    run = run_distill(tmp_path, "cut", f"teacher={teacher.run_dir}", "distill.layers=[1]", "trainer.epochs=2")
+    run = run_distill(tmp_path, "cut", f"teacher={teacher.run_dir}", "distill.layers=[1]", "trainer.epochs=2",
+                      "model.dropout=0.2")
     assert "started as the teacher's blocks 1 of 2" in (run.root / "distill.log").read_text()
     saved = checkpoint.load(run.best, "cpu")
-    assert saved.model_config["n_layers"] == 1
+    assert saved.model_config["n_layers"] == 1 and saved.model_config["dropout"] == 0.2  # (a key of its own)
+    teacher_ckpt = distill_module.find_teacher(teacher.run_dir)
+    length = json.loads(teacher_ckpt.model_config.read_text())["max_len"]
+    assert checkpoint.read_config(run.best)["model"]["max_len"] == saved.model_config["max_len"] == length
+    resumed = run_distill(tmp_path, "unused", f"teacher={teacher.run_dir}", "distill.layers=[1]", "trainer.epochs=3",
+                          "model.dropout=0.2", f"resume={run.root}")  # (the same config: it goes on)
+    assert not resumed.root.exists() and len(json.loads(run.history.read_text())) == 3
     assert saved.tokenizer_file.read_text() == checkpoint.load(teacher.run_dir, "cpu").tokenizer_file.read_text()
     with pytest.raises(TformerError, match="names block 5, but the teacher has 2 blocks"):
         run_distill(tmp_path, "five", f"teacher={teacher.run_dir}", "distill.layers=[0,5]")
+    tree = plain(compose_config("distill"))
+    tree["optimizer"]["lr"] = 123.0  # (the default preset's, resolved when the config was composed)
+    tree = distill_module.with_teacher_model(tree, [], teacher_ckpt, [1])
+    theirs_saved = checkpoint.read_config(teacher_ckpt)
+    assert tree["optimizer"]["lr"] == theirs_saved["optimizer"]["lr"]  # the teacher's recipe without model=
+    assert tree["model"]["pooling"] == theirs_saved["model"]["pooling"] and tree["model"]["max_len"] == length
+    with pytest.raises(TformerError, match="so model.max_len= cannot apply"):
+        run_distill(tmp_path, "long", f"teacher={teacher.run_dir}", "distill.layers=[0]", "model.max_len=32")
+    with pytest.raises(TformerError, match="model.freeze_layers=2 is more than the student's 1 blocks"):
+        run_distill(tmp_path, "frozen", f"teacher={teacher.run_dir}", "distill.layers=[0]", "model.freeze_layers=2")
+
+
+@pytest.mark.parametrize("layers,refused", [
+    ([0, 1, 2], None), ([0, 4, 5], None), ([0, 2], None),
+    ([0, 3], "block 3 attends globally, but as the student's block 1"),
+    ([1, 2], "block 0 reads the normalised embeddings"),  # ModernBERT's first block has no norm of its own
+    ([0, 1, 2, 4], "block 4 attends locally, but as the student's block 3"),  # (the student's block 3: global)
+    ([0, 1, 3], "block 3 attends globally, but as the student's block 2")])
+def test_a_cut_keeps_what_each_block_computes(layers, refused):
+    modernbert = {"n_layers": 6, "first_block_norm": False, "local_window": 8, "global_every": 3}
+    if refused is None:
+        distill_module.check_cut(modernbert, layers, "t")
+    else:
+        with pytest.raises(ConfigError, match=refused):
+            distill_module.check_cut(modernbert, layers, "t")
 
 
 def test_a_static_student_has_no_attention_and_learns_its_teachers_answers(teacher, topic_files, tmp_path):

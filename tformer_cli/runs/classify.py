@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -170,10 +171,7 @@ def prepare(config: TrainConfig, resume, console, data_report=None, table=None,
     if init is not None:
         return _from_pretraining(config, init, data, tok, tokenized, fingerprint, console)
     if student is not None:
-        model_cfg = EncoderConfig.from_dict(student.model_config)
-        model = TransformerClassifier(model_cfg)
-        model.load_state_dict(student.state)
-        return Prepared(data, tok, tokenized, model, model_cfg, student.source, fingerprint, cut_from_teacher=True)
+        return _cut_from_teacher(config, student, data, tok, tokenized, fingerprint)
     if encoder is not None:
         model_cfg = config.encoder_config(**encoder.shape, num_classes=len(data.label_names),
                                           multi_label=config.data.multi_label)
@@ -196,8 +194,8 @@ def tokenizer_for(config: TrainConfig, data, resume, console, table=None, studen
     max_len): the
     resumed run's tokenizer, a pretraining run's, a pretrained encoder's, or one learned from the train texts
     (with embedding_init's table when it has one); model.max_len=auto fitted with it (training/recipe.py)."""
-    if student is not None:  # the teacher's tokenizer and length (its position table is that long)
-        max_len = config.model["max_len"] = int(student.model_config["max_len"])
+    if student is not None:  # the teacher's tokenizer and length (runs/distill.py puts it in the config)
+        max_len = int(student.model_config["max_len"])
         return tokenization.load_tokenizer(student.tokenizer_file, max_len), None, None, None, max_len
     options, train = config.model_options, data.splits["train"]
     (max_len, fit_later), pre, encoder, init = recipe.planned_max_len(config, train, resume, console), None, \
@@ -261,11 +259,41 @@ def _from_pretraining(config: TrainConfig, init, data, tok, tokenized, fingerpri
         raise TformerError(f"the pretraining run {init.files.path} does not fit this encoder (missing "
                            f"{[k for k in missing if not k.startswith('head.')][:3]}, unexpected {unexpected[:3]})")
     source = f"pretraining run {init.files.path.parent.parent}"
+    _same_model(config, init)
     if init.meta.get("continued_from"):  # the chain: a pretrained encoder, pretrained further on the task's text
         source += f", continued from the {init.meta['continued_from']}"
     console.print(f"[bold]encoder[/] from {markup(source)} ({model_cfg.n_layers} layers, d_model {model_cfg.d_model}, "
                   f"its tokenizer); a new {model_cfg.num_classes}-way head", highlight=False)
     return Prepared(data, tok, tokenized, model, model_cfg, source, fingerprint)
+
+
+def _same_model(config: TrainConfig, init) -> None:
+    """A pretraining run continued from one model, fine-tuned under a preset that names another (model=minilm_l6
+    model.init=<a run continued from roberta-base>): refused, since the run would record a model it never used.
+    Checked where the preset's model is on this machine (never downloaded for the check)."""
+    options, begun = config.model_options, init.meta.get("continued_from")
+    folder = pretrained.local_model(options.pretrained, options.pretrained_package) if options.pretrained else None
+    if isinstance(begun, str) and folder is not None and not begun.endswith(f" {Path(folder).resolve()}"):
+        raise TformerError(f"model.init={init.files.path.parent.parent} was pretrained from the {begun}, but "
+                           f"model.pretrained names {folder}; pass the model= preset (or model.pretrained=) the "
+                           f"pretraining run used")
+
+
+def _cut_from_teacher(config: TrainConfig, student: TeacherLayers, data, tok, tokenized, fingerprint) -> Prepared:
+    """The student that is its teacher with fewer blocks: the teacher's shape, length and weights; pooling, head
+    width and dropout from this run's model config (the head is copied when its shape is the teacher's)."""
+    c = student.model_config
+    mine = config.encoder_config(vocab_size=int(c["vocab_size"]), num_classes=len(data.label_names),
+                                 multi_label=config.data.multi_label, pad_id=int(c["pad_id"]),
+                                 embedding_dim=int(c.get("embedding_dim") or 0))
+    model_cfg = EncoderConfig.from_dict({**c, **{k: getattr(mine, k) for k in _FROM_CLASSIFIER if k != "max_len"}})
+    model = TransformerClassifier(model_cfg)
+    ours = model.state_dict()
+    missing, _ = model.load_state_dict({k: v for k, v in student.state.items()
+                                        if k in ours and ours[k].shape == v.shape}, strict=False)
+    if any(not k.startswith("head.") for k in missing):  # (the same shape as the teacher's: never)
+        raise TformerError(f"distill.layers: {student.source} does not fit the student (missing {missing[:3]})")
+    return Prepared(data, tok, tokenized, model, model_cfg, student.source, fingerprint, cut_from_teacher=True)
 
 
 def build_tokenizer_and_embeddings(config: TrainConfig, train, table=None):

@@ -97,7 +97,7 @@ def distill(tree: dict, run_dir: RunDir, overrides=()) -> Trained:
     options.cache_dir = tree["distill"]["cache_dir"] = str(Path(options.cache_dir).expanduser().resolve())
     tree = with_teacher_data(tree, list(overrides), teacher)
     if options.layers is not None:
-        tree = with_teacher_model(tree, list(overrides), teacher)
+        tree = with_teacher_model(tree, list(overrides), teacher, options.layers)
     config, located = configure({k: v for k, v in tree.items() if k not in ("teacher", "distill")})
     tree.update(located)
     if options.layers is None:
@@ -134,17 +134,33 @@ def with_teacher_data(tree: dict, overrides: list[str], teacher: CheckpointDir) 
     return tree
 
 
-def with_teacher_model(tree: dict, overrides: list[str], teacher: CheckpointDir) -> dict:
-    """distill.layers: the teacher's model config (its recipe: learning rate, layer-wise decay, pooling...) where no
-    model=<preset> was given; model.<key>= overrides typed on the command line still apply on top of it."""
+# What a student cut from its teacher cannot take: it has the teacher's tokenizer, table, shape and length.
+_NOT_WITH_LAYERS = ("distill.embeddings", "embedding_init", "model.init", "model.pretrained", "model.max_len")
+
+
+def with_teacher_model(tree: dict, overrides: list[str], teacher: CheckpointDir, layers: list[int]) -> dict:
+    """distill.layers: the student trains with the teacher's model config and learning rate (its recipe: layer-wise
+    decay, pooling, dropout...; no freezing) unless model=<preset> or optimizer.lr is typed; model.<key>= overrides
+    of the classifier's own keys apply on top. It reads at the teacher's length, which the saved config says."""
     keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides if "=" in o]
-    if "model" in keys:
-        return tree
+    clash = next((k for k in keys if k in _NOT_WITH_LAYERS), None)
+    if clash:
+        raise ConfigError(f"distill.layers makes the student from the teacher's own tokenizer, token table, blocks and "
+                          f"length, so {clash}= cannot apply; drop {clash}=, or drop distill.layers for a student of "
+                          f"its own")
     saved = checkpoint.read_config(teacher) if teacher.config.is_file() else None
-    if isinstance(saved, dict) and isinstance(saved.get("model"), dict):
+    if "model" not in keys and isinstance(saved, dict) and isinstance(saved.get("model"), dict):
         typed = {k.split(".", 1)[1]: tree["model"][k.split(".", 1)[1]] for k in keys
                  if k.startswith("model.") and k.split(".", 1)[1] in tree["model"]}
-        tree["model"] = {**saved["model"], **typed}
+        tree["model"] = {**saved["model"], "freeze_epochs": 0, "freeze_layers": 0, **typed}
+        lr = (saved.get("optimizer") or {}).get("lr")
+        if not {"optimizer", "optimizer.lr"} & set(keys) and isinstance(lr, (int, float)):
+            tree["optimizer"]["lr"] = lr
+    frozen = tree["model"].get("freeze_layers") or 0
+    if isinstance(frozen, int) and frozen > len(layers):
+        raise ConfigError(f"model.freeze_layers={frozen} is more than the student's {len(layers)} blocks; pass "
+                          f"model.freeze_layers<={len(layers)}")
+    tree["model"]["max_len"] = int(json.loads(read_small(teacher.model_config))["max_len"])
     return tree
 
 
@@ -322,9 +338,7 @@ def teacher_layers(teacher: CheckpointDir, layers: list[int]) -> TeacherLayers:
     loaded = checkpoint.load(teacher, "cpu")
     cfg = dict(loaded.model_config)
     n = int(cfg.get("n_layers", 0))
-    if layers[-1] >= n:
-        raise ConfigError(f"distill.layers={layers} names block {layers[-1]}, but the teacher has {n} blocks (0 to "
-                          f"{n - 1})" if n else f"distill.layers: the teacher {teacher.path} has no blocks to keep")
+    check_cut(cfg, layers, str(teacher.path))
     state = {}
     for key, value in loaded.model.state_dict().items():
         if key.startswith("blocks."):
@@ -335,6 +349,26 @@ def teacher_layers(teacher: CheckpointDir, layers: list[int]) -> TeacherLayers:
             state[key] = value.clone()
     source = f"the teacher's blocks {', '.join(map(str, layers))} of {n} ({teacher.path})"
     return TeacherLayers({**cfg, "n_layers": len(layers)}, state, loaded.tokenizer_file, source)
+
+
+def check_cut(cfg: dict, layers: list[int], teacher: str) -> None:
+    """The kept blocks exist, and each computes in the student what it computed in the teacher: a block's index
+    decides whether it normalises its input (ModernBERT's block 0 does not) and attends globally or locally."""
+    n = int(cfg.get("n_layers", 0))
+    if layers[-1] >= n:
+        raise ConfigError(f"distill.layers={layers} names block {layers[-1]}, but the teacher has {n} blocks (0 to "
+                          f"{n - 1})" if n else f"distill.layers: the teacher {teacher} has no blocks to keep")
+    if cfg.get("first_block_norm") is False and layers[0] != 0:
+        raise ConfigError(f"distill.layers={layers}: the teacher's block 0 reads the normalised embeddings without a "
+                          f"norm of its own, and no other block can take its place; keep block 0 (distill.layers=[0,"
+                          f"...])")
+    every = int(cfg.get("global_every") or 1)
+    moved = [(i, j) for j, i in enumerate(layers) if (i % every == 0) != (j % every == 0)]
+    if cfg.get("local_window") and every > 1 and moved:
+        (i, j), kind = moved[0], "global" if moved[0][0] % every == 0 else "local"
+        raise ConfigError(f"distill.layers={layers}: block {i} attends {kind}ly, but as the student's block {j} it "
+                          f"would not (every {every}th block from 0 is global); keep blocks whose kind stays, e.g. "
+                          f"distill.layers=[{', '.join(map(str, range(min(n, every + 1))))}]")
 
 
 def unlabeled_texts(config, options: DistillOptions, data, console) -> list[str]:

@@ -187,7 +187,7 @@ class PretrainJob:
                 embedding_dim=pre.weight.shape[1] if pre is not None else 0, pad_id=pad)
         model = continued(model_cfg, encoder) if encoder is not None else MaskedLM(model_cfg)
         continued_from = (resume.loaded.meta.get("continued_from") if resume is not None else
-                          f"{encoder.family} model {encoder.source}" if encoder is not None else None)
+                          f"{encoder.family} model {Path(encoder.source).resolve()}" if encoder is not None else None)
         if resume is not None:
             model.load_state_dict(resume.loaded.state)
         elif pre is not None:

@@ -97,11 +97,14 @@ def layer_norm(t: Tensors, ours: str, theirs: str, state: Tensors) -> None:
 def mlm_head(t: Tensors, c: ModelConfig, heads: tuple[MlmHead, ...], d_model: int, vocab: int) -> tuple[Tensors, str]:
     """(model/mlm.py's head tensors, what the log says of them): the checkpoint's own head when it has one that our
     head computes exactly (same shapes, exact GELU), else ({}, why a new head is made). A bias the checkpoint leaves
-    out (ModernBERT's) is zero, which is what it computes."""
+    out (ModernBERT's) is zero, which is what it computes. Without its output bias a head is taken only from a
+    checkpoint whose config.json names a masked-LM model: ModernBERT's classifiers have a `head` too."""
     if c.get("tie_word_embeddings", True) is False:  # (ours is always the token table)
         return {}, "its output layer is not the token table (tie_word_embeddings=false): a new head tied to it"
     for head in heads:
-        if f"{head.dense}.weight" not in t:
+        masked_lm = any(isinstance(a, str) and a.endswith(("ForMaskedLM", "ForPreTraining"))
+                        for a in (c.get("architectures") or []))
+        if f"{head.dense}.weight" not in t or not (masked_lm or any(b in t for b in head.bias)):
             continue
         act = "gelu" if head.activation is None else c.get(head.activation, "gelu")
         if act != "gelu":
