@@ -33,7 +33,7 @@ from ..evaluation import report
 from ..evaluation.artifacts import training_curves_png
 from ..model import pretrained
 from ..model.encoder import EncoderConfig
-from ..model.mlm import IGNORE, MaskedLM, continued, mask_tokens
+from ..model.mlm import IGNORE, MaskedLM, continued, mask_tokens, predicted_targets
 from ..store.layout import PRETRAINING, CheckpointDir, RunDir
 from ..safe_text import markup
 from ..data.batching import BatchLoader
@@ -96,11 +96,11 @@ class MaskedLanguageModeling:
                 labels = labels.to(run.device)
                 with run.precision.autocast():
                     logits = model(inputs.to(run.device), batch["attention_mask"].to(run.device), labels)
-                targets = labels[labels.ne(IGNORE)]
+                targets = predicted_targets(labels)
                 if len(targets) == 0:
                     continue
                 total += float(model.loss(logits, labels)) * len(targets)
-                correct += int(logits.argmax(-1).eq(targets).sum())
+                correct += int(logits[:len(targets)].argmax(-1).eq(targets).sum())
                 count += len(targets)
         model.train()
         if count == 0:  # nothing to predict (texts too short): not a perfect score
