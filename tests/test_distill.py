@@ -189,6 +189,10 @@ def test_a_student_cut_from_its_teacher_starts_as_its_blocks_and_head(teacher, t
     theirs_saved = checkpoint.read_config(teacher_ckpt)
     assert tree["optimizer"]["lr"] == theirs_saved["optimizer"]["lr"]  # the teacher's recipe without model=
     assert tree["model"]["pooling"] == theirs_saved["model"]["pooling"] and tree["model"]["max_len"] == length
+    with pytest.raises(TformerError, match="the teacher is single-label and the data multi-label"):
+        run_distill(tmp_path, "multi", f"teacher={teacher.run_dir}", "distill.layers=[0]", "data.multi_label=true")
+    with pytest.raises(TformerError, match="so model.d_model= cannot apply"):
+        run_distill(tmp_path, "wide", f"teacher={teacher.run_dir}", "distill.layers=[0]", "model.d_model=32")
     with pytest.raises(TformerError, match="so model.max_len= cannot apply"):
         run_distill(tmp_path, "long", f"teacher={teacher.run_dir}", "distill.layers=[0]", "model.max_len=32")
     with pytest.raises(TformerError, match="model.freeze_layers=2 is more than the student's 1 blocks"):

@@ -78,7 +78,7 @@ class MaskedLM(nn.Module):
         if logits.dim() == 2:
             targets = predicted_targets(labels)
             if len(targets) == 0:  # a batch of texts too short to mask anything: no loss, no NaN
-                return logits.sum() * 0.0
+                return logits[:0].sum()
             return F.cross_entropy(logits.float(), F.pad(targets, (0, logits.shape[0] - len(targets)), value=IGNORE),
                                    ignore_index=IGNORE)
         return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE)

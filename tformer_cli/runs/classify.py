@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,7 +16,7 @@ from omegaconf import OmegaConf
 from .. import timing
 from ..console import output
 from .. import checkpoint
-from ..store.atomic import JsonLines, write_json
+from ..store.atomic import JsonLines, sha256_file, write_json
 from .config import TrainConfig
 from ..data import sanity, sources, tokenization
 from ..data.tokenization import TokenizedSplit
@@ -204,6 +203,7 @@ def tokenizer_for(config: TrainConfig, data, resume, console, table=None, studen
         tok = tokenization.load_tokenizer(resume.loaded.tokenizer_file, max_len)
     elif options.init:
         init = checkpoint.load_pretraining(options.init)
+        _same_model(config, init)
         tok = tokenization.load_tokenizer(init.tokenizer_file, max_len)
     elif options.pretrained:
         encoder = pretrained.load_encoder(options.pretrained, options.pretrained_package, max_len)
@@ -259,7 +259,6 @@ def _from_pretraining(config: TrainConfig, init, data, tok, tokenized, fingerpri
         raise TformerError(f"the pretraining run {init.files.path} does not fit this encoder (missing "
                            f"{[k for k in missing if not k.startswith('head.')][:3]}, unexpected {unexpected[:3]})")
     source = f"pretraining run {init.files.path.parent.parent}"
-    _same_model(config, init)
     if init.meta.get("continued_from"):  # the chain: a pretrained encoder, pretrained further on the task's text
         source += f", continued from the {init.meta['continued_from']}"
     console.print(f"[bold]encoder[/] from {markup(source)} ({model_cfg.n_layers} layers, d_model {model_cfg.d_model}, "
@@ -270,13 +269,14 @@ def _from_pretraining(config: TrainConfig, init, data, tok, tokenized, fingerpri
 def _same_model(config: TrainConfig, init) -> None:
     """A pretraining run continued from one model, fine-tuned under a preset that names another (model=minilm_l6
     model.init=<a run continued from roberta-base>): refused, since the run would record a model it never used.
-    Checked where the preset's model is on this machine (never downloaded for the check)."""
-    options, begun = config.model_options, init.meta.get("continued_from")
+    Compared by the weights file's sha256 (the same model in another folder or venv passes), where the preset's
+    model is on this machine (never downloaded for the check)."""
+    options, begun, weights = config.model_options, init.meta.get("continued_from"), init.meta.get("continued_sha256")
     folder = pretrained.local_model(options.pretrained, options.pretrained_package) if options.pretrained else None
-    if isinstance(begun, str) and folder is not None and not begun.endswith(f" {Path(folder).resolve()}"):
+    if isinstance(weights, str) and folder is not None and sha256_file(folder / "model.safetensors") != weights:
         raise TformerError(f"model.init={init.files.path.parent.parent} was pretrained from the {begun}, but "
-                           f"model.pretrained names {folder}; pass the model= preset (or model.pretrained=) the "
-                           f"pretraining run used")
+                           f"model.pretrained names another model ({folder}); pass the model= preset (or "
+                           f"model.pretrained=) the pretraining run used")
 
 
 def _cut_from_teacher(config: TrainConfig, student: TeacherLayers, data, tok, tokenized, fingerprint) -> Prepared:
@@ -286,7 +286,8 @@ def _cut_from_teacher(config: TrainConfig, student: TeacherLayers, data, tok, to
     mine = config.encoder_config(vocab_size=int(c["vocab_size"]), num_classes=len(data.label_names),
                                  multi_label=config.data.multi_label, pad_id=int(c["pad_id"]),
                                  embedding_dim=int(c.get("embedding_dim") or 0))
-    model_cfg = EncoderConfig.from_dict({**c, **{k: getattr(mine, k) for k in _FROM_CLASSIFIER if k != "max_len"}})
+    model_cfg = EncoderConfig.from_dict({**c, **{k: getattr(mine, k) for k in _FROM_CLASSIFIER if k != "max_len"},
+                                         "num_classes": mine.num_classes, "multi_label": mine.multi_label})
     model = TransformerClassifier(model_cfg)
     ours = model.state_dict()
     missing, _ = model.load_state_dict({k: v for k, v in student.state.items()

@@ -134,8 +134,11 @@ def with_teacher_data(tree: dict, overrides: list[str], teacher: CheckpointDir) 
     return tree
 
 
-# What a student cut from its teacher cannot take: it has the teacher's tokenizer, table, shape and length.
+# What a student cut from its teacher cannot take: it has the teacher's tokenizer, table, shape and length; of the
+# model keys it takes only its own head, regularisation and recipe.
 _NOT_WITH_LAYERS = ("distill.embeddings", "embedding_init", "model.init", "model.pretrained", "model.max_len")
+_MODEL_KEYS_WITH_LAYERS = ("pooling", "head_hidden", "dropout", "attention_dropout", "recommended_lr",
+                           "layer_lr_decay", "freeze_epochs", "freeze_layers")
 
 
 def with_teacher_model(tree: dict, overrides: list[str], teacher: CheckpointDir, layers: list[int]) -> dict:
@@ -143,7 +146,8 @@ def with_teacher_model(tree: dict, overrides: list[str], teacher: CheckpointDir,
     decay, pooling, dropout...; no freezing) unless model=<preset> or optimizer.lr is typed; model.<key>= overrides
     of the classifier's own keys apply on top. It reads at the teacher's length, which the saved config says."""
     keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides if "=" in o]
-    clash = next((k for k in keys if k in _NOT_WITH_LAYERS), None)
+    clash = next((k for k in keys if k in _NOT_WITH_LAYERS or (k.startswith("model.") and k.split(".", 1)[1]
+                                                                not in _MODEL_KEYS_WITH_LAYERS)), None)
     if clash:
         raise ConfigError(f"distill.layers makes the student from the teacher's own tokenizer, token table, blocks and "
                           f"length, so {clash}= cannot apply; drop {clash}=, or drop distill.layers for a student of "

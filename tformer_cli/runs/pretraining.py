@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
 from .. import checkpoint
-from ..store.atomic import JsonLines, write_json
+from ..store.atomic import JsonLines, sha256_file, write_json
 from ..data import sources, tokenization
 from ..data.tokenization import TokenizedSplit
 from ..errors import ConfigError, TformerError
@@ -188,6 +188,9 @@ class PretrainJob:
         model = continued(model_cfg, encoder) if encoder is not None else MaskedLM(model_cfg)
         continued_from = (resume.loaded.meta.get("continued_from") if resume is not None else
                           f"{encoder.family} model {Path(encoder.source).resolve()}" if encoder is not None else None)
+        chain = ({k: resume.loaded.meta[k] for k in ("continued_from", "continued_sha256") if k in resume.loaded.meta}
+                 if resume is not None else {"continued_from": continued_from, "continued_sha256": sha256_file(
+                     Path(encoder.source) / "model.safetensors")} if encoder is not None else {})
         if resume is not None:
             model.load_state_dict(resume.loaded.state)
         elif pre is not None:
@@ -205,9 +208,9 @@ class PretrainJob:
         run = Run(model=model, train=train_split, validation=val_split, objective=objective, pad_id=pad,
                   device=session.device, precision=session.precision, trainer=config.trainer,
                   optimizer=config.optimizer, schedule=config.schedule,
-                  save_checkpoint=self._saver(session, model, model_cfg, tok, continued_from),
+                  save_checkpoint=self._saver(session, model, model_cfg, tok, chain),
                   resume=(resume.tensors, resume.state) if resume is not None else None, log_metrics=metrics_log)
-        head = (encoder.mlm_head_note if encoder is not None else
+        head = (encoder.mlm_head_note if encoder is not None else "the MLM head the run saved" if continued_from else
                 "MLM head (output layer tied to the token table)")
         start = f"continued from the {markup(continued_from)}: " if continued_from else ""
         return run, (f"[bold]model[/] {start}{model_cfg.n_layers} layers, d_model {model_cfg.d_model}, vocabulary "
@@ -215,9 +218,10 @@ class PretrainJob:
                      f"{head}; texts read as {read_as}")
 
     @staticmethod
-    def _saver(session: Session, model: MaskedLM, model_cfg: EncoderConfig, tok, continued_from: str | None):
+    def _saver(session: Session, model: MaskedLM, model_cfg: EncoderConfig, tok, chain: dict):
+        """chain: where a continued encoder came from (`continued_from`) and its weights' sha256, in every
+        checkpoint's meta (a fine-tune from this run names the chain, and refuses a preset of another model)."""
         config_yaml, tokenizer_json = OmegaConf.to_yaml(OmegaConf.create(session.tree)), tok.to_str()
-        chain = {"continued_from": continued_from} if continued_from else {}
 
         def save(which: str, metrics: dict, training_state=None) -> None:
             checkpoint.save(session.run_dir.checkpoint(which), model, model_config=model_cfg.to_dict(),
