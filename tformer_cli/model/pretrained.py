@@ -192,6 +192,11 @@ def tokenizer_file(folder: Path) -> Path:
     return folder / "tokenizer.json"
 
 
+def weights_file(folder: Path) -> Path:
+    """A model folder's weights (safetensors): what a continued pretraining run fingerprints its model by."""
+    return Path(folder) / "model.safetensors"
+
+
 def local_model(spec: str, package: str | None = None) -> Path | None:
     """The model folder `locate_model` would use when it is on this machine (never the Hub), else None: what can be
     checked before a run starts."""

@@ -273,7 +273,7 @@ def _same_model(config: TrainConfig, init) -> None:
     model is on this machine (never downloaded for the check)."""
     options, begun, weights = config.model_options, init.meta.get("continued_from"), init.meta.get("continued_sha256")
     folder = pretrained.local_model(options.pretrained, options.pretrained_package) if options.pretrained else None
-    if isinstance(weights, str) and folder is not None and sha256_file(folder / "model.safetensors") != weights:
+    if isinstance(weights, str) and folder is not None and sha256_file(pretrained.weights_file(folder)) != weights:
         raise TformerError(f"model.init={init.files.path.parent.parent} was pretrained from the {begun}, but "
                            f"model.pretrained names another model ({folder}); pass the model= preset (or "
                            f"model.pretrained=) the pretraining run used")

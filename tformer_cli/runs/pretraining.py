@@ -190,7 +190,7 @@ class PretrainJob:
                           f"{encoder.family} model {Path(encoder.source).resolve()}" if encoder is not None else None)
         chain = ({k: resume.loaded.meta[k] for k in ("continued_from", "continued_sha256") if k in resume.loaded.meta}
                  if resume is not None else {"continued_from": continued_from, "continued_sha256": sha256_file(
-                     Path(encoder.source) / "model.safetensors")} if encoder is not None else {})
+                     pretrained.weights_file(encoder.source))} if encoder is not None else {})
         if resume is not None:
             model.load_state_dict(resume.loaded.state)
         elif pre is not None:
