@@ -47,6 +47,21 @@ def run_tformer(*args, cwd, input=None, env=None, timeout=600):
                           timeout=timeout)
 
 
+def ctrl_c_at_step(monkeypatch, objective, at: int = 5) -> None:
+    """Patch `objective`'s step (a training objective class) to send this process a SIGINT at step `at`, as a
+    Ctrl-C in the middle of an epoch; `monkeypatch.undo()` puts it back."""
+    import signal
+
+    real_step = objective.step
+
+    def step(self, opt, batch, step_number, share, micro_batches):
+        if step_number == at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(self, opt, batch, step_number, share, micro_batches)
+
+    monkeypatch.setattr(objective, "step", step)
+
+
 def ctrl_c_reaches_it() -> None:
     """Popen preexec_fn: SIGINT back to its default in the child. A shell starts a background job (`make test &`,
     a CI step run with `&`) with SIGINT ignored, every child inherits that, and Python then never raises

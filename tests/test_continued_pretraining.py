@@ -3,15 +3,13 @@ checkpoint computes what `transformers`' *ForMaskedLM computes, a folder without
 changes the encoder's weights, keeps its tokenizer, resumes to identical weights and hands its encoder to
 `tformer train model.init=` with the chain named. Small random model folders saved by transformers: no download."""
 import json
-import os
-import signal
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import hf_folders
-from helpers import compose_config, tiny, train_config
+from helpers import compose_config, ctrl_c_at_step, tiny, train_config
 from tformer_cli import TformerError, train
 from tformer_cli.console import output
 from tformer_cli.model.encoder import EncoderConfig
@@ -103,14 +101,7 @@ def test_pretraining_a_loaded_encoder_changes_it_keeps_its_tokenizer_resumes_and
     saved = json.loads(whole.best.tokenizer.read_text())
     assert saved["model"]["vocab"] == json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
 
-    real_step = MaskedLanguageModeling.step
-
-    def step(self, opt, batch, at, share, micro_batches):
-        if at == 5:  # as a Ctrl-C in the middle of the first epoch
-            os.kill(os.getpid(), signal.SIGINT)
-        return real_step(self, opt, batch, at, share, micro_batches)
-
-    monkeypatch.setattr(MaskedLanguageModeling, "step", step)
+    ctrl_c_at_step(monkeypatch, MaskedLanguageModeling)  # in the middle of the first epoch
     with pytest.raises(Interrupted, match=f"resume={stopped}"):
         pretrain(plain(compose_config("pretrain", *overrides)), stopped)
     monkeypatch.undo()

@@ -3,11 +3,9 @@ logits are computed once and kept (reused, invalidated when the teacher changes,
 interrupted), an interrupted run resumes to the same student, and the student is an ordinary checkpoint."""
 import json
 import math
-import os
 import random
 import re
 import shutil
-import signal
 
 import numpy as np
 import pandas as pd
@@ -15,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import TINY_TRAINING, compose_config, run_tformer, tiny
+from helpers import TINY_TRAINING, compose_config, ctrl_c_at_step, run_tformer, tiny
 from tformer_cli import Classifier, TformerError, train
 from tformer_cli.commands import report
 from tformer_cli.data.tokenization import TokenizedSplit
@@ -240,14 +238,7 @@ def test_an_interrupted_distillation_resumes_to_the_same_student(teacher, tmp_pa
 
     settings = [f"teacher={teacher.run_dir}", "trainer.epochs=2", "trainer.batch_size=16"]
     whole = run_distill(tmp_path, "whole", *settings)
-    real_step = Distillation.step
-
-    def step(self, opt, batch, at, share, micro_batches):
-        if at == 5:  # as a Ctrl-C in the middle of the first epoch
-            os.kill(os.getpid(), signal.SIGINT)
-        return real_step(self, opt, batch, at, share, micro_batches)
-
-    monkeypatch.setattr(Distillation, "step", step)
+    ctrl_c_at_step(monkeypatch, Distillation)  # in the middle of the first epoch
     stopped = RunDir(tmp_path / "stopped")
     with pytest.raises(Interrupted, match=f"step 6.*resume with: tformer distill .*resume={stopped}"):
         run_distill(tmp_path, "stopped", *settings)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from helpers import compose_config, run_tformer, tiny, train_config
+from helpers import compose_config, ctrl_c_at_step, run_tformer, tiny, train_config
 from tformer_cli import TformerError, train
 from tformer_cli.runs.pretraining import pretrain, text_windows
 from tformer_cli.model.encoder import EncoderConfig
@@ -207,9 +207,6 @@ def test_a_run_from_before_windows_goes_on_reading_its_texts_cut(tmp_path):
 def test_pretraining_interrupted_mid_epoch_resumes_to_the_same_encoder(tmp_path, monkeypatch):
     """Pretraining runs on the one loop: Ctrl-C mid-epoch saves `last` and prints the resume command, and the
     resumed run ends with exactly the weights and history of a run that was never interrupted."""
-    import os
-    import signal
-
     from safetensors.torch import load_file
 
     from tformer_cli.training.loop import Interrupted
@@ -221,14 +218,7 @@ def test_pretraining_interrupted_mid_epoch_resumes_to_the_same_encoder(tmp_path,
                      base=PRETRAIN)
     whole, stopped = RunDir(tmp_path / "whole"), RunDir(tmp_path / "stopped")
     pretrain(plain(compose_config("pretrain", *overrides)), whole)
-    real_step = MaskedLanguageModeling.step
-
-    def step(self, opt, batch, at, share, micro_batches):
-        if at == 5:  # as a Ctrl-C in the middle of the first epoch
-            os.kill(os.getpid(), signal.SIGINT)
-        return real_step(self, opt, batch, at, share, micro_batches)
-
-    monkeypatch.setattr(MaskedLanguageModeling, "step", step)
+    ctrl_c_at_step(monkeypatch, MaskedLanguageModeling)  # in the middle of the first epoch
     with pytest.raises(Interrupted, match=f"step 6.*resume with: tformer pretrain .*resume={stopped}"):
         pretrain(plain(compose_config("pretrain", *overrides)), stopped)
     monkeypatch.undo()

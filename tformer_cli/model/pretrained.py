@@ -268,7 +268,7 @@ def load_encoder(spec: str, package: str | None, max_len: int) -> PretrainedEnco
     folder = locate_model(spec, package)
     family, c = family_of(folder)
     shape = family.shape(c, max_len)
-    saved = load_file(str(folder / "model.safetensors"))
+    saved = load_file(str(weights_file(folder)))
     tensors = encoder_tensors(saved, folder, family)
     try:
         state = family.state(tensors, shape, c)

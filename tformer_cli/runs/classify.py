@@ -226,9 +226,20 @@ def freeze_plan(config: TrainConfig) -> tuple[int, int]:
     return (emb.freeze_epochs, 0) if emb.pretrained else (0, 0)
 
 
-# A classifier started from a `tformer pretrain` run keeps the pretrained encoder's shape; these come from the
-# classifier's own model config (the head, pooling, regularisation, and the length it reads).
+# A classifier started from a saved encoder (a `tformer pretrain` run, a teacher cut by distill.layers) keeps its
+# shape; these come from the classifier's own model config (the head, pooling, regularisation, the length it reads).
 _FROM_CLASSIFIER = ("pooling", "head_hidden", "dropout", "attention_dropout", "max_len")
+
+
+def _as_classifier(config: TrainConfig, encoder_config: dict, data) -> dict:
+    """A saved encoder's model config (a pretraining run's, a teacher's) with the classifier keys of this run:
+    _FROM_CLASSIFIER from its model config, and the data's classes."""
+    c = encoder_config
+    mine = config.encoder_config(vocab_size=int(c["vocab_size"]), num_classes=len(data.label_names),
+                                 multi_label=config.data.multi_label, pad_id=int(c["pad_id"]),
+                                 embedding_dim=int(c.get("embedding_dim") or 0))
+    return {**c, **{k: getattr(mine, k) for k in _FROM_CLASSIFIER}, "num_classes": mine.num_classes,
+            "multi_label": mine.multi_label}
 
 
 def _from_pretraining(config: TrainConfig, init, data, tok, tokenized, fingerprint, console) -> Prepared:
@@ -238,11 +249,7 @@ def _from_pretraining(config: TrainConfig, init, data, tok, tokenized, fingerpri
         raise TformerError(f"model.init: the pretraining run split {config.data.name} with seed={saved.get('seed')}; "
                            f"with seed={config.seed} the validation (and a carved test) split would hold texts it "
                            f"pretrained on: pass seed={saved.get('seed')}")
-    mine = config.encoder_config(vocab_size=int(init.model_config["vocab_size"]), num_classes=len(data.label_names),
-                                 multi_label=config.data.multi_label, pad_id=int(init.model_config["pad_id"]),
-                                 embedding_dim=int(init.model_config.get("embedding_dim") or 0))
-    merged = {**init.model_config, **{k: getattr(mine, k) for k in _FROM_CLASSIFIER},
-              "num_classes": mine.num_classes, "multi_label": mine.multi_label}
+    merged = _as_classifier(config, init.model_config, data)
     if merged["positions"] == "learned" and merged["max_len"] > int(init.model_config["max_len"]):
         raise TformerError(f"model.max_len={merged['max_len']} is longer than the pretraining run's "
                            f"{init.model_config['max_len']} learned positions; use model.max_len<="
@@ -282,13 +289,8 @@ def _same_model(config: TrainConfig, init) -> None:
 def _cut_from_teacher(config: TrainConfig, student: TeacherLayers, data, tok, tokenized, fingerprint) -> Prepared:
     """The student that is its teacher with fewer blocks: the teacher's shape, length and weights; pooling, head
     width and dropout from this run's model config (the head is copied when its shape is the teacher's)."""
-    c = student.model_config
-    mine = config.encoder_config(vocab_size=int(c["vocab_size"]), num_classes=len(data.label_names),
-                                 multi_label=config.data.multi_label, pad_id=int(c["pad_id"]),
-                                 embedding_dim=int(c.get("embedding_dim") or 0))
-    model_cfg = EncoderConfig.from_dict({**c, **{k: getattr(mine, k) for k in _FROM_CLASSIFIER if k != "max_len"},
-                                         "num_classes": mine.num_classes, "multi_label": mine.multi_label})
-    model = TransformerClassifier(model_cfg)
+    model_cfg = EncoderConfig.from_dict(_as_classifier(config, student.model_config, data))  # (max_len: the
+    model = TransformerClassifier(model_cfg)  # teacher's, which runs/distill.py puts in the config)
     ours = model.state_dict()
     missing, _ = model.load_state_dict({k: v for k, v in student.state.items()
                                         if k in ours and ours[k].shape == v.shape}, strict=False)

@@ -121,17 +121,27 @@ def find_teacher(ref) -> CheckpointDir:
 def with_teacher_data(tree: dict, overrides: list[str], teacher: CheckpointDir) -> dict:
     """The composed tree with the teacher's data config where no data=<name> was given (data.<key>= overrides typed
     on the command line still apply on top of it)."""
-    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides if "=" in o]
+    keys = typed_keys(overrides)
     if "data" in keys:
         return tree
     saved = checkpoint.read_config(teacher) if teacher.config.is_file() else None
     if not isinstance(saved, dict) or not isinstance(saved.get("data"), dict):
         raise ConfigError(f"teacher {teacher} has no saved config to say which data it was trained on; pass "
                           f"data=<name> (or data=files data.train_file=...)")
-    typed = {k.split(".", 1)[1]: tree["data"][k.split(".", 1)[1]] for k in keys
-             if k.startswith("data.") and k.split(".", 1)[1] in tree["data"]}
-    tree["data"] = {**saved["data"], **typed}
+    tree["data"] = with_typed(saved["data"], tree, keys, "data")
     return tree
+
+
+def typed_keys(overrides: list[str]) -> list[str]:
+    """The keys typed on the command line (`data`, `data.dir`, `model.dropout`, ...)."""
+    return [o.lstrip("+~").split("=", 1)[0] for o in overrides if "=" in o]
+
+
+def with_typed(section: dict, tree: dict, keys: list[str], name: str) -> dict:
+    """A section of the teacher's saved config with the `name.<key>=` values typed on this command line on top."""
+    typed = {k.split(".", 1)[1]: tree[name][k.split(".", 1)[1]] for k in keys
+             if k.startswith(f"{name}.") and k.split(".", 1)[1] in tree[name]}
+    return {**section, **typed}
 
 
 # What a student cut from its teacher cannot take: it has the teacher's tokenizer, table, shape and length; of the
@@ -145,7 +155,7 @@ def with_teacher_model(tree: dict, overrides: list[str], teacher: CheckpointDir,
     """distill.layers: the student trains with the teacher's model config and learning rate (its recipe: layer-wise
     decay, pooling, dropout...; no freezing) unless model=<preset> or optimizer.lr is typed; model.<key>= overrides
     of the classifier's own keys apply on top. It reads at the teacher's length, which the saved config says."""
-    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides if "=" in o]
+    keys = typed_keys(overrides)
     clash = next((k for k in keys if k in _NOT_WITH_LAYERS or (k.startswith("model.") and k.split(".", 1)[1]
                                                                 not in _MODEL_KEYS_WITH_LAYERS)), None)
     if clash:
@@ -154,9 +164,7 @@ def with_teacher_model(tree: dict, overrides: list[str], teacher: CheckpointDir,
                           f"its own")
     saved = checkpoint.read_config(teacher) if teacher.config.is_file() else None
     if "model" not in keys and isinstance(saved, dict) and isinstance(saved.get("model"), dict):
-        typed = {k.split(".", 1)[1]: tree["model"][k.split(".", 1)[1]] for k in keys
-                 if k.startswith("model.") and k.split(".", 1)[1] in tree["model"]}
-        tree["model"] = {**saved["model"], "freeze_epochs": 0, "freeze_layers": 0, **typed}
+        tree["model"] = with_typed({**saved["model"], "freeze_epochs": 0, "freeze_layers": 0}, tree, keys, "model")
         lr = (saved.get("optimizer") or {}).get("lr")
         if not {"optimizer", "optimizer.lr"} & set(keys) and isinstance(lr, (int, float)):
             tree["optimizer"]["lr"] = lr

@@ -186,11 +186,14 @@ class PretrainJob:
                 vocab_size=pre.weight.shape[0] if pre is not None else tok.get_vocab_size(), num_classes=2,
                 embedding_dim=pre.weight.shape[1] if pre is not None else 0, pad_id=pad)
         model = continued(model_cfg, encoder) if encoder is not None else MaskedLM(model_cfg)
-        continued_from = (resume.loaded.meta.get("continued_from") if resume is not None else
-                          f"{encoder.family} model {Path(encoder.source).resolve()}" if encoder is not None else None)
-        chain = ({k: resume.loaded.meta[k] for k in ("continued_from", "continued_sha256") if k in resume.loaded.meta}
-                 if resume is not None else {"continued_from": continued_from, "continued_sha256": sha256_file(
-                     pretrained.weights_file(encoder.source))} if encoder is not None else {})
+        if resume is not None:  # where a continued encoder came from, in every checkpoint's meta
+            chain = {k: resume.loaded.meta[k] for k in ("continued_from", "continued_sha256") if k in resume.loaded.meta}
+        elif encoder is not None:
+            chain = {"continued_from": f"{encoder.family} model {Path(encoder.source).resolve()}",
+                     "continued_sha256": sha256_file(pretrained.weights_file(encoder.source))}
+        else:
+            chain = {}
+        continued_from = chain.get("continued_from")
         if resume is not None:
             model.load_state_dict(resume.loaded.state)
         elif pre is not None:

@@ -101,14 +101,14 @@ def mlm_head(t: Tensors, c: ModelConfig, heads: tuple[MlmHead, ...], d_model: in
     checkpoint whose config.json names a masked-LM model: ModernBERT's classifiers have a `head` too."""
     if c.get("tie_word_embeddings", True) is False:  # (ours is always the token table)
         return {}, "its output layer is not the token table (tie_word_embeddings=false): a new head tied to it"
+    masked_lm = any(isinstance(a, str) and a.endswith(("ForMaskedLM", "ForPreTraining"))
+                    for a in (c.get("architectures") or []))
     for head in heads:
-        masked_lm = any(isinstance(a, str) and a.endswith(("ForMaskedLM", "ForPreTraining"))
-                        for a in (c.get("architectures") or []))
         if f"{head.dense}.weight" not in t or not (masked_lm or any(b in t for b in head.bias)):
             continue
-        act = "gelu" if head.activation is None else c.get(head.activation, "gelu")
+        name, act = head.dense.rsplit(".", 1)[0], "gelu" if head.activation is None else c.get(head.activation, "gelu")
         if act != "gelu":
-            return {}, f"its {head.dense.rsplit('.', 1)[0]} head uses {act}, not exact GELU: a new head"
+            return {}, f"its {name} head uses {act}, not exact GELU: a new head"
         zeros = torch.zeros(d_model)
         out = {"transform.0.weight": t[f"{head.dense}.weight"], "transform.0.bias": t.get(f"{head.dense}.bias", zeros),
                "transform.2.weight": t.get(f"{head.norm}.weight", t.get(f"{head.norm}.gamma")),
@@ -117,6 +117,6 @@ def mlm_head(t: Tensors, c: ModelConfig, heads: tuple[MlmHead, ...], d_model: in
         wanted = {"transform.0.weight": (d_model, d_model), "transform.0.bias": (d_model,),
                   "transform.2.weight": (d_model,), "transform.2.bias": (d_model,), "output_bias": (vocab,)}
         if any(v is None or tuple(v.shape) != wanted[k] for k, v in out.items()):
-            return {}, f"its {head.dense.rsplit('.', 1)[0]} head has another shape than ours: a new head"
-        return {k: v.float().contiguous() for k, v in out.items()}, f"its masked-LM head ({head.dense.rsplit('.', 1)[0]})"
+            return {}, f"its {name} head has another shape than ours: a new head"
+        return {k: v.float().contiguous() for k, v in out.items()}, f"its masked-LM head ({name})"
     return {}, "no masked-LM head in the checkpoint: a new head tied to the token table"
