@@ -213,18 +213,17 @@ def test_a_cut_keeps_what_each_block_computes(layers, refused):
 
 
 def test_a_static_student_has_no_attention_and_learns_its_teachers_answers(teacher, topic_files, tmp_path):
-    """model=static: token vectors (from the teacher's table), their mean and an MLP head; an ordinary checkpoint
-    whose answers follow the teacher's, explained by occlusion."""
+    """model=static: token vectors (from the teacher's table) and hashed token pairs, their means and an MLP head;
+    an ordinary checkpoint whose answers follow the teacher's, explained by occlusion."""
     run = run_distill(tmp_path, "static", f"teacher={teacher.run_dir}", "model=static", "model.d_model=32",
                       "model.head_hidden=32", "model.max_len=64", "optimizer.lr=5e-3", "trainer.epochs=12",
                       f"distill.unlabeled=[{topic_files / 'unlabeled.csv'}]")
     weights = checkpoint.load(run.best, "cpu").model.state_dict()
     assert not [k for k in weights if k.startswith("blocks.")] and "head.0.weight" in weights
+    assert weights["pair_embedding.weight"].shape == (262144, 32) and weights["pair_embedding.weight"].abs().sum() > 0
     texts = pd.read_csv(topic_files / "train.csv")["text"].tolist()
     mine, theirs = Classifier.load(run.last, device="cpu"), Classifier.load(teacher.run_dir, device="cpu")
     assert (mine.predict_proba(texts).argmax(1) == theirs.predict_proba(texts).argmax(1)).mean() >= 0.95
-    shuffled = [" ".join(reversed(t.split())) for t in texts[:20]]  # a bag of tokens: order is not seen
-    np.testing.assert_allclose(mine.predict_proba(shuffled), mine.predict_proba(texts[:20]), atol=1e-5)
     assert mine.explain(["rocket orbit launch"])[0]["explanation"]["method"] == "occlusion"
     with pytest.raises(TformerError, match="static model"):
         mine.explain(["rocket orbit launch"], method="rollout")
@@ -249,6 +248,7 @@ def test_an_interrupted_distillation_resumes_to_the_same_student(teacher, tmp_pa
     with pytest.raises(TformerError, match="that is a `tformer distill` run; continue it with tformer distill"):
         train([*TINY_TRAINING, f"resume={stopped}"], run_dir=tmp_path / "not_train")
     run_distill(tmp_path, "fresh", *settings, f"resume={stopped}")
+    assert "weights of the run being resumed" in (stopped.root / "distill.log").read_text()  # not "random"
     a, b = load_file(str(whole.last.weights)), load_file(str(stopped.last.weights))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     losses = lambda run: [(h["train_loss"], h["val_loss"]) for h in json.loads(run.history.read_text())]  # noqa: E731

@@ -338,7 +338,7 @@ class Classifier(TextPredictor):
             for batch in BatchLoader(split, batch_size, pad_id(self._tok), shuffle=False):
                 ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
                 with precision.autocast():
-                    pooled[batch["index"]] = model.pool(model.encode(ids, mask), mask).float().cpu()
+                    pooled[batch["index"]] = model.features(ids, mask).float().cpu()
         out[filled] = self._checked(document_logits(pooled, split.docs).numpy())  # windows -> documents (n, D)
         return out
 

@@ -228,7 +228,8 @@ def settings_table(run_dir: RunDir, ckpt):
         "data": f"{data.get('name')}" + (f" from {data['dir']}" if data.get("dir") else ""),
         "model": f"{arch.get('n_layers')} layers, d_model {arch.get('d_model')}, {arch.get('n_heads')} heads, d_ff "
                  f"{arch.get('d_ff')}, max_len {arch.get('max_len')}, {arch.get('positions')} positions, "
-                 f"{arch.get('norm')}-norm, {arch.get('pooling')} pooling{source}",
+                 f"{arch.get('norm')}-norm, {arch.get('pooling')} pooling"
+                 + (f", {arch['pair_buckets']} buckets of token pairs" if arch.get("pair_buckets") else "") + source,
         "embeddings": _embeddings(cfg, model, emb),
         "optimizer": f"{opt.get('name')} lr {opt.get('lr')}"
                      + (f" (top layers; x{decay} per layer below)" if isinstance(decay, (int, float)) and decay != 1

@@ -70,6 +70,12 @@ class EncoderConfig:
     local_window: int = 0  # >0: all but every global_every-th layer see only keys within local_window // 2 (ModernBERT)
     global_every: int = 1  # layers 0, n, 2n, ... attend globally, the others locally (ModernBERT: 3)
     local_rotary_theta: float = 10000.0  # positions=rotary: the local layers' rotary base (ModernBERT: 10000)
+    # Static models (n_layers=0) only: >0 adds a table of this many rows for pairs of adjacent tokens, hashed
+    # (`pair_ids`); a text's vector is then the mean of its tokens' vectors plus the mean of its pairs' vectors
+    pair_buckets: int = 0
+    # Static models only: in training, each token (with its pairs) is left out of the text's mean with this
+    # probability (word dropout, Iyyer et al. 2015): no answer can hang on one rare token of a training text
+    token_dropout: float = 0.0
 
     # Upper bounds far past any real model, so a typo or a crafted model.json fails here, not as an allocation; what
     # fits this machine is estimated from the whole config (runs/config.py: memory_check).
@@ -79,7 +85,8 @@ class EncoderConfig:
               "head_hidden": (0, 1 << 20, "[]"), "embedding_dim": (0, 1 << 16, "[]"), "norm_eps": (0, 1, "(]"),
               "pad_id": (0, None, "[)"), "rotary_theta": (1, None, "(]"), "local_rotary_theta": (1, None, "(]"),
               "local_window": (0, 1 << 20, "[]"), "global_every": (1, 1024, "[]"),
-              "relative_buckets": (2, 1 << 16, "[]"), "max_relative_positions": (0, 1 << 20, "[]")}
+              "relative_buckets": (2, 1 << 16, "[]"), "max_relative_positions": (0, 1 << 20, "[]"),
+              "pair_buckets": (0, 1 << 26, "[]"), "token_dropout": (0, 1, "[)")}
 
     def __post_init__(self) -> None:
         check_ranges(type(self), asdict(self), "model")
@@ -109,6 +116,13 @@ class EncoderConfig:
         if not self.n_layers and self.pooling != "mean":
             raise ConfigError(f"model.n_layers=0 (a static model) needs model.pooling=mean: with "
                               f"pooling={self.pooling} and no layers every text would get the same answer")
+        if self.token_dropout and self.n_layers:
+            raise ConfigError(f"model.token_dropout={self.token_dropout} is for static models (model.n_layers=0); "
+                              f"an encoder's dropout is model.dropout")
+        if self.pair_buckets and self.n_layers:
+            raise ConfigError(f"model.pair_buckets={self.pair_buckets} (hashed token pairs) is for static models "
+                              f"(model.n_layers=0), not a {self.n_layers}-layer encoder, which sees word order "
+                              f"already; set model.pair_buckets=0 or use model=static")
         if self.positions == "none" and self.attention == "standard" and self.n_layers:
             raise ConfigError("model.positions=none gives standard attention no position information; use sinusoidal, "
                               "learned or rotary (positions=none is for model.attention=disentangled, or a static "
@@ -161,6 +175,8 @@ class EncoderConfig:
         if not self.bias:  # none in the blocks and LayerNorms (the head and embedding projection keep theirs)
             out = {k: v for k, v in out.items()
                    if not (k.endswith(".bias") and k.startswith(("blocks.", "embedding_norm.", "final_norm.")))}
+        if self.pair_buckets:
+            out["pair_embedding.weight"] = (self.pair_buckets, D)
         layers = ((("head.0", self.head_hidden, D), ("head.3", self.num_classes, self.head_hidden)) if self.head_hidden
                   else (("head", self.num_classes, D),))
         for name, rows, cols in layers:
@@ -193,6 +209,15 @@ def cls_pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def mean_pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     m = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
     return (h * m).sum(1) / m.sum(1).clamp(min=1.0)  # mean over real tokens only
+
+
+PAIR_PRIME = 1_000_003  # any prime well above the vocabulary sizes in use spreads the pairs over the buckets
+
+
+def pair_ids(input_ids: torch.Tensor, buckets: int) -> torch.Tensor:
+    """(B, T) token ids -> (B, T-1) bucket of each adjacent pair, (a * p + b) mod buckets: integer arithmetic
+    that torch, ONNX and int8 exports compute alike, so a pair lands in the same row everywhere."""
+    return (input_ids[:, :-1] * PAIR_PRIME + input_ids[:, 1:]) % buckets
 
 
 def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
@@ -342,6 +367,9 @@ class TransformerClassifier(nn.Module):
         self.cfg = cfg
         emb_dim = cfg.embedding_dim or cfg.d_model
         self.token_embedding = nn.Embedding(cfg.vocab_size, emb_dim, padding_idx=cfg.pad_id)
+        # Static models: hashed pairs of adjacent tokens ("not good", "n't recommend"), the word order a bag of
+        # tokens misses, at d_model wide; zeros at first, so a new model starts as the bag of tokens it extends.
+        self.pair_embedding = nn.Embedding(cfg.pair_buckets, cfg.d_model) if cfg.pair_buckets else None
         # A pretrained table narrower or wider than d_model is mapped by a learned linear projection
         # (initialised semi-orthogonal, so it keeps the per-dimension scale of the table): the table itself, or
         # (ELECTRA, embedding_projection=after_norm) the normalised sum of table and positions, with a bias.
@@ -379,6 +407,8 @@ class TransformerClassifier(nn.Module):
             self.token_embedding.weight[self.cfg.pad_id].zero_()
         if self.embedding_projection is not None:
             nn.init.orthogonal_(self.embedding_projection.weight)
+        if self.pair_embedding is not None:
+            nn.init.zeros_(self.pair_embedding.weight)
         if self.cfg.positions == "learned":
             nn.init.normal_(self.position_embedding.weight, std=0.02)
 
@@ -420,8 +450,8 @@ class TransformerClassifier(nn.Module):
     def layers(self) -> list[list[nn.Module]]:
         """The model bottom to top: [embeddings], block 0, ..., block N-1, [final norm, head]. Layer-wise learning
         rates and freezing the lower layers walk this list."""
-        bottom = [self.token_embedding, self.embedding_projection, getattr(self, "position_embedding", None),
-                  self.embedding_norm, self.relative_positions]
+        bottom = [self.token_embedding, self.pair_embedding, self.embedding_projection,
+                  getattr(self, "position_embedding", None), self.embedding_norm, self.relative_positions]
         top = [self.final_norm, self.head]
         return [[m for m in bottom if m is not None], *([b] for b in self.blocks), [m for m in top if m is not None]]
 
@@ -445,13 +475,26 @@ class TransformerClassifier(nn.Module):
             x = self.final_norm(x)
         return rows.scatter(x) if rows is not None else x
 
+    def features(self, input_ids: torch.Tensor, mask: torch.Tensor, layout: Layout | None = None) -> torch.Tensor:
+        """input_ids (B, T), mask (B, T) bool -> the pooled vector (B, D) the head reads: the pooled hidden states,
+        plus the mean of the hashed token pairs' vectors in a static model with `pair_buckets`."""
+        hidden = self.encode(input_ids, mask, layout)
+        if self.training and self.cfg.token_dropout:
+            mask = mask & (torch.rand(mask.shape, device=mask.device) >= self.cfg.token_dropout)
+        pooled = self.pool(hidden, mask)
+        if self.pair_embedding is None:
+            return pooled
+        pairs = self.embedding_dropout(self.pair_embedding(pair_ids(input_ids, self.cfg.pair_buckets)))  # (B, T-1, D)
+        if self.cfg.scale_embeddings:  # as the token vectors are (`embed`): a step moves both alike
+            pairs = pairs * math.sqrt(self.cfg.d_model)
+        return pooled + mean_pool(pairs, mask[:, 1:] & mask[:, :-1])  # a pair counts where both tokens are kept
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 layout: Layout | None = None) -> torch.Tensor:
         """input_ids (B, T) long, attention_mask (B, T) bool/int with 1 at real tokens -> logits (B, C)."""
         if attention_mask is None:
             attention_mask = input_ids.ne(self.cfg.pad_id)
-        mask = attention_mask.bool()
-        return self.head(self.pool(self.encode(input_ids, mask, layout), mask))
+        return self.head(self.features(input_ids, attention_mask.bool(), layout))
 
     @torch.no_grad()
     def explain(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -107,6 +107,7 @@ class Prepared:
     embeddings_source: str | None  # where a pretrained table or encoder came from (None: random or resumed)
     data_fingerprint: dict  # sources.fingerprint: saved with every checkpoint, checked on resume
     cut_from_teacher: bool = False  # a distillation student that is its teacher with fewer blocks
+    resumed: bool = False  # the weights are a resumed run's own
 
     @property
     def pad_id(self) -> int:
@@ -117,7 +118,9 @@ class Prepared:
         epochs, layers = freeze_plan(config)
         frozen = (f", frozen for {epochs} epoch(s)" + (f" with the lowest {layers} blocks" if layers else "")
                   if epochs else "")
-        if self.cut_from_teacher:
+        if self.resumed:
+            source = "weights of the run being resumed"
+        elif self.cut_from_teacher:
             source = f"started as {self.embeddings_source}"
         elif options.init and self.embeddings_source:
             source = f"encoder from the {self.embeddings_source}"
@@ -127,7 +130,8 @@ class Prepared:
             source = ("encoder" if options.pretrained else f"embeddings {config.embedding_init.name}") + \
                 (f" pretrained, from {self.embeddings_source}" if self.embeddings_source else "")
         return (f"{self.model.num_parameters():,} parameters ({c.n_layers} layers, d_model {c.d_model}, {c.n_heads} "
-                f"heads, {c.positions} positions, {c.norm}-norm, {c.pooling} pooling); {source}{frozen}"
+                f"heads, {c.positions} positions, {c.norm}-norm, {c.pooling} pooling"
+                + (f", {c.pair_buckets:,} buckets of token pairs" if c.pair_buckets else "") + f"); {source}{frozen}"
                 + (f"; layer-wise lr decay {options.layer_lr_decay}" if options.layer_lr_decay != 1.0 else ""))
 
 
@@ -166,7 +170,7 @@ def prepare(config: TrainConfig, resume, console, data_report=None, table=None,
                      for s, ds in data.splits.items()}
     if resume is not None:
         model, model_cfg = resume.loaded.model, EncoderConfig.from_dict(resume.loaded.model_config)
-        return Prepared(data, tok, tokenized, model, model_cfg, None, fingerprint)
+        return Prepared(data, tok, tokenized, model, model_cfg, None, fingerprint, resumed=True)
     if init is not None:
         return _from_pretraining(config, init, data, tok, tokenized, fingerprint, console)
     if student is not None:

@@ -13,7 +13,8 @@ sentences uses a few hundred of the table's 30,522 rows, yet a dense AdamW step 
 itself on short texts. With rows, the lookup's gradient is sparse (`nn.Embedding(sparse=True)`) and only the rows
 it names are updated ("lazy Adam", as `torch.optim.SparseAdam` or TensorFlow's LazyAdam): a row's moments decay
 only on steps that use it. The moments live in the optimizer's usual state (same names and shapes as Adam's),
-so checkpoints and resume are unchanged and a run may switch modes on resume.
+so checkpoints and resume are unchanged and a run may switch modes on resume. A static model's table of hashed
+token pairs (model.pair_buckets) is updated by rows the same way.
 """
 from __future__ import annotations
 
@@ -190,10 +191,10 @@ def use_row_updates(model: nn.Module, cfg: OptimizerConfig, compiled: bool = Fal
     mode = cfg.options.get("embedding_update", "dense")  # an optimizer YAML without the key: dense
     if mode not in ("rows", "dense"):
         raise ConfigError(f"optimizer.embedding_update={mode!r} must be rows or dense")
-    table = getattr(model, "token_embedding", None)
-    on = mode == "rows" and cfg.name in SPARSE_ROWS and isinstance(table, nn.Embedding) and not compiled \
-        and not distributed
-    if table is not None:
+    tables = [t for t in (getattr(model, "token_embedding", None), getattr(model, "pair_embedding", None))
+              if isinstance(t, nn.Embedding)]  # (a static model's hashed pairs: most rows idle in any batch too)
+    on = mode == "rows" and cfg.name in SPARSE_ROWS and bool(tables) and not compiled and not distributed
+    for table in tables:
         table.sparse = on
     return on
 
