@@ -1,17 +1,24 @@
-"""model=static's hashed token pairs: a static model without them cannot tell two orders of the same words apart,
-one with them learns to; the pairs' buckets are computed alike by torch and the ONNX export; and they are refused
-on an encoder with layers."""
+"""model=static's hashed token pairs and word dropout: a static model without pairs cannot tell two orders of the
+same words apart, one with them learns to; the pairs' buckets are computed alike by torch and the ONNX export;
+word dropout acts in training only; both are refused on an encoder with layers and set by the classifier, not by
+a pretraining run it starts from."""
 import random
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from safetensors.torch import load_file
 
-from helpers import TINY_TRAINING, tiny
+from helpers import TINY_TRAINING, compose_config, tiny, train_config
 from tformer_cli import Classifier, train
+from tformer_cli.console import output
 from tformer_cli.errors import ConfigError
 from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier, pair_ids
+from tformer_cli.runs.classify import prepare
+from tformer_cli.runs.pretraining import pretrain
+from tformer_cli.store.layout import RunDir
+from tformer_cli.typed_config import plain
 
 FILLER = "the a film plot cast scene music story was is and of to it this".split()
 
@@ -85,7 +92,7 @@ def test_a_pair_counts_only_where_both_tokens_are_real():
 
 def test_token_dropout_leaves_tokens_out_in_training_only():
     cfg = EncoderConfig(vocab_size=50, num_classes=2, d_model=8, n_layers=0, n_heads=1, d_ff=1, positions="none",
-                        pooling="mean", pair_buckets=64, token_dropout=0.5, dropout=0.0)
+                        pooling="mean", pair_buckets=64, token_dropout=0.9, dropout=0.0)
     model = TransformerClassifier(cfg)
     ids = torch.randint(1, 50, (64, 20))
     mask = ids.ne(0)
@@ -96,5 +103,21 @@ def test_token_dropout_leaves_tokens_out_in_training_only():
     torch.manual_seed(0)
     dropped = model.features(ids, mask)
     assert not torch.allclose(dropped, full)  # each text's mean is over another subset of its tokens
+    one = torch.tensor([[7, 0, 0]])  # a text whose only token is dropped keeps it: never an empty mean
+    torch.testing.assert_close(model.features(one, one.ne(0)), model.eval().features(one, one.ne(0)))
     with pytest.raises(ConfigError, match="token_dropout=0.5 is for static models"):
         EncoderConfig(vocab_size=50, num_classes=2, n_layers=2, token_dropout=0.5)
+
+
+def test_a_static_pretraining_run_starts_a_classifier_with_this_runs_pairs(tmp_path):
+    """The masked LM reads token vectors only, so a static pretraining run has no pair table; a classifier started
+    from it (model.init) gets the pair buckets and token dropout it asks for, its pairs starting at zero."""
+    static = ("model=static", "model.d_model=32", "model.head_hidden=32", "model.max_len=32")
+    run = RunDir(tmp_path / "pretrain")
+    pretrain(plain(compose_config("pretrain", *tiny(*static, "data.n_train=300"))), run)
+    assert not [k for k in load_file(run.best.weights) if "pair" in k]
+    config = train_config(*tiny(*static, f"model.init={run.root}", "model.pair_buckets=1024",
+                                "model.token_dropout=0.1"))
+    model = prepare(config, None, output()).model
+    assert (model.cfg.pair_buckets, model.cfg.token_dropout) == (1024, 0.1)
+    assert model.pair_embedding.weight.abs().sum() == 0

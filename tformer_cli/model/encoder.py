@@ -480,7 +480,8 @@ class TransformerClassifier(nn.Module):
         plus the mean of the hashed token pairs' vectors in a static model with `pair_buckets`."""
         hidden = self.encode(input_ids, mask, layout)
         if self.training and self.cfg.token_dropout:
-            mask = mask & (torch.rand(mask.shape, device=mask.device) >= self.cfg.token_dropout)
+            kept = mask & (torch.rand(mask.shape, device=mask.device) >= self.cfg.token_dropout)
+            mask = torch.where(kept.any(1, keepdim=True), kept, mask)  # a text left with no token keeps them all
         pooled = self.pool(hidden, mask)
         if self.pair_embedding is None:
             return pooled

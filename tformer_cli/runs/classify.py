@@ -232,7 +232,8 @@ def freeze_plan(config: TrainConfig) -> tuple[int, int]:
 
 # A classifier started from a saved encoder (a `tformer pretrain` run, a teacher cut by distill.layers) keeps its
 # shape; these come from the classifier's own model config (the head, pooling, regularisation, the length it reads).
-_FROM_CLASSIFIER = ("pooling", "head_hidden", "dropout", "attention_dropout", "max_len")
+_FROM_CLASSIFIER = ("pooling", "head_hidden", "dropout", "attention_dropout", "max_len", "pair_buckets",
+                    "token_dropout")
 
 
 def _as_classifier(config: TrainConfig, encoder_config: dict, data) -> dict:
@@ -266,9 +267,10 @@ def _from_pretraining(config: TrainConfig, init, data, tok, tokenized, fingerpri
     elif "position_embedding.weight" in weights:
         weights["position_embedding.weight"] = weights["position_embedding.weight"][:model_cfg.max_len]
     missing, unexpected = model.load_state_dict(weights, strict=False)
-    if unexpected or any(not k.startswith("head.") for k in missing):
+    new = lambda k: k.startswith("head.") or k == "pair_embedding.weight"  # noqa: E731  (a static model's pairs: 0)
+    if unexpected or any(not new(k) for k in missing):
         raise TformerError(f"the pretraining run {init.files.path} does not fit this encoder (missing "
-                           f"{[k for k in missing if not k.startswith('head.')][:3]}, unexpected {unexpected[:3]})")
+                           f"{[k for k in missing if not new(k)][:3]}, unexpected {unexpected[:3]})")
     source = f"pretraining run {init.files.path.parent.parent}"
     if init.meta.get("continued_from"):  # the chain: a pretrained encoder, pretrained further on the task's text
         source += f", continued from the {init.meta['continued_from']}"

@@ -223,7 +223,7 @@ def memory_estimate(config: "TrainConfig", shape: EncoderConfig) -> dict[str, in
             "positions": 4 * T * D * (shape.positions != "learned") * processes}
 
 
-PART_KEYS = {"parameters": "model.d_model, model.n_layers, model.d_ff or the vocabulary",
+PART_KEYS = {"parameters": "model.d_model, model.n_layers, model.d_ff, model.pair_buckets or the vocabulary",
              "positions": "model.max_len or model.d_model"}
 
 

@@ -182,9 +182,10 @@ class PretrainJob:
         elif encoder is not None:
             model_cfg = config.encoder_config(**encoder.shape, num_classes=2)
         else:
-            model_cfg = config.encoder_config(
+            model_cfg = config.encoder_config(  # (the masked LM reads token vectors: no static model's pairs)
                 vocab_size=pre.weight.shape[0] if pre is not None else tok.get_vocab_size(), num_classes=2,
-                embedding_dim=pre.weight.shape[1] if pre is not None else 0, pad_id=pad)
+                embedding_dim=pre.weight.shape[1] if pre is not None else 0, pad_id=pad, pair_buckets=0,
+                token_dropout=0.0)
         model = continued(model_cfg, encoder) if encoder is not None else MaskedLM(model_cfg)
         if resume is not None:  # where a continued encoder came from, in every checkpoint's meta
             chain = {k: resume.loaded.meta[k] for k in ("continued_from", "continued_sha256") if k in resume.loaded.meta}
