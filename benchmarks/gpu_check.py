@@ -309,8 +309,11 @@ def throughput(folders_made: dict, device: str, quick: bool, measured_peak: floa
                 real = torch.randint(int(0.4 * length), length + 1, (batch_size,), generator=g)
                 mask = torch.arange(length)[None, :] < real[:, None]
                 ids = ids.masked_fill(~mask, 0)
-            out.append({"input_ids": ids, "attention_mask": mask,
-                        "labels": torch.randint(0, 2, (batch_size,), generator=g)})
+            batch = {"input_ids": ids, "attention_mask": mask,
+                     "labels": torch.randint(0, 2, (batch_size,), generator=g)}
+            # pinned, as tformer's loader gives them on CUDA: a copy from pageable memory waits for the device
+            # to finish the previous step, so the host could not queue one step while the device runs another
+            out.append({k: v.pin_memory() for k, v in batch.items()} if device == "cuda" else batch)
         return out
 
     cases = [(shape, length, kind) for kind in ("full", "mixed") for shape in folders_made for length in (128, 512)]

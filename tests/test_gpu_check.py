@@ -32,3 +32,23 @@ def test_the_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     speeds = next(x["result"] for x in results if x["step"].startswith("throughput"))
     assert {"minilm 128 full eager", "bert_base 512 mixed eager", "minilm 128 full transformers",
             "bert_base 128 mixed eager padded"} <= set(speeds)
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_the_gpu_profile_runs_on_the_cpu(tmp_path):
+    """benchmarks/gpu_profile.py --device cpu --quick: every variant prints its line and the kernel table is
+    written, so the profile is ready when a GPU is."""
+    data = tmp_path / "imdb"
+    data.mkdir()
+    pd.DataFrame({"text": [f"a film number {i} that was {'good' if i % 2 else 'bad'}" for i in range(200)],
+                  "label": [i % 2 for i in range(200)]}).to_parquet(data / "train.parquet", index=False)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), "--device", "cpu", "--quick",
+                        "--data", str(data), "--out", str(out)], capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    for line in ("step as it runs:", "forward only", "forward + backward", "no dropout:", "no gradient clipping:",
+                 "batch 8:"):
+        assert r.stdout.count(line) == 2, (line, r.stdout[-3000:])  # once per shape
+    assert "aten::" in (out / "profile.txt").read_text()
