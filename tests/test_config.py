@@ -110,7 +110,7 @@ def test_evaluate_config_composes_with_and_without_data():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("trainer.epochs=abc", "trainer.epochs='abc' must be a whole number"),
+    ("trainer.epochs=abc", "trainer.epochs='abc' must be a whole number or auto"),
     ("+trainer.epoch=1", "trainer.epoch is not a known key"),
     ("+model.d_modle=3", "model.d_modle is not a known key"),
     ("optimizer.lr=fast", "optimizer.lr='fast' must be a number"),
@@ -122,7 +122,7 @@ def test_evaluate_config_composes_with_and_without_data():
     ("data.validation_fraction=1.5", "data.validation_fraction=1.5 must be between 0 and 1"),
     ("model.dropout=1.5", "model.dropout=1.5 must be between 0 and 1 (1 excluded)"),
     ("loss.label_smoothing=1", "loss.label_smoothing=1.0 must be between 0 and 1 (1 excluded)"),
-    ("loss.class_weights=inverse", "loss.class_weights='inverse' must be null or balanced"),
+    ("loss.class_weights=inverse", "loss.class_weights='inverse' must be auto, null or balanced"),
     ("trainer.early_stopping.mode=up", "trainer.early_stopping.mode='up' must be min or max"),
     ("schedule.warmup_ratio=2", "schedule.warmup_ratio=2.0 must be between 0 and 1 (1 excluded)"),
 ])
@@ -168,7 +168,7 @@ def test_weight_decay_is_grouped_by_what_a_parameter_is():
 @pytest.mark.slow
 def test_a_bad_value_is_refused_before_any_data_is_read(tmp_path):
     r = run_tformer("train", "trainer.epochs=abc", cwd=tmp_path)
-    assert r.returncode == 2 and r.stderr.strip() == "error: trainer.epochs='abc' must be a whole number"
+    assert r.returncode == 2 and r.stderr.strip() == "error: trainer.epochs='abc' must be a whole number or auto"
     assert "data" not in r.stdout and not list(tmp_path.glob("outputs/**/checkpoints"))
 
 

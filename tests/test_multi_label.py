@@ -128,9 +128,20 @@ def test_onnx_export_keeps_the_label_sets(result):
     assert [x["labels"] for x in a] == [x["labels"] for x in b]
 
 
+def test_multi_label_class_weights_weigh_each_labels_positives():
+    """loss.class_weights=balanced (and auto, for multi-label data): BCE's pos_weight sqrt(negatives / positives);
+    auto leaves single-label data unweighted."""
+    import torch
+    from tformer_cli.runs.classify import class_weights
+    labels = torch.zeros(100, 3)
+    labels[:50, 0], labels[:4, 1] = 1, 1  # label 0 on half the texts, label 1 on 4 of 100, label 2 on none
+    for mode in ("balanced", "auto"):
+        assert torch.allclose(class_weights(labels, 3, mode), torch.tensor([1.0, (96 / 4) ** 0.5, 10.0]))
+    assert class_weights(torch.tensor([0, 1, 1]), 2, "auto") is None
+    assert class_weights(labels, 3, None) is None
+
+
 def test_bad_multi_label_settings_are_one_line(files, tmp_path):
-    with pytest.raises(TformerError, match="class_weights"):
-        train(overrides(files) + ["loss.class_weights=balanced"], run_dir=tmp_path / "a")
     (tmp_path / "one.csv").write_text("text,topics\nhello,x\nworld,x\nagain,x\nmore,x\nand more,x\n")
     with pytest.raises(TformerError, match="at least two"):
         train(["data=files", f"data.train_file={tmp_path / 'one.csv'}", "data.multi_label=true",
@@ -144,3 +155,33 @@ def test_threshold_tuning_finds_the_known_cut():
     p = np.array([[0.35, 0.9], [0.4, 0.1], [0.45, 0.2], [0.1, 0.3], [0.2, 0.6], [0.25, 0.7]])
     # label 0: every cut in (0.25, 0.35] separates perfectly; the one nearest 0.5 is kept. label 1: no positive
     assert tune_thresholds(y, p) == [0.35, 0.5]
+
+
+def test_auto_epochs_follow_the_training_steps():
+    """trainer.epochs=auto: ten for single-label data; for multi-label data about STEPS_MULTI_LABEL steps,
+    within EPOCHS_MULTI_LABEL, counted in global batches."""
+    from tformer_cli.training import recipe
+    assert recipe.auto_epochs(20_000, 32, multi_label=False)[0] == 10
+    assert recipe.auto_epochs(43_410, 32, multi_label=True)[0] == 3  # GoEmotions: 1,357 steps an epoch
+    assert recipe.auto_epochs(1_742, 32, multi_label=True)[0] == 30  # 55 steps: the ceiling
+    assert recipe.auto_epochs(10_000_000, 32, multi_label=True)[0] == 2  # the floor
+    assert recipe.auto_epochs(43_410, 64, multi_label=True)[0] == 6
+    assert recipe.epochs_auto("Auto") and not recipe.epochs_auto(3)
+
+
+@pytest.mark.slow  # trains
+def test_auto_epochs_are_saved_as_a_number_and_resumed(files, tmp_path, monkeypatch):
+    from tformer_cli.checkpoint import read_config
+    from tformer_cli.store.layout import CheckpointDir
+    from tformer_cli.training import recipe
+    monkeypatch.setattr(recipe, "STEPS_MULTI_LABEL", 76)  # 1,200 rows in batches of 32: 38 steps, 2 epochs
+    base = [o for o in overrides(files) if not o.startswith("trainer.epochs=")]
+    run = tmp_path / "run"
+    result = train([*base, "trainer.epochs=auto"], run_dir=run)
+    log = next(run.glob("train*.log")).read_text()
+    assert "epochs 2 (trainer.epochs=auto: multi-label data" in log
+    assert len(result.history) == 2 and read_config(CheckpointDir(run / "checkpoints" / "last"))["trainer"]["epochs"] == 2
+    with pytest.raises(TformerError, match="already finished"):  # auto resumes as the run's 2: nothing to do
+        train([*base, "trainer.epochs=auto", f"resume={run}"], run_dir=run)
+    longer = train([*base, "trainer.epochs=3", f"resume={run}"], run_dir=run)
+    assert len(longer.history) == 3

@@ -327,6 +327,11 @@ def build_run(session: Session, prepared: Prepared, objective=None, train: Token
     """The loop's Run of a classifier: classification on the train split, unless a job gives its own objective
     and train split (distillation: the teacher's logits, and unlabeled texts too) and `meta` for its checkpoints."""
     config, run_dir, resume = session.config, session.run_dir, session.resume
+    train = train if train is not None else prepared.tokenized["train"]
+    if recipe.epochs_auto(config.trainer.epochs):  # (a resume took the run's own number: session.load_resume)
+        epochs, why = recipe.auto_epochs(len(train), config.trainer.batch_size, prepared.model_cfg.multi_label)
+        config.trainer.epochs = session.tree["trainer"]["epochs"] = epochs  # saved as the number
+        session.console.print(f"[bold]epochs[/] {epochs} (trainer.epochs=auto: {why})", highlight=False)
     config_yaml = OmegaConf.to_yaml(OmegaConf.create(session.tree))
     tokenizer_json = prepared.tokenizer.to_str()
     model_config, label_names = prepared.model_cfg.to_dict(), prepared.data.label_names
@@ -347,7 +352,7 @@ def build_run(session: Session, prepared: Prepared, objective=None, train: Token
     freeze_epochs, freeze_layers = freeze_plan(config)
     if objective is None:
         objective = Classification(label_names, class_weights_of(session, prepared), config.loss.label_smoothing)
-    return Run(model=prepared.model, train=train if train is not None else prepared.tokenized["train"],
+    return Run(model=prepared.model, train=train,
                validation=prepared.tokenized["validation"],
                objective=objective, pad_id=prepared.pad_id, device=session.device, precision=session.precision,
                trainer=config.trainer, optimizer=config.optimizer, schedule=config.schedule, save_checkpoint=save,
@@ -449,19 +454,29 @@ def sampled_logits(model, split: TokenizedSplit, rows, **kwargs) -> np.ndarray:
 
 def class_weights_of(session: Session, prepared: Prepared) -> torch.Tensor | None:
     """loss.class_weights of the labelled train split, on the run's device (None: unweighted)."""
-    weight = class_weights(prepared.tokenized["train"].labels, len(prepared.data.label_names),
-                           session.config.loss.class_weights)
+    labels, mode = prepared.tokenized["train"].labels, session.config.loss.class_weights
+    weight = class_weights(labels, len(prepared.data.label_names), mode)
+    if weight is not None and labels.dim() == 2:
+        session.console.print(f"[bold]loss[/] each label's positives weighted sqrt(negatives / positives): "
+                              f"{float(weight.min()):.2f} .. {float(weight.max()):.2f} (loss.class_weights={mode}; "
+                              f"null: unweighted)", highlight=False)
     return weight.to(session.device) if weight is not None else None
 
 
 def class_weights(labels, num_classes: int, mode: str | None):
-    """'balanced': n / (k * count_c), scikit-learn's inverse-frequency weights; None: unweighted."""
+    """'balanced': n / (k * count_c), scikit-learn's inverse-frequency weights; for multi-label data the weight of
+    each label's positives, sqrt(negatives / positives) (BCE's pos_weight: a label on 0.2% of the texts has its
+    positives counted 22 times, not 500); 'auto': balanced for multi-label data, unweighted for single-label (on
+    GoEmotions the weights lifted test macro-F1 from 0.513 to 0.537 and micro-F1 from 0.600 to 0.604; single-label
+    figures in the docs are unweighted); None: unweighted."""
+    if mode == "auto":
+        mode = "balanced" if labels.dim() == 2 else None
     if not mode:
         return None
-    if labels.dim() == 2:
-        raise TformerError("loss.class_weights=balanced weighs single-label classes; with data.multi_label=true "
-                           "leave it null")
     if mode != "balanced":
-        raise TformerError(f"loss.class_weights={mode} must be null or balanced")
+        raise TformerError(f"loss.class_weights={mode} must be auto, null or balanced")
+    if labels.dim() == 2:
+        positives = labels.float().sum(0)
+        return ((len(labels) - positives).clamp(min=1) / positives.clamp(min=1)).sqrt()
     counts = torch.bincount(labels, minlength=num_classes).float().clamp(min=1)
     return counts.sum() / (num_classes * counts)

@@ -210,7 +210,8 @@ def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torc
     if alpha < 1 and bool(labelled.any()):
         if multi_label:
             targets = labels.float() * (1 - label_smoothing) + 0.5 * label_smoothing
-            hard = F.binary_cross_entropy_with_logits(student.float(), targets, reduction="none").mean(-1)
+            hard = F.binary_cross_entropy_with_logits(student.float(), targets, reduction="none",
+                                                      pos_weight=class_weight).mean(-1)
         else:  # (a class weight scales its rows' term: the mean over rows keeps micro-batch and rank shares exact)
             hard = F.cross_entropy(student.float(), labels.clamp(min=0), reduction="none",
                                    label_smoothing=label_smoothing)

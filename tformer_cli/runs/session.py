@@ -27,7 +27,7 @@ from ..errors import TformerError
 from ..safe_text import markup
 from ..hardware import keep_freed_host_memory, pick_device, pick_precision
 from ..store.layout import CheckpointDir, RunDir
-from ..training import distributed
+from ..training import distributed, recipe
 from ..training.loggers import build_logger
 from ..training.loop import Interrupted, Run, fit
 from ..training.state import TrainingState
@@ -109,6 +109,8 @@ def execute(job: Job, config, tree: dict, run_dir: RunDir, overrides=(), resume_
         if resume_from is not None:
             console.print(f"[bold]resuming[/] {markup(run_dir)}", highlight=False)
             session.resume = load_resume(job, resume_from, tree)
+            if recipe.epochs_auto(getattr(getattr(session.config, "trainer", None), "epochs", None)):
+                session.config.trainer.epochs = tree["trainer"]["epochs"]
         best = _run_locked(session)
     console.close_log()
     return Trained(run_dir, best)
@@ -118,6 +120,14 @@ def load_resume(job: Job, ckpt: CheckpointDir, tree: dict) -> Resume:
     """The checked training state of a run's `last` checkpoint (resume.py says what is checked)."""
     run = RunDir.of_checkpoint(ckpt)
     saved = checkpoint.read_config(ckpt) if ckpt.config.is_file() else {}
+    trainer, saved_epochs = tree.get("trainer") or {}, (saved.get("trainer") or {}).get("epochs")
+    if recipe.epochs_auto(trainer.get("epochs")) and isinstance(saved_epochs, int):
+        trainer["epochs"] = saved_epochs  # trainer.epochs=auto resumes with the number the run chose
+    loss, saved_loss = tree.get("loss") or {}, saved.get("loss") or {}
+    if loss.get("class_weights") == "auto" and "class_weights" in saved_loss:  # what auto means for this data
+        meant = "balanced" if (tree.get("data") or {}).get("multi_label") else None
+        if saved_loss["class_weights"] in (meant, "auto"):  # (a run saved before auto existed says it plainly)
+            loss["class_weights"] = saved_loss["class_weights"]
     extending = check_finished(run, saved, tree, job.task)
     loaded, (tensors, state) = job.load(ckpt)
     check_same_run(run, saved, tree, state, extending)

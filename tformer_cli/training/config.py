@@ -26,7 +26,7 @@ class EarlyStoppingConfig:
 
 @dataclass
 class TrainerConfig:
-    epochs: int
+    epochs: int | str  # a number, or auto: chosen from the training rows when the data is read (training/recipe.py)
     batch_size: int
     eval_batch_size: int
     device: str
@@ -46,13 +46,21 @@ class TrainerConfig:
     threads: int | str  # CPU threads: auto (this process's share of the usable cores, cores.py) or a number
 
     # Upper bounds: past them a value is a typo (1e30), not a setting; what fits is checked by memory (runs/config.py)
-    RANGES = {"epochs": (1, 1_000_000, "[]"), "batch_size": (1, 1 << 20, "[]"), "eval_batch_size": (1, 1 << 20, "[]"),
+    RANGES = {"batch_size": (1, 1 << 20, "[]"), "eval_batch_size": (1, 1 << 20, "[]"),
               "grad_clip": (0, None, "[)"), "log_every_steps": (1, None, "[)"), "num_workers": (0, 1024, "[]"),
               "checkpoint_every_steps": (0, None, "[)"), "devices": (1, 1024, "[]"),
               "micro_batches": (1, 1 << 20, "[]")}
 
     def __post_init__(self) -> None:
         parse_threads(self.threads)
+        if isinstance(self.epochs, str):
+            if self.epochs.strip().lower() != "auto":
+                raise ConfigError(f"trainer.epochs={self.epochs!r} must be a whole number or auto")
+            self.epochs = "auto"
+        elif self.epochs < 1:
+            raise ConfigError(f"trainer.epochs={self.epochs} must be at least 1")
+        elif self.epochs > 1_000_000:
+            raise ConfigError(f"trainer.epochs={self.epochs} must be between 1 and 1000000")
 
 
 @dataclass
@@ -92,14 +100,14 @@ class ScheduleConfig:
 
 @dataclass
 class LossConfig:
-    class_weights: str | None  # null | balanced
+    class_weights: str | None  # auto | null | balanced (runs/classify.py: class_weights)
     label_smoothing: float
 
     RANGES = {"label_smoothing": (0, 1, "[)")}
 
     def __post_init__(self) -> None:
-        if self.class_weights not in (None, "balanced"):
-            raise ConfigError(f"loss.class_weights={self.class_weights!r} must be null or balanced")
+        if self.class_weights not in (None, "balanced", "auto"):
+            raise ConfigError(f"loss.class_weights={self.class_weights!r} must be auto, null or balanced")
 
 
 @dataclass

@@ -21,7 +21,7 @@ from .. import cores
 from ..console import output, progress
 from ..data.batching import BatchLoader
 from ..data.tokenization import TokenizedSplit
-from ..errors import TformerError
+from ..errors import ConfigError, TformerError
 from ..hardware import MaybeCompiled, Precision, release_freed_host_memory
 from ..model.fast_paths import Layout
 from . import optim as optim_lib
@@ -81,7 +81,7 @@ class Optimization:
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if labels.dim() == 2:  # multi-label: an independent yes/no per label (smoothing pulls targets toward 0.5)
             targets = labels * (1 - self.label_smoothing) + 0.5 * self.label_smoothing
-            return F.binary_cross_entropy_with_logits(logits.float(), targets)
+            return F.binary_cross_entropy_with_logits(logits.float(), targets, pos_weight=self.loss_weight)
         return F.cross_entropy(logits.float(), labels, weight=self.loss_weight, label_smoothing=self.label_smoothing)
 
     @property
@@ -232,6 +232,9 @@ def fit(run: Run) -> TrainingState:
     if run.say is None:
         run.say = output().print
     tcfg, objective = run.trainer, run.objective
+    if not isinstance(tcfg.epochs, int):  # (train and distill choose it from the data before they get here)
+        raise ConfigError(f"trainer.epochs={tcfg.epochs} is chosen by tformer train and distill; pass a number of "
+                          f"epochs to this job")
     model = run.model.to(run.device)
     loader = BatchLoader(run.train, tcfg.batch_size, run.pad_id, shuffle=True, seed=tcfg.seed,
                          num_workers=tcfg.num_workers, pin_memory=run.device.type == "cuda")
