@@ -174,14 +174,39 @@ def test_auto_epochs_are_saved_as_a_number_and_resumed(files, tmp_path, monkeypa
     from tformer_cli.checkpoint import read_config
     from tformer_cli.store.layout import CheckpointDir
     from tformer_cli.training import recipe
-    monkeypatch.setattr(recipe, "STEPS_MULTI_LABEL", 76)  # 1,200 rows in batches of 32: 38 steps, 2 epochs
+    monkeypatch.setattr(recipe, "STEPS_MULTI_LABEL", 114)  # 1,200 rows in batches of 32: 38 steps, 3 epochs
     base = [o for o in overrides(files) if not o.startswith("trainer.epochs=")]
     run = tmp_path / "run"
     result = train([*base, "trainer.epochs=auto"], run_dir=run)
     log = next(run.glob("train*.log")).read_text()
-    assert "epochs 2 (trainer.epochs=auto: multi-label data" in log
-    assert len(result.history) == 2 and read_config(CheckpointDir(run / "checkpoints" / "last"))["trainer"]["epochs"] == 2
-    with pytest.raises(TformerError, match="already finished"):  # auto resumes as the run's 2: nothing to do
+    assert "epochs 3 (trainer.epochs=auto: multi-label data" in log
+    assert len(result.history) == 3 and read_config(CheckpointDir(run / "checkpoints" / "last"))["trainer"]["epochs"] == 3
+    monkeypatch.setattr(recipe, "STEPS_MULTI_LABEL", 100_000)  # auto would now say 30: the run's own 3 wins
+    with pytest.raises(TformerError, match="already finished"):
         train([*base, "trainer.epochs=auto", f"resume={run}"], run_dir=run)
-    longer = train([*base, "trainer.epochs=3", f"resume={run}"], run_dir=run)
-    assert len(longer.history) == 3
+    longer = train([*base, "trainer.epochs=4", f"resume={run}"], run_dir=run)
+    assert len(longer.history) == 4
+
+
+def test_weighted_positives_leave_the_probabilities_calibrated():
+    """weighted_bce weighs a label's positives by pos_weight yet its best logit is still the log-odds of the
+    label's rate (logit adjustment), so sigmoids stay probabilities; pos_weight alone would move it by log(w)."""
+    import torch
+    import torch.nn.functional as F
+    from tformer_cli.inference import weighted_bce
+    targets = (torch.arange(1000) < 100).float()[:, None]  # the label on 10% of the texts
+    weight = torch.tensor([9.0])
+    for loss_fn, expected in ((lambda z: weighted_bce(z.expand(1000, 1), targets, weight), 0.1),
+                              (lambda z: F.binary_cross_entropy_with_logits(z.expand(1000, 1), targets,
+                                                                            pos_weight=weight), 0.5)):
+        z = torch.zeros(1, requires_grad=True)
+        opt = torch.optim.LBFGS([z], max_iter=100)
+        opt.step(lambda: (opt.zero_grad(), (loss := loss_fn(z)).backward(), loss)[-1])
+        assert abs(torch.sigmoid(z).item() - expected) < 1e-3
+
+
+def test_pretraining_refuses_auto_epochs(tmp_path):
+    from helpers import run_tformer
+    r = run_tformer("pretrain", "trainer.epochs=auto", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: trainer.epochs=auto is chosen from labelled "
+                                                             "data"), r.stderr[-500:]

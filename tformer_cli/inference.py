@@ -35,6 +35,19 @@ def predict_logits(model, split: TokenizedSplit, *, batch_size: int, pad_id: int
     return logits, loss_of(logits, split.doc_labels, bool(model.cfg.multi_label), loss_weight)
 
 
+def weighted_bce(logits: torch.Tensor, targets: torch.Tensor, pos_weight: torch.Tensor | None = None,
+                 reduction: str = "mean") -> torch.Tensor:
+    """Binary cross-entropy with each label's positives weighted by pos_weight, and the logits moved by
+    log(pos_weight) inside the loss (logit adjustment, Menon et al. 2021): weighting alone would move the best
+    logit of a label by +log(weight), so its probabilities would read too high and no temperature could undo it;
+    adjusted, the rare labels' positives still weigh more in the gradient and the model's own sigmoids stay
+    probabilities."""
+    if pos_weight is None:
+        return F.binary_cross_entropy_with_logits(logits, targets, reduction=reduction)
+    return F.binary_cross_entropy_with_logits(logits + pos_weight.log(), targets, pos_weight=pos_weight,
+                                              reduction=reduction)
+
+
 def loss_of(logits: torch.Tensor, targets: torch.Tensor, multi_label: bool, loss_weight=None,
             reduction: str = "mean") -> float:
     """The validation loss of document logits: mean cross-entropy (class-weighted sum over documents divided by
@@ -44,7 +57,8 @@ def loss_of(logits: torch.Tensor, targets: torch.Tensor, multi_label: bool, loss
         labelled = len(logits) and targets.shape == logits.shape
         if not labelled:
             return 0.0
-        loss = F.binary_cross_entropy_with_logits(logits, targets.float(), reduction="sum")
+        weight = None if loss_weight is None else loss_weight.to(logits.device)  # (the loss trained on)
+        loss = weighted_bce(logits.float(), targets.float(), weight, reduction="sum")
         return float(loss) if reduction == "sum" else float(loss) / max(logits.numel(), 1)
     weight = None if loss_weight is None else loss_weight.cpu()
     loss = float(F.cross_entropy(logits, targets, weight=weight, reduction="sum"))

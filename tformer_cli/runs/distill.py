@@ -36,7 +36,7 @@ from ..data import sanity, sources, tokenization
 from ..data.tokenization import LongText, TokenizedSplit
 from ..errors import ConfigError, TformerError
 from ..console import progress
-from ..inference import predict_logits
+from ..inference import predict_logits, weighted_bce
 from ..model import pretrained
 from ..safe_text import markup
 from .. import checkpoint
@@ -210,8 +210,7 @@ def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torc
     if alpha < 1 and bool(labelled.any()):
         if multi_label:
             targets = labels.float() * (1 - label_smoothing) + 0.5 * label_smoothing
-            hard = F.binary_cross_entropy_with_logits(student.float(), targets, reduction="none",
-                                                      pos_weight=class_weight).mean(-1)
+            hard = weighted_bce(student.float(), targets, class_weight, reduction="none").mean(-1)
         else:  # (a class weight scales its rows' term: the mean over rows keeps micro-batch and rank shares exact)
             hard = F.cross_entropy(student.float(), labels.clamp(min=0), reduction="none",
                                    label_smoothing=label_smoothing)

@@ -108,15 +108,23 @@ def execute(job: Job, config, tree: dict, run_dir: RunDir, overrides=(), resume_
                          defer=resume_from is not None)
         if resume_from is not None:
             console.print(f"[bold]resuming[/] {markup(run_dir)}", highlight=False)
-            session.resume = load_resume(job, resume_from, tree)
-            if recipe.epochs_auto(getattr(getattr(session.config, "trainer", None), "epochs", None)):
-                session.config.trainer.epochs = tree["trainer"]["epochs"]
+            resume_session(session, resume_from)
         best = _run_locked(session)
     console.close_log()
     return Trained(run_dir, best)
 
 
-def load_resume(job: Job, ckpt: CheckpointDir, tree: dict) -> Resume:
+def resume_session(session: Session, ckpt: CheckpointDir) -> None:
+    """session.resume from the run's `last` checkpoint, checked; an `auto` the run resolved (trainer.epochs) takes
+    the run's own value, in the config as in the tree (every rank of a DDP run the same)."""
+    data = getattr(session.config, "data", None)
+    session.resume = load_resume(session.job, ckpt, session.tree, bool(getattr(data, "multi_label", False)))
+    trainer = getattr(session.config, "trainer", None)
+    if trainer is not None and recipe.epochs_auto(trainer.epochs):
+        trainer.epochs = session.tree["trainer"]["epochs"]
+
+
+def load_resume(job: Job, ckpt: CheckpointDir, tree: dict, multi_label: bool = False) -> Resume:
     """The checked training state of a run's `last` checkpoint (resume.py says what is checked)."""
     run = RunDir.of_checkpoint(ckpt)
     saved = checkpoint.read_config(ckpt) if ckpt.config.is_file() else {}
@@ -124,8 +132,8 @@ def load_resume(job: Job, ckpt: CheckpointDir, tree: dict) -> Resume:
     if recipe.epochs_auto(trainer.get("epochs")) and isinstance(saved_epochs, int):
         trainer["epochs"] = saved_epochs  # trainer.epochs=auto resumes with the number the run chose
     loss, saved_loss = tree.get("loss") or {}, saved.get("loss") or {}
-    if loss.get("class_weights") == "auto" and "class_weights" in saved_loss:  # what auto means for this data
-        meant = "balanced" if (tree.get("data") or {}).get("multi_label") else None
+    if str(loss.get("class_weights")).lower() == "auto" and "class_weights" in saved_loss:
+        meant = "balanced" if multi_label else None  # what auto means for this data
         if saved_loss["class_weights"] in (meant, "auto"):  # (a run saved before auto existed says it plainly)
             loss["class_weights"] = saved_loss["class_weights"]
     extending = check_finished(run, saved, tree, job.task)
@@ -237,7 +245,7 @@ def _execute_worker(job: Job, config, tree: dict, run_dir: RunDir, dist, resume_
     warnings.simplefilter("ignore")
     session = Session(job, config, tree, run_dir, [], console, dist=dist)
     if resume_from is not None:
-        session.resume = load_resume(job, resume_from, tree)
+        resume_session(session, resume_from)  # (the same epochs as rank 0: the run's own number)
     start(session)
     with cores.claimed(config.trainer.threads, device_type=session.device.type):
         return _worker_fit(session, run_dir, dist)

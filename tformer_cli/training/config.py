@@ -106,6 +106,8 @@ class LossConfig:
     RANGES = {"label_smoothing": (0, 1, "[)")}
 
     def __post_init__(self) -> None:
+        if isinstance(self.class_weights, str):
+            self.class_weights = self.class_weights.strip().lower()
         if self.class_weights not in (None, "balanced", "auto"):
             raise ConfigError(f"loss.class_weights={self.class_weights!r} must be auto, null or balanced")
 

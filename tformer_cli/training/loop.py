@@ -23,6 +23,7 @@ from ..data.batching import BatchLoader
 from ..data.tokenization import TokenizedSplit
 from ..errors import ConfigError, TformerError
 from ..hardware import MaybeCompiled, Precision, release_freed_host_memory
+from ..inference import weighted_bce
 from ..model.fast_paths import Layout
 from . import optim as optim_lib
 from . import schedules
@@ -81,7 +82,7 @@ class Optimization:
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if labels.dim() == 2:  # multi-label: an independent yes/no per label (smoothing pulls targets toward 0.5)
             targets = labels * (1 - self.label_smoothing) + 0.5 * self.label_smoothing
-            return F.binary_cross_entropy_with_logits(logits.float(), targets, pos_weight=self.loss_weight)
+            return weighted_bce(logits.float(), targets, self.loss_weight)
         return F.cross_entropy(logits.float(), labels, weight=self.loss_weight, label_smoothing=self.label_smoothing)
 
     @property
