@@ -298,24 +298,6 @@ def throughput(folders_made: dict, device: str, quick: bool, measured_peak: floa
         def of(mask, device=None, unpad=True):
             return Layout(True)
 
-    def batches_for(vocab: int, length: int, kind: str) -> list[dict]:
-        g = torch.Generator().manual_seed(0)
-        out = []
-        for _ in range(steps + warm):
-            ids = torch.randint(5, vocab, (batch_size, length), generator=g)
-            if kind == "full":
-                mask = torch.ones(batch_size, length, dtype=torch.bool)
-            else:
-                real = torch.randint(int(0.4 * length), length + 1, (batch_size,), generator=g)
-                mask = torch.arange(length)[None, :] < real[:, None]
-                ids = ids.masked_fill(~mask, 0)
-            batch = {"input_ids": ids, "attention_mask": mask,
-                     "labels": torch.randint(0, 2, (batch_size,), generator=g)}
-            # pinned, as tformer's loader gives them on CUDA: a copy from pageable memory waits for the device
-            # to finish the previous step, so the host could not queue one step while the device runs another
-            out.append({k: v.pin_memory() for k, v in batch.items()} if device == "cuda" else batch)
-        return out
-
     cases = [(shape, length, kind) for kind in ("full", "mixed") for shape in folders_made for length in (128, 512)]
     modes = ["eager", "eager padded", "transformers"]
     if not (quick and device == "cpu"):
@@ -333,7 +315,7 @@ def throughput(folders_made: dict, device: str, quick: bool, measured_peak: floa
                 continue
             folder = folders_made[shape_name]
             enc = load_encoder(folder, None, length)
-            batches = batches_for(enc.shape["vocab_size"], length, kind)
+            batches = random_batches(enc.shape["vocab_size"], length, kind, steps + warm, batch_size, device)
             real_tokens = sum(int(b["attention_mask"].sum()) for b in batches[warm:]) / (steps * batch_size)
             cfg = EncoderConfig(**enc.shape, num_classes=2, dropout=0.1, attention_dropout=0.1, pooling="mean")
             if mode == "transformers":
@@ -352,7 +334,7 @@ def throughput(folders_made: dict, device: str, quick: bool, measured_peak: floa
                     optimizer.zero_grad(set_to_none=True)
                     return loss.detach()
 
-                rate = _timed(peer_step, batches, warm, device)
+                rate = timed(peer_step, batches, warm, device)[0]
                 row = {"samples_per_s": round(rate, 1)}
                 for ours in ("eager", "compiled"):
                     theirs = table.get(f"{shape_name} {length} {kind} {ours}", {}).get("samples_per_s")
@@ -371,7 +353,7 @@ def throughput(folders_made: dict, device: str, quick: bool, measured_peak: floa
                 started = time.perf_counter()
                 kept, loop.Layout = loop.Layout, (Padded if mode == "eager padded" else loop.Layout)
                 try:
-                    rate = _timed(lambda b: train_step(opt, b), batches, warm, device)
+                    rate = timed(lambda b: train_step(opt, b), batches, warm, device)[0]
                 finally:
                     loop.Layout = kept
                 flops = 6 * n_params + 12 * cfg.n_layers * cfg.n_heads * (cfg.d_model // cfg.n_heads) * length
@@ -393,17 +375,41 @@ def throughput(folders_made: dict, device: str, quick: bool, measured_peak: floa
     return table
 
 
-def _timed(step_fn, batches, warm: int, device: str) -> float:
+def random_batches(vocab: int, length: int, kind: str, n: int, batch_size: int, device: str) -> list[dict]:
+    """n seeded batches of random token ids: `full` (no padding) or `mixed` (texts of 40% to 100% of the length)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(5, vocab, (batch_size, length), generator=g)
+        if kind == "full":
+            mask = torch.ones(batch_size, length, dtype=torch.bool)
+        else:
+            real = torch.randint(int(0.4 * length), length + 1, (batch_size,), generator=g)
+            mask = torch.arange(length)[None, :] < real[:, None]
+            ids = ids.masked_fill(~mask, 0)
+        batch = {"input_ids": ids, "attention_mask": mask,
+                 "labels": torch.randint(0, 2, (batch_size,), generator=g)}
+        # pinned, as tformer's loader gives them on CUDA: a copy from pageable memory waits for the device
+        # to finish the previous step, so the host could not queue one step while the device runs another
+        out.append({k: v.pin_memory() for k, v in batch.items()} if device == "cuda" else batch)
+    return out
+
+
+def timed(step_fn, batches, warm: int, device: str) -> tuple[float, float]:
+    """(samples/s over batches[warm:], the host's seconds per step to queue them before waiting for the device:
+    a step the host takes as long to queue as the device to run is bound by the host)."""
     for b in batches[:warm]:
         step_fn(b)
     sync(device)
     start = time.perf_counter()
-    loss = None
     for b in batches[warm:]:
-        loss = step_fn(b)
-    float(loss)
+        step_fn(b)
+    queued = time.perf_counter() - start
     sync(device)
-    return sum(len(b["labels"]) for b in batches[warm:]) / (time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    return sum(len(b["labels"]) for b in batches[warm:]) / seconds, queued / (len(batches) - warm)
 
 
 def torchrun(out: Path, device: str) -> str:

@@ -17,7 +17,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -34,20 +33,6 @@ from tformer_cli.training.config import OptimizerConfig, ScheduleConfig  # noqa:
 from tformer_cli.training.loop import Layout, Optimization, train_step  # noqa: E402
 
 
-def sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def batches(vocab: int, length: int, size: int, n: int, pinned: bool) -> list[dict]:
-    """Pinned on CUDA, as tformer's loader gives them there (a copy from pageable memory waits for the device)."""
-    g = torch.Generator().manual_seed(0)
-    out = [{"input_ids": torch.randint(5, vocab, (size, length), generator=g),
-            "attention_mask": torch.ones(size, length, dtype=torch.bool),
-            "labels": torch.randint(0, 2, (size,), generator=g)} for _ in range(n)]
-    return [{k: v.pin_memory() for k, v in b.items()} for b in out] if pinned else out
-
-
 def build(enc, dev, precision, dropout=0.1, grad_clip=1.0):
     cfg = EncoderConfig(**enc.shape, num_classes=2, dropout=dropout, attention_dropout=dropout, pooling="mean")
     model = TransformerClassifier(cfg)
@@ -57,21 +42,6 @@ def build(enc, dev, precision, dropout=0.1, grad_clip=1.0):
                        schedule=ScheduleConfig("constant", 0, 0.0, 0.0), total_steps=10_000, device=dev,
                        precision=precision, grad_clip=grad_clip, compile=False)
     return opt
-
-
-def rate(fn, data, warm, dev) -> tuple[float, float]:
-    """samples/s, and the host's seconds per step (time to issue the steps, before waiting for the device)."""
-    for b in data[:warm]:
-        fn(b)
-    sync(dev)
-    start = time.perf_counter()
-    for b in data[warm:]:
-        fn(b)
-    issued = time.perf_counter() - start
-    sync(dev)
-    seconds = time.perf_counter() - start
-    n = len(data) - warm
-    return sum(len(b["labels"]) for b in data[warm:]) / seconds, issued / n
 
 
 def main() -> None:
@@ -92,10 +62,11 @@ def main() -> None:
     steps, warm = (3, 1) if args.quick else (30, 10)
     for shape in ("bert_base", "minilm"):
         enc = load_encoder(made[shape], None, length)
-        data = batches(enc.shape["vocab_size"], length, 4 if args.quick else 32, steps + warm, dev.type == "cuda")
+        data = gpu_check.random_batches(enc.shape["vocab_size"], length, "full", steps + warm,
+                                         4 if args.quick else 32, dev.type)
         print(f"== {shape}, {length} tokens, batch {len(data[0]['labels'])}, bf16", flush=True)
         opt = build(enc, dev, precision)
-        base, host = rate(lambda b: train_step(opt, b), data, warm, dev)
+        base, host = gpu_check.timed(lambda b: train_step(opt, b), data, warm, dev.type)
         print(f"step as it runs: {base:.1f} samples/s; host {host * 1e3:.1f} ms/step issued, "
               f"{len(data[0]['labels']) / base * 1e3:.1f} ms/step in all", flush=True)
 
@@ -111,7 +82,7 @@ def main() -> None:
             opt.loss(logits, b["labels"].to(dev)).backward()
 
         for name, fn in (("forward only (no grad)", forward_only), ("forward + backward", forward_backward)):
-            r, h = rate(fn, data, warm, dev)
+            r, h = gpu_check.timed(fn, data, warm, dev.type)
             print(f"{name}: {r:.1f} samples/s ({r / base:.2f}x the step); host {h * 1e3:.1f} ms", flush=True)
         if shape == "bert_base":
             activities = [torch.profiler.ProfilerActivity.CPU] + (
@@ -119,7 +90,7 @@ def main() -> None:
             with torch.profiler.profile(activities=activities) as prof:
                 for b in data[:5]:
                     train_step(opt, b)
-                sync(dev)
+                gpu_check.sync(dev.type)
             key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
             table = prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=70)
             (out / "profile.txt").write_text(table)
@@ -127,12 +98,13 @@ def main() -> None:
         del opt
         for name, kw in (("no dropout", {"dropout": 0.0}), ("no gradient clipping", {"grad_clip": 0.0})):
             opt = build(enc, dev, precision, **kw)
-            r, h = rate(lambda b: train_step(opt, b), data, warm, dev)
+            r, h = gpu_check.timed(lambda b: train_step(opt, b), data, warm, dev.type)
             print(f"{name}: {r:.1f} samples/s ({r / base:.2f}x); host {h * 1e3:.1f} ms", flush=True)
             del opt
         opt = build(enc, dev, precision)
-        big = batches(enc.shape["vocab_size"], length, 8 if args.quick else 64, steps + warm, dev.type == "cuda")
-        r, h = rate(lambda b: train_step(opt, b), big, warm, dev)
+        big = gpu_check.random_batches(enc.shape["vocab_size"], length, "full", steps + warm,
+                                       8 if args.quick else 64, dev.type)
+        r, h = gpu_check.timed(lambda b: train_step(opt, b), big, warm, dev.type)
         print(f"batch {len(big[0]['labels'])}: {r:.1f} samples/s ({r / base:.2f}x); host {h * 1e3:.1f} ms", flush=True)
         del opt, big
         if dev.type == "cuda":
