@@ -689,12 +689,25 @@ def _carve(ds, fraction: float, seed: int, name: str):
         raise TformerError(f"the train split has {len(ds)} rows: too few to carve a {name} split of "
                            f"data.{name}_fraction={fraction} with every one of its {k} classes on both sides; add "
                            f"data, change the fraction, or give a {name} file (data.{name}_file)")
+    labels = arrow.numbers(ds, "label")
+    lone = np.bincount(labels, minlength=k)[labels] < 2
+    # A class seen once cannot be on both sides: its row stays in train (where the model can learn it) and the
+    # rest is stratified as usual. Splits of data without such classes are unchanged by this.
+    rest = ds.select(np.flatnonzero(~lone)) if lone.any() else ds
     try:
-        parts = ds.train_test_split(test_size=fraction, seed=seed, stratify_by_column="label")
-    except ValueError as exc:  # a class with a single example cannot be stratified
+        parts = rest.train_test_split(test_size=int(round(fraction * len(ds))) if lone.any() else fraction,
+                                      seed=seed, stratify_by_column="label")
+    except ValueError as exc:  # too few rows of some class for the sizes asked
         raise TformerError(f"cannot carve a stratified {name} split from the train split ({exc}); add examples of "
-                           f"the rare classes or give a {name} file (data.{name}_file)") from exc
-    return parts["train"], parts["test"]
+                           f"the rare classes, change data.{name}_fraction or give a {name} file "
+                           f"(data.{name}_file)") from exc
+    if not lone.any():
+        return parts["train"], parts["test"]
+    singles = sorted({ds.features["label"].names[i] for i in labels[lone]})
+    output().print(f"{name} split: {len(singles)} class{'es' if len(singles) != 1 else ''} with a single train "
+                   f"example kept in train only ({', '.join(singles[:5])}{', ...' if len(singles) > 5 else ''}); "
+                   f"the {name} split has none of {'them' if len(singles) != 1 else 'it'}")
+    return datasets.concatenate_datasets([parts["train"], ds.select(np.flatnonzero(lone))]), parts["test"]
 
 
 def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
