@@ -1,9 +1,12 @@
 """Data: the generated demo set, local file loaders, label handling, newsgroups cleaning, token storage."""
 import json
+import subprocess
+import sys
 
+import pandas as pd
 import pytest
 
-from helpers import data_config, tiny
+from helpers import ROOT, data_config, tiny
 from tformer_cli.data import demo, sources
 from tformer_cli.errors import TformerError
 
@@ -78,9 +81,19 @@ def test_a_class_seen_once_stays_in_train_and_the_rest_is_stratified(tmp_path, c
         test_size=0.25, seed=0, stratify_by_column="label")["test"]["text"]
 
 
-def test_tsv_jsonl_and_parquet(tmp_path):
-    import pandas as pd
+def test_short_text_sets_build_from_trec_and_newsgroups(shared_data, tmp_path):
+    """benchmarks/short_texts.py: TREC's questions with their fine labels, 20 Newsgroups' subject lines."""
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "short_texts.py"), "--trec", str(shared_data / "trec"),
+                    "--newsgroups", str(shared_data / "twenty_newsgroups"), "--out", str(tmp_path)], check=True,
+                   capture_output=True)
+    trec = pd.read_parquet(tmp_path / "trec50" / "train.parquet")
+    assert len(trec) == 5444 and trec["label"].nunique() > 40 and trec["label"].str.contains(":").all()
+    subjects = pd.read_parquet(tmp_path / "newsgroup_subjects" / "test.parquet")
+    assert len(subjects) > 7400 and subjects["label"].nunique() == 20
+    assert not subjects["text"].str.match(r"(?i)\s*re\s*:").any() and subjects["text"].str.split().str.len().mean() < 8
 
+
+def test_tsv_jsonl_and_parquet(tmp_path):
     (tmp_path / "a.tsv").write_text("text\tlabel\n" + "".join(f"t {i}\t{i % 3}\n" for i in range(30)))
     (tmp_path / "b.jsonl").write_text("".join(json.dumps({"body": f"t {i}", "y": i % 3}) + "\n" for i in range(30)))
     pd.DataFrame({"text": [f"t {i}" for i in range(30)], "label": [i % 3 for i in range(30)]}).to_parquet(
@@ -114,7 +127,6 @@ def test_named_dataset_from_local_dir(shared_data):
 
 
 def test_newsgroups_cleaning_matches_scikit_learn(shared_data):
-    import pandas as pd
     from sklearn.datasets import _twenty_newsgroups as sk
 
     from tformer_cli.data.newsgroups import clean
