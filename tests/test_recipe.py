@@ -67,3 +67,45 @@ def test_a_run_with_auto_saves_the_fitted_length_in_model_json(tmp_path):
     saved = json.loads((best / "model.json").read_text())["max_len"]
     assert saved == int(said.group(1)) and saved % 8 == 0 and saved < 64  # demo sentences are short
     assert yaml.safe_load((best / "config.yaml").read_text())["model"]["max_len"] == "auto"  # the setting as given
+
+
+def test_auto_lr_is_the_short_text_lr_only_for_short_single_label_texts():
+    options = train_config("model=minilm_l6").model_options
+    assert recipe.auto_lr(options, [20] * 99 + [500], multi_label=False)[0] == options.lr_short_texts == 2e-4
+    assert recipe.auto_lr(options, [20] * 98 + [500] * 2, multi_label=False)[0] == options.lr_texts == 1e-4
+    assert recipe.auto_lr(options, [20] * 100, multi_label=True)[0] == 1e-4  # multi-label: measured at lr_texts
+    tiny_options = train_config().model_options  # a preset without the two: its recommended_lr
+    assert recipe.auto_lr(tiny_options, [20] * 100, multi_label=False)[0] == tiny_options.recommended_lr
+    assert recipe.lr_auto("Auto") and not recipe.lr_auto(1e-4)
+
+
+def test_the_minilm_preset_chooses_its_lr_and_a_typed_one_wins():
+    assert train_config("model=minilm_l6").optimizer.lr == "auto"
+    assert train_config("model=minilm_l6", "optimizer.lr=3e-4").optimizer.lr == 3e-4
+    assert train_config("model=minilm_l6", "model.recommended_lr=5e-5").optimizer.lr == 5e-5
+    for override, message in (("optimizer.lr=fast", "optimizer.lr='fast' must be a number or auto"),
+                              ("model.recommended_lr=fast", "='fast' must be a number or auto"),
+                              ("model.lr_short_texts=0", "model.lr_short_texts=0.0 must be greater than 0")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            train_config("model=minilm_l6", override)
+    with pytest.raises(ConfigError, match="optimizer.lr=auto needs the model's lr"):
+        recipe.base_lr(train_config("model=minilm_l6", "model.lr_texts=null").model_options)
+
+
+@pytest.mark.slow  # trains
+def test_auto_lr_is_saved_as_a_number_and_resumed(tmp_path, monkeypatch):
+    from tformer_cli import TformerError, train
+    from tformer_cli.checkpoint import read_config
+    from tformer_cli.store.layout import CheckpointDir
+    base = tiny("optimizer.lr=auto", "+model.lr_texts=1e-3", "+model.lr_short_texts=3e-3")
+    run = tmp_path / "run"
+    train(base, run_dir=run)
+    log = next(run.glob("train*.log")).read_text()
+    assert "lr 0.003 (optimizer.lr=auto: short texts: 99% of the train texts are at most" in log  # demo sentences
+    assert read_config(CheckpointDir(run / "checkpoints" / "last"))["optimizer"]["lr"] == 0.003
+    monkeypatch.setattr(recipe, "SHORT_TEXT_TOKENS", 0)  # auto would now say 1e-3: the run's own 3e-3 wins
+    with pytest.raises(TformerError, match="already finished"):
+        train([*base, f"resume={run}"], run_dir=run)
+    longer = train([*tiny("trainer.epochs=2", base=base), f"resume={run}"], run_dir=run)
+    assert len(longer.history) == 2 and read_config(CheckpointDir(run / "checkpoints" / "last"))["optimizer"]["lr"] \
+        == 0.003

@@ -78,7 +78,7 @@ def check_ranges(cls, values: dict, where: str = "") -> None:
             finite(value, _dotted(where, name))
     for name, (low, high, bounds) in getattr(cls, "RANGES", {}).items():
         value = values.get(name)
-        if value is None:
+        if value is None or isinstance(value, str):  # (a word a number field may take, `auto`: its class checks it)
             continue
         too_low = low is not None and (value < low if bounds[0] == "[" else value <= low)
         too_high = high is not None and (value > high if bounds[1] == "]" else value >= high)

@@ -28,7 +28,7 @@ MODEL_FROM_DATA = ("vocab_size", "num_classes", "embedding_dim", "pad_id", "mult
 class ModelOptions:
     """The model YAML's keys that are not the encoder's shape."""
 
-    recommended_lr: float  # optimizer.lr interpolates it
+    recommended_lr: float | str  # optimizer.lr interpolates it; auto: lr_texts / lr_short_texts (training/recipe.py)
     pretrained: str | None  # load the whole encoder from this BERT-family folder or Hub id
     pretrained_package: str | None  # an installed package with an offline copy, tried first
     layer_lr_decay: float  # lr of layer l = lr * decay^(top - l)
@@ -37,9 +37,18 @@ class ModelOptions:
     init: str | None = None  # a `tformer pretrain` run dir: the encoder (and tokenizer) to start from
     long_text: str | None = None  # data.long_text's default for this model (configs/data/_base.yaml reads it)
     max_len_limit: int | None = None  # model.max_len=auto chooses at most this (training/recipe.py)
+    lr_texts: float | None = None  # recommended_lr=auto: the lr, unless the texts are short and single-label
+    lr_short_texts: float | None = None  # recommended_lr=auto: the lr for short single-label texts
 
-    RANGES = {"recommended_lr": (0, None, "[)"), "layer_lr_decay": (0, 1, "(]"), "freeze_layers": (0, None, "[)"),
+    RANGES = {"recommended_lr": (0, None, "[)"), "lr_texts": (0, None, "()"), "lr_short_texts": (0, None, "()"),
+              "layer_lr_decay": (0, 1, "(]"), "freeze_layers": (0, None, "[)"),
               "freeze_epochs": (0, None, "[)"), "max_len_limit": (1, None, "[)")}
+
+    def __post_init__(self) -> None:
+        if isinstance(self.recommended_lr, str):
+            if self.recommended_lr.strip().lower() != "auto":
+                raise ConfigError(f"model.recommended_lr={self.recommended_lr!r} must be a number or auto")
+            self.recommended_lr = "auto"
 
 
 OPTION_KEYS = tuple(f.name for f in fields(ModelOptions))
@@ -69,6 +78,8 @@ class TrainConfig:
             if out.long_text.mode == "chunks":
                 out.long_text.overlap(int(recipe.numeric_max_len(out.model)))
         optim.check(out.optimizer)  # the optimizer's own keys (betas, eps, ...) too
+        if recipe.lr_auto(out.optimizer.lr):  # auto needs the model's lr (chosen once the texts are read)
+            recipe.base_lr(out.model_options)
         options = out.model_options  # checks the model's options and shape now, not after the data
         if options.pretrained is None:
             vocab = out.embedding_init.vocab_size if not out.embedding_init.pretrained else None

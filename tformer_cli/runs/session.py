@@ -115,13 +115,16 @@ def execute(job: Job, config, tree: dict, run_dir: RunDir, overrides=(), resume_
 
 
 def resume_session(session: Session, ckpt: CheckpointDir) -> None:
-    """session.resume from the run's `last` checkpoint, checked; an `auto` the run resolved (trainer.epochs) takes
-    the run's own value, in the config as in the tree (every rank of a DDP run the same)."""
+    """session.resume from the run's `last` checkpoint, checked; an `auto` the run resolved (trainer.epochs,
+    optimizer.lr) takes the run's own value, in the config as in the tree (every rank of a DDP run the same)."""
     data = getattr(session.config, "data", None)
     session.resume = load_resume(session.job, ckpt, session.tree, bool(getattr(data, "multi_label", False)))
     trainer = getattr(session.config, "trainer", None)
     if trainer is not None and recipe.epochs_auto(trainer.epochs):
         trainer.epochs = session.tree["trainer"]["epochs"]
+    optimizer = getattr(session.config, "optimizer", None)
+    if optimizer is not None and recipe.lr_auto(optimizer.lr):
+        optimizer.lr = session.tree["optimizer"]["lr"]
 
 
 def load_resume(job: Job, ckpt: CheckpointDir, tree: dict, multi_label: bool = False) -> Resume:
@@ -131,6 +134,9 @@ def load_resume(job: Job, ckpt: CheckpointDir, tree: dict, multi_label: bool = F
     trainer, saved_epochs = tree.get("trainer") or {}, (saved.get("trainer") or {}).get("epochs")
     if recipe.epochs_auto(trainer.get("epochs")) and isinstance(saved_epochs, int):
         trainer["epochs"] = saved_epochs  # trainer.epochs=auto resumes with the number the run chose
+    optimizer, saved_lr = tree.get("optimizer") or {}, (saved.get("optimizer") or {}).get("lr")
+    if recipe.lr_auto(optimizer.get("lr")) and isinstance(saved_lr, (int, float)):
+        optimizer["lr"] = saved_lr  # so does optimizer.lr=auto
     loss, saved_loss = tree.get("loss") or {}, saved.get("loss") or {}
     if str(loss.get("class_weights")).lower() == "auto" and "class_weights" in saved_loss:
         meant = "balanced" if multi_label else None  # what auto means for this data

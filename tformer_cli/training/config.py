@@ -69,11 +69,17 @@ class OptimizerConfig:
     and is read by its builder through `option()`."""
 
     name: str
-    lr: float
+    lr: float | str  # a number, or auto: chosen from the model options and the train texts (training/recipe.py)
     weight_decay: float
     options: dict[str, Any] = field(default_factory=dict)
 
     RANGES = {"lr": (0, None, "[)"), "weight_decay": (0, None, "[)")}
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lr, str):
+            if self.lr.strip().lower() != "auto":
+                raise ConfigError(f"optimizer.lr={self.lr!r} must be a number or auto")
+            self.lr = "auto"
 
     @classmethod
     def from_mapping(cls, data: dict, where: str = "optimizer") -> "OptimizerConfig":

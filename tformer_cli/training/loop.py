@@ -236,6 +236,9 @@ def fit(run: Run) -> TrainingState:
     if not isinstance(tcfg.epochs, int):  # (train and distill choose it from the data before they get here)
         raise ConfigError(f"trainer.epochs={tcfg.epochs} is chosen by tformer train and distill; pass a number of "
                           f"epochs to this job")
+    if isinstance(run.optimizer.lr, str):  # (likewise optimizer.lr=auto: train, distill and pretrain resolve it)
+        raise ConfigError("optimizer.lr=auto is chosen by tformer train, distill and pretrain; pass optimizer.lr=<lr> "
+                          "to this job")
     model = run.model.to(run.device)
     loader = BatchLoader(run.train, tcfg.batch_size, run.pad_id, shuffle=True, seed=tcfg.seed,
                          num_workers=tcfg.num_workers, pin_memory=run.device.type == "cuda")

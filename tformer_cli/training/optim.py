@@ -18,6 +18,7 @@ token pairs (model.pair_buckets) is updated by rows the same way.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
@@ -169,6 +170,8 @@ def check(cfg: OptimizerConfig) -> None:
     builder = OPTIMIZERS.get(cfg.name)
     if builder is None:
         raise ConfigError(f"optimizer.name={cfg.name!r} is not one of {', '.join(sorted(OPTIMIZERS))}")
+    if isinstance(cfg.lr, str):  # lr=auto: a number once the data is read; its other keys are checked with one
+        cfg = dataclasses.replace(cfg, lr=1e-3)
     try:
         builder([], cfg, {})
     except ValueError as exc:

@@ -1,4 +1,5 @@
-"""Settings a preset derives from the data instead of fixing a number: `model.max_len: auto`.
+"""Settings a preset derives from the data instead of fixing a number: `model.max_len: auto`, the peak lr,
+the epochs.
 
 Why a fitted length and not a fixed 256: tformer pads each batch to its longest text (data/batching.py), so on
 short texts max_len never costs padding; what it decides is which texts are cut. A fixed number is either far
@@ -11,10 +12,16 @@ texts exactly as training did.
 
 Measured (MiniLM-L6, one epoch, 2-core CPU): TREC questions get max_len 32 (0.2% of texts longer; test accuracy
 0.954 vs 0.956 at 256) and IMDB last sentences 64. Batches were already padded only to their own longest text, so
-a fitted length decides which rare long texts are cut; it is no speed-up for short texts. The peak lr was no
-data-derived win either: TREC (154 steps) went 0.946 / 0.956 / 0.964 / 0.966 for 5e-5 / 1e-4 / 2e-4 / 3e-4
-(about one standard error a step), IMDB sentences (250 steps) 0.770 / 0.772 for 1e-4 / 2e-4, so the lr and warm-up
-stay the preset's numbers rather than a rule from the step count that only one of two sets supports.
+a fitted length decides which rare long texts are cut; it is no speed-up for short texts.
+
+The peak lr is derived too (`model.recommended_lr: auto`, which optimizer.lr follows unless given). One-epoch
+TREC runs went 0.946 / 0.956 / 0.964 / 0.966 for 5e-5 / 1e-4 / 2e-4 / 3e-4 and IMDB sentences 0.770 / 0.772 for
+1e-4 / 2e-4; full runs on short texts with many classes (TREC's 50 fine labels over two seeds, 20 Newsgroups
+subject lines: docs/models-and-pretraining.md) gained 0.8 to 2.2 points of test accuracy from twice MiniLM's lr
+(a full TREC-6 run lost 0.4), where long documents and multi-label data were measured at the preset's. So `auto` is the preset's `lr_short_texts` for
+single-label data whose texts are short (the 99th percentile of their token lengths as read at most
+SHORT_TEXT_TOKENS) and its `lr_texts` otherwise. A longer run was no win on either set (30 epochs: +0.4 and -0.6
+points), so the epochs stay ten.
 
 An explicit number always wins: `auto` is only ever the preset's value, and model.max_len=128 on the command
 line replaces it. A resumed run keeps the length it was trained with.
@@ -173,3 +180,36 @@ def auto_epochs(rows: int, batch_size: int, multi_label: bool) -> tuple[int, str
     epochs = min(high, max(low, math.ceil(STEPS_MULTI_LABEL / steps)))
     return epochs, (f"multi-label data: about {STEPS_MULTI_LABEL:,} optimizer steps at {steps:,} an epoch, "
                     f"{low} to {high} epochs")
+
+
+# model.recommended_lr: auto (and optimizer.lr, which follows it unless given).
+SHORT_TEXT_TOKENS = 64
+
+
+def lr_auto(value) -> bool:
+    return isinstance(value, str) and value.strip().lower() == AUTO
+
+
+def base_lr(options) -> float:
+    """The model options' lr for texts that are not short (optimizer.lr=auto without a short-text rule)."""
+    base = options.lr_texts if options.lr_texts is not None else options.recommended_lr
+    if lr_auto(base):
+        raise ConfigError("optimizer.lr=auto needs the model's lr: give model.lr_texts=<lr> (and "
+                          "model.lr_short_texts=<lr>), or optimizer.lr=<lr>")
+    return float(base)
+
+
+def auto_lr(options, lengths, multi_label: bool) -> tuple[float, str]:
+    """(lr, why) for optimizer.lr=auto: the model options' lr_short_texts for single-label data whose train
+    sequences (`lengths`: token counts as read) are short, else its lr_texts (or a numeric recommended_lr)."""
+    base = base_lr(options)
+    lengths = np.asarray(lengths)
+    p = float(np.percentile(lengths, PERCENTILE)) if lengths.size else 0.0
+    short = p <= SHORT_TEXT_TOKENS
+    if short and not multi_label and options.lr_short_texts is not None:
+        return float(options.lr_short_texts), (f"short texts: 99% of the train texts are at most {math.ceil(p)} "
+                                               f"tokens (<= {SHORT_TEXT_TOKENS}); model.lr_short_texts")
+    why = ("multi-label data: model.lr_texts" if short and multi_label and options.lr_short_texts is not None
+           else f"99% of the train texts are at most {math.ceil(p)} tokens; model.lr_texts" if options.lr_texts
+           is not None else "model.recommended_lr")
+    return float(base), why
