@@ -64,7 +64,8 @@ def test_a_class_seen_once_stays_in_train_and_the_rest_is_stratified(tmp_path, m
     """Fine-grained label sets (TREC's 50 classes) have classes with one example: carving a validation split keeps
     that row in train instead of refusing the data; data without such classes splits exactly as before."""
     p = tmp_path / "train.csv"
-    rows = ["text,label"] + [f"text number {i},{'good' if i % 2 else 'bad'}" for i in range(40)] + ["only one,rare"]
+    rows = ["text,label"] + [f"text number {i},{'good' if i % 2 else 'bad'}" for i in range(40)]
+    rows += ["only one,rare", "a class named like markup,[/]"]
     p.write_text("\n".join(rows) + "\n")
     said = []  # what the loader tells the user, whatever console an earlier test left behind
 
@@ -76,11 +77,12 @@ def test_a_class_seen_once_stays_in_train_and_the_rest_is_stratified(tmp_path, m
     train, val = data.splits["train"], data.splits["validation"]
     rare = data.label_names.index("rare")
     assert train["label"].count(rare) == 1 and rare not in val["label"]
-    assert len(train) + len(val) == 41 and len(val) == round(0.25 * 41)
-    assert sorted(val["label"]).count(0) == sorted(val["label"]).count(1)  # the others still stratified
-    assert any("1 class with a single train example kept in train only (rare)" in line for line in said)
+    assert len(train) + len(val) == 42 and len(val) == round(0.25 * 42)
+    bad, good = data.label_names.index("bad"), data.label_names.index("good")
+    assert val["label"].count(bad) == val["label"].count(good)  # the others still stratified
+    assert any("2 classes with a single train example kept in train only (\\[/], rare)" in line for line in said)
     # without the rare row the split is the one datasets' stratified split gives
-    p.write_text("\n".join(rows[:-1]) + "\n")
+    p.write_text("\n".join(rows[:-2]) + "\n")
     plain = sources.load(files_cfg(train_file=str(p))).splits["validation"]["text"]
     assert plain == sources.datasets.Dataset.from_csv(str(p)).cast_column(
         "label", sources.datasets.ClassLabel(names=["bad", "good"])).train_test_split(

@@ -77,6 +77,8 @@ def test_auto_lr_is_the_short_text_lr_only_for_short_single_label_texts():
     tiny_options = train_config().model_options  # a preset without the two: its recommended_lr
     assert recipe.auto_lr(tiny_options, [20] * 100, multi_label=False)[0] == tiny_options.recommended_lr
     assert recipe.lr_auto("Auto") and not recipe.lr_auto(1e-4)
+    lr, why = recipe.auto_lr(options, [32] * 100, multi_label=False, max_len=32)  # cut at max_len: maybe long
+    assert lr == 1e-4 and why == "the train texts reach model.max_len=32 (longer ones are cut); model.lr_texts"
 
 
 def test_the_minilm_preset_chooses_its_lr_and_a_typed_one_wins():
@@ -109,3 +111,14 @@ def test_auto_lr_is_saved_as_a_number_and_resumed(tmp_path, monkeypatch):
     longer = train([*tiny("trainer.epochs=2", base=base), f"resume={run}"], run_dir=run)
     assert len(longer.history) == 2 and read_config(CheckpointDir(run / "checkpoints" / "last"))["optimizer"]["lr"] \
         == 0.003
+
+
+@pytest.mark.slow  # trains
+def test_a_run_saved_with_a_number_resumes_under_a_preset_whose_lr_became_auto(tmp_path):
+    from tformer_cli import train
+    run = tmp_path / "run"
+    train(tiny(), run_dir=run)  # the tiny preset's lr, 1e-3, as a number
+    longer = train([*tiny("trainer.epochs=2"), "model.recommended_lr=auto", "++model.lr_texts=1e-3",
+                    "++model.lr_short_texts=3e-3", f"resume={run}"], run_dir=run)
+    assert len(longer.history) == 2  # the run's own 1e-3, though auto would choose 3e-3 for its short texts
+    assert "lr 0.003" not in next(run.glob("train*.log")).read_text()

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from .. import hub
 from ..console import heartbeat, output, progress
 from ..errors import TformerError
+from ..safe_text import markup
 from ..store.atomic import sha256_file
 from . import arrow, demo
 from .config import DataConfig
@@ -703,7 +704,7 @@ def _carve(ds, fraction: float, seed: int, name: str):
                            f"(data.{name}_file)") from exc
     if not lone.any():
         return parts["train"], parts["test"]
-    singles = sorted({ds.features["label"].names[i] for i in labels[lone]})
+    singles = sorted({markup(ds.features["label"].names[i]) for i in labels[lone]})  # (names are data, not markup)
     output().print(f"{name} split: {len(singles)} class{'es' if len(singles) != 1 else ''} with a single train "
                    f"example kept in train only ({', '.join(singles[:5])}{', ...' if len(singles) > 5 else ''}); "
                    f"the {name} split has none of {'them' if len(singles) != 1 else 'it'}")

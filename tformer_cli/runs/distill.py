@@ -147,8 +147,8 @@ def with_typed(section: dict, tree: dict, keys: list[str], name: str) -> dict:
 # What a student cut from its teacher cannot take: it has the teacher's tokenizer, table, shape and length; of the
 # model keys it takes only its own head, regularisation and recipe.
 _NOT_WITH_LAYERS = ("distill.embeddings", "embedding_init", "model.init", "model.pretrained", "model.max_len")
-_MODEL_KEYS_WITH_LAYERS = ("pooling", "head_hidden", "dropout", "attention_dropout", "recommended_lr",
-                           "layer_lr_decay", "freeze_epochs", "freeze_layers")
+_MODEL_KEYS_WITH_LAYERS = ("pooling", "head_hidden", "dropout", "attention_dropout", "recommended_lr", "lr_texts",
+                           "lr_short_texts", "layer_lr_decay", "freeze_epochs", "freeze_layers")
 
 
 def with_teacher_model(tree: dict, overrides: list[str], teacher: CheckpointDir, layers: list[int]) -> dict:

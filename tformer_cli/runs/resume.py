@@ -78,20 +78,27 @@ def check_same_run(run: RunDir, saved: dict, tree: dict, training: dict, extendi
                            f"overrides{_as_it_was(saved, diff)} or start a new run")
 
 
-def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+def config_diff(a: dict, b: dict, prefix: str = "", ignored: frozenset | None = None) -> list[str]:
     """Dotted keys whose values differ between two plain (resolved) config dicts: `a` the saved run's, `b` the
     new one. A key the saved config lacks came with a newer tformer (the run used its default): not a change."""
+    if ignored is None:  # (the top level: a run that saved its lr as a number is compared on that number)
+        ignored = frozenset(RESUME_IGNORED) | (LR_SOURCES if isinstance(get(a, "optimizer.lr"), (int, float)) else frozenset())
     keys = []
     for k in sorted(set(a) | set(b), key=str):
         dotted = f"{prefix}{k}"
-        if dotted in RESUME_IGNORED or k not in a:
+        if dotted in ignored or k not in a:
             continue
         va, vb = a.get(k), b.get(k)
         if isinstance(va, dict) and isinstance(vb, dict):
-            keys += config_diff(va, vb, dotted + ".")
+            keys += config_diff(va, vb, dotted + ".", ignored)
         elif va != vb and not (dotted == "model.max_len" and recipe.is_auto({"max_len": vb})):
             keys.append(dotted)  # (model.max_len=auto resumes any run: it keeps the length it trained with)
     return keys
+
+
+# What optimizer.lr is chosen from. Once a run's lr is a number, that number is what shapes it (and is compared), so
+# a preset whose lr became `auto`, or a changed lr_short_texts, still resumes the runs made before.
+LR_SOURCES = frozenset({"model.recommended_lr", "model.lr_texts", "model.lr_short_texts"})
 
 
 def _as_it_was(saved: dict, keys: list[str]) -> str:

@@ -194,22 +194,26 @@ def base_lr(options) -> float:
     """The model options' lr for texts that are not short (optimizer.lr=auto without a short-text rule)."""
     base = options.lr_texts if options.lr_texts is not None else options.recommended_lr
     if lr_auto(base):
-        raise ConfigError("optimizer.lr=auto needs the model's lr: give model.lr_texts=<lr> (and "
-                          "model.lr_short_texts=<lr>), or optimizer.lr=<lr>")
+        raise ConfigError("optimizer.lr=auto needs the model's lr: give optimizer.lr=<lr>, or ++model.lr_texts=<lr> "
+                          "(and ++model.lr_short_texts=<lr>)")
     return float(base)
 
 
-def auto_lr(options, lengths, multi_label: bool) -> tuple[float, str]:
+def auto_lr(options, lengths, multi_label: bool, max_len: int | None = None) -> tuple[float, str]:
     """(lr, why) for optimizer.lr=auto: the model options' lr_short_texts for single-label data whose train
-    sequences (`lengths`: token counts as read) are short, else its lr_texts (or a numeric recommended_lr)."""
+    sequences are short, else its lr_texts (or a numeric recommended_lr). `lengths`: token counts as read, so cut at
+    `max_len`: texts that reach it may be longer and are never called short."""
     base = base_lr(options)
     lengths = np.asarray(lengths)
     p = float(np.percentile(lengths, PERCENTILE)) if lengths.size else 0.0
-    short = p <= SHORT_TEXT_TOKENS
+    cut = max_len is not None and p >= max_len
+    short = p <= SHORT_TEXT_TOKENS and not cut
     if short and not multi_label and options.lr_short_texts is not None:
         return float(options.lr_short_texts), (f"short texts: 99% of the train texts are at most {math.ceil(p)} "
                                                f"tokens (<= {SHORT_TEXT_TOKENS}); model.lr_short_texts")
-    why = ("multi-label data: model.lr_texts" if short and multi_label and options.lr_short_texts is not None
-           else f"99% of the train texts are at most {math.ceil(p)} tokens; model.lr_texts" if options.lr_texts
-           is not None else "model.recommended_lr")
-    return float(base), why
+    if options.lr_texts is None:
+        return base, "model.recommended_lr"
+    why = ("multi-label data" if short and multi_label and options.lr_short_texts is not None else
+           f"the train texts reach model.max_len={max_len} (longer ones are cut)" if cut else
+           f"99% of the train texts are at most {math.ceil(p)} tokens")
+    return base, f"{why}; model.lr_texts"
