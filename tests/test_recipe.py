@@ -77,8 +77,8 @@ def test_auto_lr_is_the_short_text_lr_only_for_short_single_label_texts():
     tiny_options = train_config().model_options  # a preset without the two: its recommended_lr
     assert recipe.auto_lr(tiny_options, [20] * 100, multi_label=False)[0] == tiny_options.recommended_lr
     assert recipe.lr_auto("Auto") and not recipe.lr_auto(1e-4)
-    lr, why = recipe.auto_lr(options, [32] * 100, multi_label=False, max_len=32)  # cut at max_len: maybe long
-    assert lr == 1e-4 and why == "the train texts reach model.max_len=32 (longer ones are cut); model.lr_texts"
+    lr, why = recipe.auto_lr(options, [200] * 100, multi_label=False)
+    assert lr == 1e-4 and why == "99% of the train texts are at most 200 tokens; model.lr_texts"
 
 
 def test_the_minilm_preset_chooses_its_lr_and_a_typed_one_wins():
@@ -105,6 +105,10 @@ def test_auto_lr_is_saved_as_a_number_and_resumed(tmp_path, monkeypatch):
     log = next(run.glob("train*.log")).read_text()
     assert "lr 0.003 (optimizer.lr=auto: short texts: 99% of the train texts are at most" in log  # demo sentences
     assert read_config(CheckpointDir(run / "checkpoints" / "last"))["optimizer"]["lr"] == 0.003
+    cut = tmp_path / "cut"  # texts longer than SHORT_TEXT_TOKENS read through a shorter max_len are not short
+    monkeypatch.setattr(recipe, "SHORT_TEXT_TOKENS", 12)  # (demo sentences: 99% within 17 tokens)
+    train(tiny("model.max_len=8", base=base), run_dir=cut)
+    assert "lr 0.001 (optimizer.lr=auto: 99% of the train texts are at most" in next(cut.glob("train*.log")).read_text()
     monkeypatch.setattr(recipe, "SHORT_TEXT_TOKENS", 0)  # auto would now say 1e-3: the run's own 3e-3 wins
     with pytest.raises(TformerError, match="already finished"):
         train([*base, f"resume={run}"], run_dir=run)

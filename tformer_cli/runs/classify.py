@@ -333,8 +333,8 @@ def build_run(session: Session, prepared: Prepared, objective=None, train: Token
         config.trainer.epochs = session.tree["trainer"]["epochs"] = epochs  # saved as the number
         session.console.print(f"[bold]epochs[/] {epochs} (trainer.epochs=auto: {why})", highlight=False)
     if recipe.lr_auto(config.optimizer.lr):  # (a resume took the run's own number: session.load_resume)
-        lr, why = recipe.auto_lr(config.model_options, train.lengths.numpy(), prepared.model_cfg.multi_label,
-                                 prepared.model_cfg.max_len)
+        lengths = recipe.token_lengths(prepared.tokenizer, prepared.data.splits["train"], seed=config.seed)  # uncut
+        lr, why = recipe.auto_lr(config.model_options, lengths, prepared.model_cfg.multi_label)
         config.optimizer.lr = session.tree["optimizer"]["lr"] = lr  # saved as the number
         session.console.print(f"[bold]lr[/] {lr:g} (optimizer.lr=auto: {why})", highlight=False)
     config_yaml = OmegaConf.to_yaml(OmegaConf.create(session.tree))

@@ -14,14 +14,14 @@ Measured (MiniLM-L6, one epoch, 2-core CPU): TREC questions get max_len 32 (0.2%
 0.954 vs 0.956 at 256) and IMDB last sentences 64. Batches were already padded only to their own longest text, so
 a fitted length decides which rare long texts are cut; it is no speed-up for short texts.
 
-The peak lr is derived too (`model.recommended_lr: auto`, which optimizer.lr follows unless given). One-epoch
-TREC runs went 0.946 / 0.956 / 0.964 / 0.966 for 5e-5 / 1e-4 / 2e-4 / 3e-4 and IMDB sentences 0.770 / 0.772 for
-1e-4 / 2e-4; full runs on short texts with many classes (TREC's 50 fine labels over two seeds, 20 Newsgroups
-subject lines: docs/models-and-pretraining.md) gained 0.8 to 2.2 points of test accuracy from twice MiniLM's lr
-(a full TREC-6 run lost 0.4), where long documents and multi-label data were measured at the preset's. So `auto` is the preset's `lr_short_texts` for
-single-label data whose texts are short (the 99th percentile of their token lengths as read at most
-SHORT_TEXT_TOKENS) and its `lr_texts` otherwise. A longer run was no win on either set (30 epochs: +0.4 and -0.6
-points), so the epochs stay ten.
+The peak lr is derived too (`model.recommended_lr: auto`, which optimizer.lr follows unless given). One-epoch TREC
+runs went 0.946 / 0.956 / 0.964 / 0.966 for 5e-5 / 1e-4 / 2e-4 / 3e-4 and IMDB sentences 0.770 / 0.772 for 1e-4 /
+2e-4; full runs on short texts with many classes (TREC's 50 fine labels over two seeds, 20 Newsgroups subject lines:
+docs/models-and-pretraining.md) gained 0.8 to 2.2 points of test accuracy from twice MiniLM's lr (a full TREC-6 run
+lost 0.4), where long documents and multi-label data were measured at the preset's. So `auto` is the preset's
+`lr_short_texts` for single-label data whose texts are short (the 99th percentile of their uncut token lengths at
+most SHORT_TEXT_TOKENS) and its `lr_texts` otherwise. A longer run was no win on either set (30 epochs: +0.4 and
+-0.6 points), so the epochs stay ten.
 
 An explicit number always wins: `auto` is only ever the preset's value, and model.max_len=128 on the command
 line replaces it. A resumed run keeps the length it was trained with.
@@ -199,21 +199,18 @@ def base_lr(options) -> float:
     return float(base)
 
 
-def auto_lr(options, lengths, multi_label: bool, max_len: int | None = None) -> tuple[float, str]:
-    """(lr, why) for optimizer.lr=auto: the model options' lr_short_texts for single-label data whose train
-    sequences are short, else its lr_texts (or a numeric recommended_lr). `lengths`: token counts as read, so cut at
-    `max_len`: texts that reach it may be longer and are never called short."""
+def auto_lr(options, lengths, multi_label: bool) -> tuple[float, str]:
+    """(lr, why) for optimizer.lr=auto: the model options' lr_short_texts for single-label data whose train texts
+    are short, else its lr_texts (or a numeric recommended_lr). `lengths`: the texts' token counts uncut
+    (token_lengths), so that long texts read through a small max_len are not taken for short ones."""
     base = base_lr(options)
     lengths = np.asarray(lengths)
     p = float(np.percentile(lengths, PERCENTILE)) if lengths.size else 0.0
-    cut = max_len is not None and p >= max_len
-    short = p <= SHORT_TEXT_TOKENS and not cut
+    short = p <= SHORT_TEXT_TOKENS
+    said = f"99% of the train texts are at most {math.ceil(p)} tokens"
     if short and not multi_label and options.lr_short_texts is not None:
-        return float(options.lr_short_texts), (f"short texts: 99% of the train texts are at most {math.ceil(p)} "
-                                               f"tokens (<= {SHORT_TEXT_TOKENS}); model.lr_short_texts")
+        return float(options.lr_short_texts), f"short texts: {said} (<= {SHORT_TEXT_TOKENS}); model.lr_short_texts"
     if options.lr_texts is None:
         return base, "model.recommended_lr"
-    why = ("multi-label data" if short and multi_label and options.lr_short_texts is not None else
-           f"the train texts reach model.max_len={max_len} (longer ones are cut)" if cut else
-           f"99% of the train texts are at most {math.ceil(p)} tokens")
-    return base, f"{why}; model.lr_texts"
+    return base, ("multi-label data" if short and multi_label and options.lr_short_texts is not None else said) + \
+        "; model.lr_texts"
