@@ -166,7 +166,7 @@ def test_auto_epochs_follow_the_training_steps():
     assert recipe.auto_epochs(1_742, 32, multi_label=True)[0] == 30  # 55 steps: the ceiling
     assert recipe.auto_epochs(10_000_000, 32, multi_label=True)[0] == 2  # the floor
     assert recipe.auto_epochs(43_410, 64, multi_label=True)[0] == 6
-    assert recipe.epochs_auto("Auto") and not recipe.epochs_auto(3)
+    assert recipe.said_auto("Auto") and not recipe.said_auto(3)
 
 
 @pytest.mark.slow  # trains

@@ -76,7 +76,7 @@ def test_auto_lr_is_the_short_text_lr_only_for_short_single_label_texts():
     assert recipe.auto_lr(options, [20] * 100, multi_label=True)[0] == 1e-4  # multi-label: measured at lr_texts
     tiny_options = train_config().model_options  # a preset without the two: its recommended_lr
     assert recipe.auto_lr(tiny_options, [20] * 100, multi_label=False)[0] == tiny_options.recommended_lr
-    assert recipe.lr_auto("Auto") and not recipe.lr_auto(1e-4)
+    assert recipe.said_auto("Auto") and not recipe.said_auto(1e-4)
     lr, why = recipe.auto_lr(options, [200] * 100, multi_label=False)
     assert lr == 1e-4 and why == "99% of the train texts are at most 200 tokens; model.lr_texts"
 

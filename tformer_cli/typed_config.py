@@ -56,6 +56,16 @@ def build(cls, node: Any, where: str = ""):
     return cls(**kwargs)
 
 
+def number_or_auto(value: Any, key: str, number: str = "a number") -> Any:
+    """A field that takes a number or the word auto (any case): `auto` normalised, any other word refused in one
+    line; a number is returned as it is (its RANGES check it)."""
+    if isinstance(value, str):
+        if value.strip().lower() != "auto":
+            raise ConfigError(f"{key}={value!r} must be {number} or auto")
+        return "auto"
+    return value
+
+
 def finite(value: Any, key: str) -> Any:
     """`value` with every number in it (nested lists and mappings too) checked finite: NaN and +-inf refused."""
     if isinstance(value, float) and not math.isfinite(value):

@@ -328,11 +328,11 @@ def build_run(session: Session, prepared: Prepared, objective=None, train: Token
     and train split (distillation: the teacher's logits, and unlabeled texts too) and `meta` for its checkpoints."""
     config, run_dir, resume = session.config, session.run_dir, session.resume
     train = train if train is not None else prepared.tokenized["train"]
-    if recipe.epochs_auto(config.trainer.epochs):  # (a resume took the run's own number: session.load_resume)
+    if recipe.said_auto(config.trainer.epochs):  # (a resume took the run's own number: session.load_resume)
         epochs, why = recipe.auto_epochs(len(train), config.trainer.batch_size, prepared.model_cfg.multi_label)
         config.trainer.epochs = session.tree["trainer"]["epochs"] = epochs  # saved as the number
         session.console.print(f"[bold]epochs[/] {epochs} (trainer.epochs=auto: {why})", highlight=False)
-    if recipe.lr_auto(config.optimizer.lr):  # (a resume took the run's own number: session.load_resume)
+    if recipe.said_auto(config.optimizer.lr):  # (a resume took the run's own number: session.load_resume)
         lengths = recipe.token_lengths(prepared.tokenizer, prepared.data.splits["train"], seed=config.seed)  # uncut
         lr, why = recipe.auto_lr(config.model_options, lengths, prepared.model_cfg.multi_label)
         config.optimizer.lr = session.tree["optimizer"]["lr"] = lr  # saved as the number

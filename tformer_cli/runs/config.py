@@ -17,7 +17,7 @@ from ..model import pretrained
 from ..model.pretrained import EmbeddingInitConfig
 from ..training import optim, recipe
 from ..training.config import LoggerConfig, LossConfig, OptimizerConfig, ScheduleConfig, TrainerConfig
-from ..typed_config import build, plain
+from ..typed_config import build, number_or_auto, plain
 from ..yesno import bool_or_path
 
 # Filled in from the data and the tokenizer (or a pretrained model), never from the model YAML.
@@ -45,10 +45,7 @@ class ModelOptions:
               "freeze_epochs": (0, None, "[)"), "max_len_limit": (1, None, "[)")}
 
     def __post_init__(self) -> None:
-        if isinstance(self.recommended_lr, str):
-            if self.recommended_lr.strip().lower() != "auto":
-                raise ConfigError(f"model.recommended_lr={self.recommended_lr!r} must be a number or auto")
-            self.recommended_lr = "auto"
+        self.recommended_lr = number_or_auto(self.recommended_lr, "model.recommended_lr")
 
 
 OPTION_KEYS = tuple(f.name for f in fields(ModelOptions))
@@ -78,7 +75,7 @@ class TrainConfig:
             if out.long_text.mode == "chunks":
                 out.long_text.overlap(int(recipe.numeric_max_len(out.model)))
         optim.check(out.optimizer)  # the optimizer's own keys (betas, eps, ...) too
-        if recipe.lr_auto(out.optimizer.lr):  # auto needs the model's lr (chosen once the texts are read)
+        if recipe.said_auto(out.optimizer.lr):  # auto needs the model's lr (chosen once the texts are read)
             recipe.base_lr(out.model_options)
         options = out.model_options  # checks the model's options and shape now, not after the data
         if options.pretrained is None:

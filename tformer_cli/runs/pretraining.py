@@ -141,11 +141,11 @@ def pretrain(tree: dict, run_dir: RunDir, overrides=(), model_name: str | None =
     if recipe.is_auto(config.model) and not config.model_options.pretrained:  # (a pretrained one: build())
         raise ConfigError("tformer pretrain reads texts as windows of model.max_len tokens and has no length to fit: "
                           "give a number, e.g. model.max_len=128")
-    if recipe.epochs_auto(config.trainer.epochs):
+    if recipe.said_auto(config.trainer.epochs):
         raise ConfigError("trainer.epochs=auto is chosen from labelled data by tformer train and distill; tformer "
                           "pretrain takes a number, e.g. trainer.epochs=3")
     resume_from = find_resumable(config.resume, "pretrain") if config.resume else None
-    if recipe.lr_auto(config.optimizer.lr) and resume_from is None:  # windows of text to unmask: the model's lr for
+    if recipe.said_auto(config.optimizer.lr) and resume_from is None:  # windows of text to unmask: the model's lr for
         config.optimizer.lr = tree["optimizer"]["lr"] = recipe.base_lr(config.model_options)  # texts (a resume: its own)
     return execute(PretrainJob(options, model_name), config, tree, run_dir, overrides, resume_from).best_value
 

@@ -120,10 +120,10 @@ def resume_session(session: Session, ckpt: CheckpointDir) -> None:
     data = getattr(session.config, "data", None)
     session.resume = load_resume(session.job, ckpt, session.tree, bool(getattr(data, "multi_label", False)))
     trainer = getattr(session.config, "trainer", None)
-    if trainer is not None and recipe.epochs_auto(trainer.epochs):
+    if trainer is not None and recipe.said_auto(trainer.epochs):
         trainer.epochs = session.tree["trainer"]["epochs"]
     optimizer = getattr(session.config, "optimizer", None)
-    if optimizer is not None and recipe.lr_auto(optimizer.lr):
+    if optimizer is not None and recipe.said_auto(optimizer.lr):
         optimizer.lr = session.tree["optimizer"]["lr"]
 
 
@@ -132,13 +132,13 @@ def load_resume(job: Job, ckpt: CheckpointDir, tree: dict, multi_label: bool = F
     run = RunDir.of_checkpoint(ckpt)
     saved = checkpoint.read_config(ckpt) if ckpt.config.is_file() else {}
     trainer, saved_epochs = tree.get("trainer") or {}, (saved.get("trainer") or {}).get("epochs")
-    if recipe.epochs_auto(trainer.get("epochs")) and isinstance(saved_epochs, int):
+    if recipe.said_auto(trainer.get("epochs")) and isinstance(saved_epochs, int):
         trainer["epochs"] = saved_epochs  # trainer.epochs=auto resumes with the number the run chose
     optimizer, saved_lr = tree.get("optimizer") or {}, (saved.get("optimizer") or {}).get("lr")
-    if recipe.lr_auto(optimizer.get("lr")) and isinstance(saved_lr, (int, float)):
+    if recipe.said_auto(optimizer.get("lr")) and isinstance(saved_lr, (int, float)):
         optimizer["lr"] = saved_lr  # so does optimizer.lr=auto
     loss, saved_loss = tree.get("loss") or {}, saved.get("loss") or {}
-    if str(loss.get("class_weights")).lower() == "auto" and "class_weights" in saved_loss:
+    if recipe.said_auto(loss.get("class_weights")) and "class_weights" in saved_loss:
         meant = "balanced" if multi_label else None  # what auto means for this data
         if saved_loss["class_weights"] in (meant, "auto"):  # (a run saved before auto existed says it plainly)
             loss["class_weights"] = saved_loss["class_weights"]

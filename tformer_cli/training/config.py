@@ -7,7 +7,7 @@ from typing import Any
 
 from ..cores import parse_threads
 from ..errors import ConfigError
-from ..typed_config import build, finite
+from ..typed_config import build, finite, number_or_auto
 
 
 @dataclass
@@ -53,13 +53,10 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         parse_threads(self.threads)
-        if isinstance(self.epochs, str):
-            if self.epochs.strip().lower() != "auto":
-                raise ConfigError(f"trainer.epochs={self.epochs!r} must be a whole number or auto")
-            self.epochs = "auto"
-        elif self.epochs < 1:
+        self.epochs = number_or_auto(self.epochs, "trainer.epochs", "a whole number")
+        if self.epochs != "auto" and self.epochs < 1:
             raise ConfigError(f"trainer.epochs={self.epochs} must be at least 1")
-        elif self.epochs > 1_000_000:
+        if self.epochs != "auto" and self.epochs > 1_000_000:
             raise ConfigError(f"trainer.epochs={self.epochs} must be between 1 and 1000000")
 
 
@@ -76,10 +73,7 @@ class OptimizerConfig:
     RANGES = {"lr": (0, None, "[)"), "weight_decay": (0, None, "[)")}
 
     def __post_init__(self) -> None:
-        if isinstance(self.lr, str):
-            if self.lr.strip().lower() != "auto":
-                raise ConfigError(f"optimizer.lr={self.lr!r} must be a number or auto")
-            self.lr = "auto"
+        self.lr = number_or_auto(self.lr, "optimizer.lr")
 
     @classmethod
     def from_mapping(cls, data: dict, where: str = "optimizer") -> "OptimizerConfig":

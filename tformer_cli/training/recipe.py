@@ -46,9 +46,14 @@ DEFAULT_LIMIT = 512  # BERT's positions: auto's ceiling when the preset names no
 SAMPLE = 20_000  # texts whose lengths are measured (seeded sample): a percentile needs no more
 
 
-def is_auto(model: dict) -> bool:
-    value = model.get("max_len")
+def said_auto(value) -> bool:
+    """Whether a config value is the word auto (any case: a value read back from a saved config or a tree is not
+    normalised by the typed config)."""
     return isinstance(value, str) and value.strip().lower() == AUTO
+
+
+def is_auto(model: dict) -> bool:
+    return said_auto(model.get("max_len"))
 
 
 def limit(model: dict) -> int:
@@ -167,10 +172,6 @@ STEPS_MULTI_LABEL = 4000
 EPOCHS_MULTI_LABEL = (2, 30)  # at least, at most
 
 
-def epochs_auto(value) -> bool:
-    return isinstance(value, str) and value.strip().lower() == AUTO
-
-
 def auto_epochs(rows: int, batch_size: int, multi_label: bool) -> tuple[int, str]:
     """(epochs, why) for trainer.epochs=auto: `rows` training rows in batches of `batch_size` (the global batch)."""
     if not multi_label:
@@ -186,14 +187,10 @@ def auto_epochs(rows: int, batch_size: int, multi_label: bool) -> tuple[int, str
 SHORT_TEXT_TOKENS = 64
 
 
-def lr_auto(value) -> bool:
-    return isinstance(value, str) and value.strip().lower() == AUTO
-
-
 def base_lr(options) -> float:
     """The model options' lr for texts that are not short (optimizer.lr=auto without a short-text rule)."""
     base = options.lr_texts if options.lr_texts is not None else options.recommended_lr
-    if lr_auto(base):
+    if said_auto(base):
         raise ConfigError("optimizer.lr=auto needs the model's lr: give optimizer.lr=<lr>, or ++model.lr_texts=<lr> "
                           "(and ++model.lr_short_texts=<lr>)")
     return float(base)
