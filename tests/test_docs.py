@@ -15,7 +15,7 @@ from tformer_cli.errors import TformerError
 from tformer_cli.hydra_setup import compose_config
 from tformer_cli.runs.audit import options_of
 from tformer_cli.runs.distill import options_of as distill_options
-from tformer_cli.runs.config import TrainConfig
+from tformer_cli.runs.config import CalibrateConfig, TrainConfig
 from tformer_cli.runs.pretraining import MlmOptions
 from tformer_cli.typed_config import build, plain
 
@@ -35,7 +35,7 @@ PLACEHOLDERS = {"<date>": "2026-01-01", "<time>": "00-00-00", "<run dir>": "outp
                 "<you>": "me", "<name>": "model", "<revision>": "main", "<p>": "gpu", "<n>": "2",
                 "<folder>": "data/mine", "<more>": "5", "<glue sst2 dir>": "data/sst2"}
 HYDRA_COMMANDS = {"train": "train", "evaluate": "evaluate", "pretrain": "pretrain", "audit": "audit",
-                  "distill": "distill"}
+                  "distill": "distill", "calibrate": "calibrate"}
 KEY_VALUE_COMMANDS = {"export": export, "serve": serve, "push": push, "suggest": suggest}
 # the flags that make `train` print instead of run, and Hydra's -m: not overrides
 RUN_FLAGS = {"-m", "--multirun", "--help", "--hydra-help"}
@@ -117,6 +117,8 @@ def check_command(command: str) -> None:
             distill_options(tree)
             assert tree.get("teacher"), f"tformer distill needs teacher=: {command!r}"
             build(TrainConfig, {k: v for k, v in tree.items() if k not in ("distill", "teacher")})
+        elif name == "calibrate":  # its keys, and which texts it fits on
+            CalibrateConfig.from_hydra(tree, overrides)
     elif name == "predict":
         parse_predict(args)
     elif name in KEY_VALUE_COMMANDS:

@@ -113,6 +113,15 @@ def test_cli_predict_and_evaluate_on_the_multi_label_run(result, files, tmp_path
     assert metrics["f1"] == pytest.approx(result.test_metrics["f1"], abs=1e-9)
     assert "subset accuracy" in r.stdout and "hamming loss" in r.stdout
     assert (tmp_path / "eval" / "errors.csv").is_file() or (tmp_path / "eval" / "classification_report.json").is_file()
+    # tformer calibrate: new temperatures and cuts; the thresholds move with them, so no decision changes
+    r = run_tformer("calibrate", f"checkpoint={result.run_dir}", "split=test", f"hydra.run.dir={tmp_path / 'cal'}",
+                    cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((tmp_path / "cal" / "checkpoints" / "best" / "meta.json").read_text())
+    assert meta["conformal"]["method"] == "crc-fnr" and meta["calibrated_on"]["texts"] == 300
+    texts = [text for text, _ in make(40, 5)]
+    old, new = Classifier.load(result.run_dir), Classifier.load(tmp_path / "cal")
+    assert [a["labels"] for a in new.predict(texts)] == [a["labels"] for a in old.predict(texts)]
 
 
 @pytest.mark.slow

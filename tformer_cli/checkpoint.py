@@ -242,23 +242,34 @@ def update_meta(target: CheckpointDir, changes: dict) -> None:
     """Set (or with None remove) keys of a saved checkpoint's meta.json: the calibration fitted after training
     (temperature, thresholds). Written as `save` writes: a staged copy (the weights hard-linked where the file
     system allows, else copied) with the new meta.json and manifest, swapped in whole."""
-    meta = manifest.read_json(target, target.meta, allow_nan=True, cap=JSON_CAP)
+    copy_with_meta(target, target, changes)
+
+
+def copy_with_meta(source: CheckpointDir, target: CheckpointDir, changes: dict) -> None:
+    """`source` written as `target` (the same folder: `update_meta`) with keys of its meta.json set or, with None,
+    removed; without the training state (a copy starts no resume). Staged and swapped in whole as `save` is, the
+    files hard-linked where the file system allows (never written in place: every write is a new file), else
+    copied; `source` is never changed."""
+    meta = manifest.read_json(source, source.meta, allow_nan=True, cap=JSON_CAP)
     meta = {k: v for k, v in {**meta, **changes}.items() if v is not None or k not in changes}
+    skipped = {source.meta.name, source.manifest.name}
+    if source.path.resolve() != target.path.resolve():
+        skipped |= {source.training_tensors.name, source.training_json.name}
     try:
         with staged_dir(target.path) as staging:
             tmp = CheckpointDir(staging)
-            for f in target.path.iterdir():
-                if not f.is_file() or f.name in (target.meta.name, target.manifest.name):
+            for f in source.path.iterdir():
+                if not f.is_file() or f.name in skipped:
                     continue
                 try:
-                    os.link(f, tmp.path / f.name)  # (never written in place: every write is a new file)
+                    os.link(f, tmp.path / f.name)
                 except OSError:
                     shutil.copy2(f, tmp.path / f.name)
             _write_json(tmp.meta, meta)
             manifest.write(tmp)
     except OSError as exc:
-        raise TformerError(f"could not update checkpoint {target}: {write_problem(exc)} (the previous checkpoint "
-                           f"is kept)") from exc
+        raise TformerError(f"could not write checkpoint {target}: {write_problem(exc)}"
+                           f"{' (the previous checkpoint is kept)' if target.path.exists() else ''}") from exc
 
 
 def _check_long_text(ckpt: CheckpointDir, meta: dict, max_len: int) -> None:

@@ -19,11 +19,12 @@ from .safe_text import terminal
 from .tasks import TASKS
 from .yesno import parse_bool
 
-USAGE = """usage: tformer {train,evaluate,predict,pretrain,distill,audit,suggest,export,serve,push,report} [overrides ...]
+USAGE = """usage: tformer {train,evaluate,calibrate,predict,pretrain,distill,audit,suggest,export,serve,push,report} [overrides ...]
 
   tformer train [key=value ...]           train (Hydra overrides; -m for a multirun sweep)
   tformer pretrain [key=value ...]        masked-LM pretraining on unlabeled text; then train model.init=RUN_DIR
   tformer evaluate [checkpoint=PATH ...]  metrics of a checkpoint on a split (default: newest run, test split)
+  tformer calibrate [file=PATH ...]       refit a checkpoint's probabilities and label sets on labelled texts
   tformer predict "text" [...]            label texts with a checkpoint (see tformer predict --help)
   tformer distill teacher=RUN_DIR [...]   a fast student trained on a teacher's probabilities (+ unlabeled texts)
   tformer audit [key=value ...]           likely label errors (k-fold, cleanlab) and duplicate texts of a dataset

@@ -87,7 +87,7 @@ def shell_completion(args: list[str], commands) -> None:
         print(" ".join(c for c in commands if c.startswith(typed)))
         return
     task = words[1] if querying else "train"
-    if task not in ("train", "evaluate"):
+    if task not in ("train", "evaluate", "calibrate"):
         return  # predict and report take texts and paths: the shell's own file completion applies
     if querying:
         os.environ["COMP_LINE"] = " ".join(["tformer", *words[2:]]) + (" " if os.environ["COMP_LINE"].endswith(" ")

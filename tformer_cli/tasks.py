@@ -20,6 +20,7 @@ class Task:
 TASKS = {
     "train": Task("train", "run", "hydra", trains=True, quiet_sweeps=True, key_help=True, api="train"),
     "evaluate": Task("evaluate", "run", "hydra", key_help=True),  # (a sweep's output is its metrics: shown whole)
+    "calibrate": Task("calibrate", "run", "hydra", key_help=True),
     "predict": Task("predict", "main", "argv", api="Classifier"),
     "pretrain": Task("pretrain", "run", "hydra", trains=True, quiet_sweeps=True, key_help=True),
     "distill": Task("distill", "run", "hydra", trains=True, quiet_sweeps=True, key_help=True, api="distill"),

@@ -104,6 +104,8 @@ def _evaluate(config: EvaluateConfig, run_dir: RunDir, console, device, precisio
     metrics = result.metrics
     metrics.update({"checkpoint": str(loaded.path), "split": config.split, "data": data_cfg.name,
                     **long_text.to_meta()})
+    if isinstance(loaded.meta.get("calibrated_on"), dict):  # (a `tformer calibrate` checkpoint: the fit's texts)
+        metrics["calibrated_on"] = loaded.meta["calibrated_on"]
     scored = getattr(data_cfg, f"{config.split}_file", None)  # a file given for this split is what was scored
     title = f"{Path(scored).name if scored else f'{data_cfg.name} {config.split}'} ({count(split)})"
     report.print_metrics(metrics, loaded.label_names, title, console)

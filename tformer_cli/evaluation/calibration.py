@@ -29,6 +29,8 @@ import math
 
 import numpy as np
 
+from . import conformal
+
 # T is searched in [T_MIN, T_MAX] on a log scale. A real model's T lies around 0.5 .. 5; the range is wide enough
 # for a badly overfitted one (logits 10x too large: T 10) and bounded so that a validation split the model gets
 # entirely right (NLL falls for ever as T -> 0) cannot make it infinitely sure: T stops at T_MIN.
@@ -297,3 +299,22 @@ def describe(temperature) -> str:
         return f"{t.min():.3g} .. {t.max():.3g} (median {np.median(t):.3g}, one per label)" if len(t) > 1 \
             else f"{t[0]:.3g}"
     return f"{temperature:.3g}"
+
+
+def fitted(logits, labels, multi_label: bool, seed: int = 0, thresholds=None, old_temperature=None) -> dict:
+    """What a checkpoint saves after a fit on labelled texts it never trained on (training's validation split, or
+    `tformer calibrate`'s texts): the temperature, the label-set cuts on the probabilities at that temperature
+    (conformal.py) and, for a multi-label model, its thresholds moved to the new scale (no decision changes)."""
+    temperature = fit_temperature(logits, labels, multi_label)
+    changes = {"temperature": temperature,
+               "conformal": conformal.fit_cuts(probabilities(logits, temperature, multi_label), labels, multi_label,
+                                               seed)}
+    if multi_label:  # the cuts follow the probabilities they are applied to
+        changes["thresholds"] = rescaled_thresholds(thresholds, temperature, old_temperature)
+    return changes
+
+
+def at_the_edge(temperature) -> str:
+    """The warning a fitted temperature at a bound of its search range deserves ('' when inside)."""
+    return " (at the edge of its range: the texts may be too few or too easy)" if any(
+        t in (T_MIN, T_MAX) for t in np.atleast_1d(temperature)) else ""

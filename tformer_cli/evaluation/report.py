@@ -1,6 +1,8 @@
 """Rich tables for metrics: the summary, the per-class report and the confusion matrix."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import yaml
 from rich.measure import Measurement
 from rich.table import Table
@@ -35,7 +37,7 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
     if "ece" in metrics:
         console.print(calibration_table(metrics))
     if metrics.get("label_sets"):
-        console.print(label_sets_table(metrics["label_sets"], multi))
+        console.print(label_sets_table(metrics["label_sets"], multi, metrics.get("calibrated_on")))
 
     console.print(per_class_table(metrics, label_names))
     if not multi:  # (labels of a multi-label model are not exclusive: no matrix)
@@ -97,9 +99,20 @@ def calibration_table(metrics: dict) -> Table:
     return table
 
 
-def label_sets_table(label_sets: dict, multi_label: bool) -> Table:
-    """Coverage and mean set size of the conformal label sets at the usual levels (evaluation/conformal.py)."""
-    table = Table(title="label sets (predict --coverage LEVEL; conformal, fitted on validation)", header_style="bold")
+def _fitted_on(calibrated_on) -> str:
+    """'validation', or what a `tformer calibrate` run fitted on, from the checkpoint's meta (read as data)."""
+    if not isinstance(calibrated_on, dict):
+        return "validation"
+    texts, where = calibrated_on.get("texts"), calibrated_on.get("file") or calibrated_on.get("split")
+    count = f"{texts:,} texts of " if isinstance(texts, int) and not isinstance(texts, bool) else ""
+    return f"{count}{Path(str(where)).name if where else 'labelled texts'} (tformer calibrate)"
+
+
+def label_sets_table(label_sets: dict, multi_label: bool, calibrated_on: dict | None = None) -> Table:
+    """Coverage and mean set size of the conformal label sets at the usual levels (evaluation/conformal.py); the
+    title says what they were fitted on: validation, or the texts of a `tformer calibrate` run."""
+    table = Table(title=f"label sets (predict --coverage LEVEL; conformal, fitted on {markup(_fitted_on(calibrated_on))})",
+                  header_style="bold")
     for col in ("level", "true labels in the set" if multi_label else "coverage", "mean set size", "empty sets"):
         table.add_column(col, justify="right")
     for level in REPORTED_LEVELS:

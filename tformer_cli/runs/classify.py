@@ -25,7 +25,7 @@ from ..evaluation import report
 from ..evaluation.artifacts import training_curves_png
 from ..evaluation import calibration, conformal
 from ..evaluation.evaluate import count, score_split, write_reports
-from ..inference import logit_blocks, predict_logits
+from ..inference import logit_blocks
 from ..model import pretrained
 from ..model.encoder import EncoderConfig, TransformerClassifier
 from ..model.mlm import encoder_state
@@ -420,16 +420,12 @@ def calibrate(session: Session) -> checkpoint.Loaded:
                             pad_id=prepared.pad_id, device=session.device, precision=session.precision)
     y = validation.doc_labels.numpy()
     y = y if fitted_on is None else y[fitted_on]
-    temperature = calibration.fit_temperature(logits, y, multi)
-    sets = conformal.fit_cuts(calibration.probabilities(logits, temperature, multi), y, multi, config.seed)
-    changes = {"temperature": temperature, "conformal": sets}
-    if multi:  # the cuts follow the probabilities they are applied to
-        changes["thresholds"] = calibration.rescaled_thresholds(loaded.thresholds, temperature, loaded.temperature)
+    changes = calibration.fitted(logits, y, multi, config.seed, loaded.thresholds, loaded.temperature)
+    temperature, sets = changes["temperature"], changes["conformal"]
     checkpoint.update_meta(run_dir.best, changes)
     before, after = (calibration.ece(calibration.probabilities(logits, t, multi), y, multi)
                      for t in (None, temperature))
-    edge = " (at the edge of its range: the validation split may be too small or too easy)" if any(
-        t in (calibration.T_MIN, calibration.T_MAX) for t in np.atleast_1d(temperature)) else ""
+    edge = calibration.at_the_edge(temperature)
     sample = "" if fitted_on is None else (f", fitted on {len(fitted_on):,} of {validation.n_docs:,} validation texts "
                                            f"(a seeded sample: {len(loaded.label_names):,} classes)")
     console.print(f"calibration: temperature {calibration.describe(temperature)}{edge}; validation ECE {before:.4f} -> "
@@ -442,15 +438,18 @@ def calibrate(session: Session) -> checkpoint.Loaded:
     return checkpoint.load(run_dir.best, session.device)
 
 
-def sampled_logits(model, split: TokenizedSplit, rows, **kwargs) -> np.ndarray:
+def sampled_logits(model, split: TokenizedSplit, rows, each=None, **kwargs) -> np.ndarray:
     """The document logits (float32) of the rows `rows` of a split (None: every row), in that order, from one pass
-    that keeps only them."""
-    if rows is None:
-        return predict_logits(model, split, progress="calibrating", **kwargs)[0].numpy()
-    where = np.full(split.n_docs, -1, dtype=np.int64)
-    where[rows] = np.arange(len(rows))
-    out = np.zeros((len(rows), model.cfg.num_classes), dtype=np.float32)
+    that keeps only them. `each(index, logits)` sees every block of the pass as evaluation's scoring does (all
+    rows, in the order batches run), for counts that must match what `tformer evaluate` reports."""
+    n = split.n_docs if rows is None else len(rows)
+    where = np.arange(split.n_docs) if rows is None else np.full(split.n_docs, -1, dtype=np.int64)
+    if rows is not None:
+        where[rows] = np.arange(len(rows))
+    out = np.zeros((n, model.cfg.num_classes), dtype=np.float32)
     for index, logits in logit_blocks(model, split, progress="calibrating", **kwargs):
+        if each is not None:
+            each(index.numpy(), logits.numpy())
         at = where[index.numpy()]
         keep = at >= 0
         out[at[keep]] = logits.numpy()[keep]

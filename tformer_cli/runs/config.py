@@ -133,10 +133,10 @@ class EvaluateConfig:
     test_file: str | None
     max_samples: int | None
     batch_size: int
-    normalize: bool
     device: str
     precision: str
     threads: int | str  # auto or a number (cores.py)
+    normalize: bool = True  # confusion_matrix.png with rows normalised
     data: dict | None = None  # data=<name> composes one; else the data config saved in the checkpoint
     long_text: str | None = None  # None: read long texts the way training did (the checkpoint says)
     head_tokens: int | None = None
@@ -188,6 +188,31 @@ class EvaluateConfig:
         if self.test_file:  # (absolute: the metrics and the log say which file was scored)
             aliases["test_file"] = str(Path(self.test_file).expanduser().resolve())
         return data_config(tree, **{**self.data_typed, **{k: v for k, v in aliases.items() if v is not None}})
+
+
+@dataclass
+class CalibrateConfig(EvaluateConfig):
+    """`tformer calibrate`: evaluate's keys for what to read (the checkpoint's data by default, data.<key>=...), the
+    split to fit on (validation by default), and `file`: a labelled file to fit on instead, read with the run's
+    own column settings (it is evaluate's test_file)."""
+
+    file: str | None = None
+
+    @classmethod
+    def from_hydra(cls, cfg, overrides=()) -> "CalibrateConfig":
+        config = super().from_hydra(cfg, overrides)
+        typed = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+        if config.file is not None:
+            if "split" in typed and config.split != "test":
+                raise ConfigError(f"file= and split={config.split} both say which texts to calibrate on; give one")
+            if config.test_file is not None or "test_file" in config.data_typed:
+                raise ConfigError("file= and test_file= both name a file to calibrate on; give file= alone")
+            config.test_file, config.split = config.file, "test"
+        if config.split == "train":
+            raise ConfigError("split=train is what the model learned from: its answers there are surer than on new "
+                              "texts, and so would be the calibration; use split=validation (the default) or "
+                              "file=<labelled texts it never saw>")
+        return config
 
 
 BERT_VOCAB = 30522  # the vocabulary assumed for a pretrained table before it is read (BERT's)

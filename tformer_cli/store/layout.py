@@ -7,7 +7,7 @@ everything else asks a `RunDir` or a `CheckpointDir` for a path.
       checkpoints/.last.old         the previous `last`, present only if a crash hit between two renames (atomic.py)
       history.json                  per-epoch metrics, written when training finished
       test_metrics.json, test_report/, training_curves.png
-      metrics.json                  (evaluate runs) the metrics of the evaluated split
+      metrics.json                  (evaluate runs) the metrics of the evaluated split; (calibrate runs) the fit
       data_report.json              what the data checks found (train and evaluate runs; data/sanity.py)
       train.log / evaluate.log      the composed config, then everything the terminal showed
       metrics.jsonl                 one JSON record per logged step (loss, lr, samples/s) and per epoch
@@ -182,7 +182,7 @@ class RunDir:
     wandb = property(lambda self: self.root / "wandb")  # logger=wandb: W&B's own folder (offline runs to sync)
 
     # what a run dir holds before any result
-    BOOKKEEPING = (".hydra", ".lock", "train.log", "evaluate.log", "pretrain.log", "distill.log", MARKER)
+    BOOKKEEPING = (".hydra", ".lock", "train.log", "evaluate.log", "calibrate.log", "pretrain.log", "distill.log", MARKER)
 
     def discard_if_empty(self) -> bool:
         """Remove this run dir if it holds nothing but bookkeeping (a refused or failed command's folder, or the

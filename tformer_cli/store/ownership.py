@@ -151,7 +151,8 @@ def new_run_dir(path: str | Path, task: str, resume: bool | str | None, key: str
                     resolve_resumable(path) is None and not _running(run):
                 raise TformerError(f"{path} holds a run that stopped before its first checkpoint, so there is "
                                    f"nothing to resume; pass a new {key}, or delete that folder to start there again")
-            how = f"continue it with `tformer {task} <same overrides> resume={path}`, or " if task != "evaluate" else ""
+            how = f"continue it with `tformer {task} <same overrides> resume={path}`, or " if task in TASKS and TASKS[task].trains \
+                else ""
             raise TformerError(f"{path} already holds a run; {how}pass a new {key} (a new run never starts "
                                f"in another run's folder)")
         raise TformerError(f"{key}={path} is not empty; a run starts in a new or empty folder (tformer never "

@@ -1,0 +1,121 @@
+"""`tformer calibrate`: a checkpoint's temperature and label-set cuts fitted again on labelled texts it never trained
+on, written as a new checkpoint; the model's weights, and so its answers, stay exactly what they were.
+
+Why: both are fitted after training on the validation split, and they hold only for texts drawn like it. Texts
+that drift (later posts, another source, a new product) make a model less accurate than its validation split
+said; its probabilities are then too sure and its label sets cover less than their level. A few hundred labelled
+texts like the ones it serves put both right without training again. The original checkpoint is never changed:
+the new one (this run's checkpoints/best, with the original's weights hard-linked where the file system allows)
+is what predict, evaluate, export, serve and push read with checkpoint=<this run dir>.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from hydra.core.hydra_config import HydraConfig
+
+from .. import checkpoint, cores
+from ..console import output
+from ..data import sanity, sources, tokenization
+from ..errors import TformerError
+from ..evaluation import calibration, conformal
+from ..hardware import keep_freed_host_memory, pick_device, pick_precision
+from ..runs.classify import sampled_logits
+from ..runs.config import CalibrateConfig
+from ..runs.session import log_header
+from ..safe_text import markup
+from ..store.atomic import write_json
+from ..store.layout import RunDir
+from ..store.locate import locate
+from ..typed_config import plain
+from .evaluate import reading
+
+def run(cfg) -> float:
+    hydra = HydraConfig.get()
+    overrides = list(hydra.overrides.task)
+    return calibrate(CalibrateConfig.from_hydra(cfg, overrides), RunDir(hydra.runtime.output_dir), plain(cfg),
+                     overrides)
+
+
+def calibrate(config: CalibrateConfig, run_dir: RunDir, tree: dict | None = None, overrides=()) -> float:
+    console = output()
+    console.open_log(run_dir.log("calibrate"), log_header("calibrate", overrides, tree))
+    device = pick_device(config.device)
+    keep_freed_host_memory(device)
+    precision = pick_precision(config.precision, device)
+    with cores.claimed(config.threads, "threads", device.type, console.print):
+        return _calibrate(config, run_dir, console, device, precision)
+
+
+def _calibrate(config: CalibrateConfig, run_dir: RunDir, console, device, precision) -> float:
+    loaded = checkpoint.load(locate(config.checkpoint or None, config.outputs_dir), device)
+    saved = loaded.saved_config()
+    data_cfg = config.data_config((saved or {}).get("data"), f"{loaded.path} ({loaded.files.config.name})")
+    read = getattr(data_cfg, f"{config.split}_file", None)  # a file given for this split is what is fitted on
+    what = Path(read).name if read else f"{data_cfg.name} {config.split}"
+    console.print(f"[bold]checkpoint[/] {markup(loaded.path)}  [bold]fitted on[/] {markup(what)}  [bold]device[/] "
+                  f"{device} ({precision.name})", highlight=False)
+    max_len = int(loaded.model_config["max_len"])
+    long_text, side = reading(tokenization.LongText.from_meta(loaded.meta), config, max_len, data_cfg.truncation)
+    seed = int((saved or {}).get("seed", 0))
+    data = sources.load(data_cfg, seed=seed)
+    if config.split not in data.splits:
+        raise TformerError(f"split {config.split!r} not in the data; it has {', '.join(data.splits)}")
+    if list(data.label_names) != list(loaded.label_names):
+        raise TformerError(f"the data's labels {data.label_names[:5]} differ from the checkpoint's "
+                           f"{loaded.label_names[:5]}; calibrate on texts labelled with the model's own labels")
+    sanity.check(data, run_dir.data_report, evaluated=config.split)  # (texts the model trained on are named there)
+    tok = tokenization.load_tokenizer(loaded.tokenizer_file, max_len, long_text, side)
+    split = tokenization.TokenizedSplit.from_dataset(
+        tokenization.tokenize_split(data.splits[config.split], tok, max_len, config.split, long_text))
+    multi = bool(loaded.model.cfg.multi_label)
+    rows = calibration.fit_rows(split.n_docs, len(loaded.label_names), seed)
+    labels = split.doc_labels.numpy()
+    # what the checkpoint's own cuts cover of these texts, counted as `tformer evaluate` counts (its draws, its order)
+    tally = conformal.Tally(loaded.conformal, multi) if loaded.conformal is not None else None
+    count = None if tally is None else (lambda index, block: tally.add(
+        calibration.probabilities(block, loaded.temperature, multi), labels[index]))
+    logits = sampled_logits(loaded.model, split, rows, count, batch_size=config.batch_size,
+                            pad_id=tokenization.pad_id(tok), device=device, precision=precision)
+    y = labels if rows is None else labels[rows]
+    changes = calibration.fitted(logits, y, multi, seed, loaded.thresholds, loaded.temperature)
+    changes["calibrated_on"] = {"checkpoint": str(loaded.path.resolve()), "data": data_cfg.name, "split": config.split,
+                                "file": str(read) if read else None, "texts": int(len(y))}
+    checkpoint.copy_with_meta(loaded.files, run_dir.best, changes)
+    summary = _summary(logits, y, multi, loaded, changes, tally)
+    write_json(run_dir.eval_metrics, summary)
+    sample = "" if rows is None else f" (a seeded sample of {split.n_docs:,}: {len(loaded.label_names):,} classes)"
+    console.print(f"calibration on {len(y):,} texts{sample}: temperature {calibration.describe(loaded.temperature)} "
+                  f"-> {calibration.describe(changes['temperature'])}"
+                  f"{calibration.at_the_edge(changes['temperature'])}; ECE on these texts "
+                  f"{summary['ece_before']:.4f} -> {summary['ece']:.4f}", highlight=False)
+    before = summary["coverage_before"]
+    if before:
+        shown = ", ".join(f"{before[conformal.key(x)]:.4f} at {x:.2f}" for x in conformal.REPORTED)
+        console.print(f"label sets: the checkpoint's cuts covered {shown} of these texts; refitted on them for the "
+                      f"levels 0.50 to 0.99", highlight=False)
+    else:
+        console.print("label sets: fitted on these texts for the levels 0.50 to 0.99 (the checkpoint had none)",
+                      highlight=False)
+    covered = [x for x in conformal.LEVELS if changes["conformal"]["cuts"][conformal.key(x)] is not None]
+    if len(covered) < len(conformal.LEVELS):
+        top = f"above {covered[-1]:.2f}" if covered else "at every level"
+        console.print(f"[yellow]warning:[/] {len(y):,} texts are too few for the highest levels: sets {top} hold every "
+                      f"label (a level L needs L / (1 - L) texts; a few hundred make its coverage steady)", highlight=False)
+    console.print(f"new checkpoint: {markup(run_dir.best)} (weights unchanged; {markup(loaded.path)} is as it was); "
+                  f"use checkpoint={markup(run_dir.root)}", highlight=False)
+    return float(summary["ece"])
+
+
+def _summary(logits, y, multi: bool, loaded, changes: dict, tally) -> dict:
+    """metrics.json of the run: ECE on the fitted texts before (the checkpoint's temperature) and after, and what
+    the checkpoint's own label-set cuts covered of them (all of them, counted as evaluate counts): how far these
+    texts had drifted from its validation split (after the refit it is the level by construction: not reported)."""
+    old, new = (calibration.probabilities(logits, t, multi) for t in (loaded.temperature, changes["temperature"]))
+    coverage = {} if tally is None else {conformal.key(x): tally.result()[conformal.key(x)]["coverage"]
+                                         for x in conformal.REPORTED}
+    return {**changes["calibrated_on"], "temperature_before": loaded.temperature,
+            "temperature": changes["temperature"], "ece_before": calibration.ece(old, y, multi),
+            "ece": calibration.ece(new, y, multi), "coverage_before": coverage,
+            "accuracy": None if multi else float(np.mean(np.asarray(logits).argmax(axis=1) == y))}
