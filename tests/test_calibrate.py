@@ -16,17 +16,21 @@ def typed(*overrides):
     return CalibrateConfig.from_hydra(compose_config("calibrate", *overrides), overrides)
 
 
-def test_it_fits_on_validation_by_default_and_file_is_the_test_file_it_reads():
-    assert typed().split == "validation" and typed().test_file is None
-    config = typed("file=recent.csv")
+@pytest.mark.parametrize("spelling", ["file=recent.csv", "test_file=recent.csv", "data.test_file=recent.csv"])
+def test_a_file_under_any_of_its_spellings_is_what_it_fits_on(spelling):
+    config = typed(spelling)
     assert (config.split, config.test_file) == ("test", "recent.csv")
     assert config.data_config({"name": "files", "train_file": "t.csv"}, "run").test_file.endswith("recent.csv")
+    assert typed("split=validation").split == "validation" and typed("split=validation").test_file is None
 
 
 @pytest.mark.parametrize("overrides, words", [
+    ((), "say which texts to calibrate on"),  # training calibrated on validation already: no silent default
+    (("file=",), "file= is empty"),
     (("split=train",), "split=train is what the model learned from"),
     (("file=a.csv", "split=validation"), "file= and split=validation both say"),
     (("file=a.csv", "test_file=b.csv"), "give file= alone"),
+    (("file=a.csv", "+long_text=chunks"), "not a calibrate key"),
 ])
 def test_what_cannot_be_fitted_on_is_refused_in_one_line(overrides, words):
     with pytest.raises(ConfigError, match=words):
@@ -82,9 +86,21 @@ def test_a_refit_is_a_new_checkpoint_with_the_same_answers_and_the_original_unto
     assert r.returncode == 0, r.stderr[-2000:]
     assert "fitted on 200 texts of recent.csv (tformer calibrate)" in " ".join(r.stdout.split())
 
-    # texts labelled with other labels than the model's: one line, and no folder left behind
-    _write(tmp_path / "other.csv", ["a text", "another text"], ["spam", "ham"])
-    r = run_tformer("calibrate", f"checkpoint={run}", f"file={tmp_path / 'other.csv'}",
-                    f"hydra.run.dir={tmp_path / 'cal2'}", cwd=tmp_path)
-    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "cal2").exists()
+    # `tformer report` of the refit says what it did
+    r = run_tformer("report", str(tmp_path / "cal"), cwd=tmp_path)
+    assert r.returncode == 0 and "on 200 texts of recent.csv" in " ".join(r.stdout.split()), r.stdout[-2000:]
+    assert "did not finish" not in r.stdout
+
+    # what it must not fit on: one line each, and no folder left behind
+    train_texts, train_labels = demo.splits(300, 100, 100, 0)["train"]
+    bad = {"other labels": (["a text"] * 60, ["spam", "ham"] * 30),
+           "too few": (texts[:20], labels[:20]),
+           "training texts": (train_texts[:80], train_labels[:80])}
+    for name, (rows, ys) in bad.items():
+        path = _write(tmp_path / f"{name.replace(' ', '_')}.csv", rows, ys)
+        r = run_tformer("calibrate", f"checkpoint={run}", f"file={path}", f"hydra.run.dir={tmp_path / 'cal2'}",
+                        cwd=tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, name
+        assert not (tmp_path / "cal2").exists(), name
+        assert {"other labels": "not seen in training", "too few": "too few to calibrate on",
+                "training texts": "the model's training texts"}[name] in r.stderr, r.stderr

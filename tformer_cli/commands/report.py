@@ -7,6 +7,7 @@ from pathlib import Path
 from ..console import screen_console
 from ..errors import TformerError
 from ..evaluation import artifacts
+from ..evaluation.calibration import describe
 from ..evaluation.report import print_history, print_metrics, settings_table
 from ..safe_text import markup
 from ..store import manifest
@@ -48,6 +49,16 @@ def print_best(best: dict, console) -> None:
         console.print(f"best epoch {best.get('epoch')}: val_accuracy {best.get('val_accuracy', nan):.4f}, "
                       f"val_f1 {best.get('val_f1', nan):.4f}, val_loss {best.get('val_loss', nan):.4f}",
                       highlight=False)
+
+
+def print_refit(fit: dict, console) -> None:
+    """A `tformer calibrate` run: what it refitted, on which texts, and what the old calibration did on them."""
+    before = fit.get("coverage_before") or {}
+    console.print(f"calibrated {markup(str(fit['checkpoint']))} on {fit['texts']:,} texts of "
+                  f"{markup(str(fit.get('file') or fit.get('split')))}: temperature {describe(fit['temperature_before'])}"
+                  f" -> {describe(fit['temperature'])}, ECE {fit['ece_before']:.4f} -> {fit['ece']:.4f}"
+                  + ("; the old label sets covered " + ", ".join(f"{float(v):.4f} at {k}" for k, v in before.items())
+                     if before else ""), highlight=False)
 
 
 def shown(path: Path, show, *args) -> None:
@@ -93,7 +104,10 @@ def main(argv: list[str]) -> int:
         if best_ckpt and best_ckpt.metrics.is_file() else {}
     if best:
         shown(best_ckpt.metrics, print_best, best, console)
-    if not run_dir.finished:
+    meta = manifest.read_json(ckpts[0], ckpts[0].meta, allow_nan=True)
+    if isinstance(meta, dict) and isinstance(meta.get("calibrated_on"), dict) and run_dir.eval_metrics.is_file():
+        shown(run_dir.eval_metrics, print_refit, read_run_json(run_dir.eval_metrics, dict), console)  # (calibrate)
+    elif not run_dir.finished:
         console.print(f"[yellow]the run did not finish[/]; resume it with `tformer {ckpts[0].task()} <its overrides> "
                       f"resume={markup(run_dir)}`", highlight=False)
     if run_dir.test_metrics.is_file():

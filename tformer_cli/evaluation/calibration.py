@@ -287,7 +287,9 @@ def rescaled_thresholds(thresholds, temperature, old_temperature=None) -> list[f
         z = z * np.asarray(old_temperature, dtype=np.float64)
     if temperature is not None:
         z = z / np.asarray(temperature, dtype=np.float64)
-    return [float(v) for v in 1 / (1 + np.exp(-z))]
+    # kept inside (0, 1), where float32 probabilities can still fall on either side: a cut of exactly 1.0 (a label
+    # whose temperature reached T_MIN) would be refused on load and would never let the label on
+    return [float(v) for v in np.clip(1 / (1 + np.exp(-z)), 1e-6, 1 - 1e-6)]
 
 
 def describe(temperature) -> str:

@@ -192,22 +192,38 @@ class EvaluateConfig:
 
 @dataclass
 class CalibrateConfig(EvaluateConfig):
-    """`tformer calibrate`: evaluate's keys for what to read (the checkpoint's data by default, data.<key>=...), the
-    split to fit on (validation by default), and `file`: a labelled file to fit on instead, read with the run's
-    own column settings (it is evaluate's test_file)."""
+    """`tformer calibrate`: evaluate's keys for what to read (the checkpoint's data by default, data.<key>=...), and
+    which texts to fit on, said outright: `file` (a labelled file, read with the run's own column settings: it is
+    evaluate's test_file, under any of its three spellings) or `split` of the run's own data."""
 
+    split: str | None
     file: str | None = None
 
     @classmethod
     def from_hydra(cls, cfg, overrides=()) -> "CalibrateConfig":
         config = super().from_hydra(cfg, overrides)
         typed = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
-        if config.file is not None:
+        named = [f"{k}={v}" for k, v in (("file", config.file), ("test_file", config.test_file),
+                                         ("data.test_file", config.data_typed.get("test_file"))) if v is not None]
+        if any(not str(v).strip() for v in (config.file, config.test_file, config.data_typed.get("test_file"))
+               if v is not None):
+            raise ConfigError("file= is empty; give the labelled file to calibrate on, e.g. file=recent.csv")
+        if len(named) > 1 and len({n.split("=", 1)[1] for n in named}) > 1:
+            raise ConfigError(f"{' and '.join(named)} both name a file to calibrate on; give file= alone")
+        if named:
             if "split" in typed and config.split != "test":
                 raise ConfigError(f"file= and split={config.split} both say which texts to calibrate on; give one")
-            if config.test_file is not None or "test_file" in config.data_typed:
-                raise ConfigError("file= and test_file= both name a file to calibrate on; give file= alone")
-            config.test_file, config.split = config.file, "test"
+            config.file = config.test_file = named[0].split("=", 1)[1]
+            config.split = "test"
+            config.data_typed.pop("test_file", None)
+        elif config.split is None:
+            raise ConfigError("say which texts to calibrate on: file=<labelled texts like the ones the model will "
+                              "serve>, or split=validation|test of the run's own data (training already calibrated "
+                              "on its validation split)")
+        for key in ("long_text", "head_tokens", "chunk_overlap"):
+            if getattr(config, key) is not None:
+                raise ConfigError(f"{key}= is not a calibrate key: it reads texts the way the checkpoint does, as "
+                                  f"predict and serve will")
         if config.split == "train":
             raise ConfigError("split=train is what the model learned from: its answers there are surer than on new "
                               "texts, and so would be the calibration; use split=validation (the default) or "
