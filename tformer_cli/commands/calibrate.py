@@ -1,37 +1,19 @@
-"""`tformer calibrate`: a checkpoint's temperature and label-set cuts fitted again on labelled texts it never trained
-on, written as a new checkpoint; the model's weights, and so its answers, stay exactly what they were.
-
-Why: both are fitted after training on the validation split, and they hold only for texts drawn like it. Texts
-that drift (later posts, another source, a new product) make a model less accurate than its validation split
-said; its probabilities are then too sure and its label sets cover less than their level. A few hundred labelled
-texts like the ones it serves put both right without training again. The original checkpoint is never changed:
-the new one (this run's checkpoints/best, with the original's weights hard-linked where the file system allows)
-is what predict, evaluate, export, serve and push read with checkpoint=<this run dir>.
-"""
+"""`tformer calibrate`: a checkpoint's temperature and label-set cuts refitted on labelled texts it never trained on,
+written as a new checkpoint beside the untouched original (runs/recalibrate.py does the work)."""
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 from hydra.core.hydra_config import HydraConfig
 
-from .. import checkpoint, cores
+from .. import cores
 from ..console import output
-from ..data import sanity, sources, tokenization
-from ..errors import TformerError
-from ..evaluation import calibration, conformal
 from ..hardware import keep_freed_host_memory, pick_device, pick_precision
-from ..runs.classify import sampled_logits
 from ..runs.config import CalibrateConfig
+from ..runs.recalibrate import refit
 from ..runs.session import log_header
-from ..safe_text import markup
-from ..store.atomic import sha256_file, write_json
 from ..store.layout import RunDir
-from ..store.locate import locate
 from ..typed_config import plain
 from .evaluate import reading
 
-MIN_TEXTS = 50  # fewer are refused: one temperature and 50 cuts fitted on a handful of texts are noise
 
 def run(cfg) -> float:
     hydra = HydraConfig.get()
@@ -47,105 +29,4 @@ def calibrate(config: CalibrateConfig, run_dir: RunDir, tree: dict | None = None
     keep_freed_host_memory(device)
     precision = pick_precision(config.precision, device)
     with cores.claimed(config.threads, "threads", device.type, console.print):
-        return _calibrate(config, run_dir, console, device, precision)
-
-
-def _calibrate(config: CalibrateConfig, run_dir: RunDir, console, device, precision) -> float:
-    loaded = checkpoint.load(locate(config.checkpoint or None, config.outputs_dir), device)
-    saved = loaded.saved_config()
-    data_cfg = config.data_config((saved or {}).get("data"), f"{loaded.path} ({loaded.files.config.name})")
-    if config.max_samples is None and "max_eval_samples" not in config.data_typed:
-        data_cfg.max_eval_samples = None  # every text given is fitted on, not the run's evaluation cap
-    read = getattr(data_cfg, f"{config.split}_file", None)  # a file given for this split is what is fitted on
-    what = Path(read).name if read else f"{data_cfg.name} {config.split}"
-    console.print(f"[bold]checkpoint[/] {markup(loaded.path)}  [bold]texts[/] {markup(what)}  [bold]device[/] "
-                  f"{device} ({precision.name})", highlight=False)
-    max_len = int(loaded.model_config["max_len"])
-    long_text, side = reading(tokenization.LongText.from_meta(loaded.meta), config, max_len, data_cfg.truncation)
-    seed = int((saved or {}).get("seed", 0))
-    data = sources.load(data_cfg, seed=seed)
-    if config.split not in data.splits:
-        raise TformerError(f"split {config.split!r} not in the data; it has {', '.join(data.splits)}")
-    if list(data.label_names) != list(loaded.label_names):
-        raise TformerError(f"the data's labels {data.label_names[:5]} differ from the checkpoint's "
-                           f"{loaded.label_names[:5]}; calibrate on texts labelled with the model's own labels")
-    checked = sanity.check(data, None, evaluated=config.split)  # (saved with the new checkpoint: a refusal leaves
-    _refuse_training_texts(checked, config.split, what)         # no folder behind)
-    tok = tokenization.load_tokenizer(loaded.tokenizer_file, max_len, long_text, side)
-    split = tokenization.TokenizedSplit.from_dataset(
-        tokenization.tokenize_split(data.splits[config.split], tok, max_len, config.split, long_text))
-    multi = bool(loaded.model.cfg.multi_label)
-    rows = calibration.fit_rows(split.n_docs, len(loaded.label_names), seed)
-    labels = split.doc_labels.numpy()
-    # what the checkpoint's own cuts cover of these texts, counted as `tformer evaluate` counts (its draws, its order)
-    tally = conformal.Tally(loaded.conformal, multi) if loaded.conformal is not None else None
-    count = None if tally is None else (lambda index, block: tally.add(
-        calibration.probabilities(block, loaded.temperature, multi), labels[index]))
-    logits = sampled_logits(loaded.model, split, rows, count, batch_size=config.batch_size,
-                            pad_id=tokenization.pad_id(tok), device=device, precision=precision)
-    y = labels if rows is None else labels[rows]
-    if len(y) < MIN_TEXTS:
-        raise TformerError(f"{_texts(len(y))} of {what} are too few to calibrate on: a temperature and label-set cuts "
-                           f"fitted on them would be noise; give at least {MIN_TEXTS} labelled texts (a few hundred "
-                           f"make the 0.90 level steady)")
-    changes = calibration.fitted(logits, y, multi, seed, loaded.thresholds, loaded.temperature)
-    changes["calibrated_on"] = {"checkpoint": str(loaded.path.resolve()), "data": data_cfg.name, "split": config.split,
-                                "file": Path(read).name if read else None,
-                                "file_sha256": sha256_file(Path(read)) if read else None, "texts": int(len(y))}
-    write_json(run_dir.data_report, checked)
-    checkpoint.copy_with_meta(loaded.files, run_dir.best, changes)
-    checkpoint.load(run_dir.best)  # (what predict will read: checked as it checks it)
-    summary = _summary(logits, y, multi, loaded, changes, tally)
-    write_json(run_dir.eval_metrics, summary)
-    sample = "" if rows is None else f" (a seeded sample of {split.n_docs:,}: {len(loaded.label_names):,} classes)"
-    console.print(f"calibration on {_texts(len(y))}{sample}: temperature {calibration.describe(loaded.temperature)} "
-                  f"-> {calibration.describe(changes['temperature'])}"
-                  f"{calibration.at_the_edge(changes['temperature'])}; ECE on these texts "
-                  f"{summary['ece_before']:.4f} -> {summary['ece']:.4f}", highlight=False)
-    before = summary["coverage_before"]
-    if before:
-        shown = ", ".join(f"{before[conformal.key(x)]:.4f} at {x:.2f}" for x in conformal.REPORTED)
-        console.print(f"label sets: the checkpoint's cuts covered {shown} of these texts; refitted on them for the "
-                      f"levels 0.50 to 0.99", highlight=False)
-    else:
-        console.print("label sets: fitted on these texts for the levels 0.50 to 0.99 (the checkpoint had none)",
-                      highlight=False)
-    covered = [x for x in conformal.LEVELS if changes["conformal"]["cuts"][conformal.key(x)] is not None]
-    if len(covered) < len(conformal.LEVELS):
-        top = f"above {covered[-1]:.2f}" if covered else "at every level"
-        console.print(f"[yellow]warning:[/] {_texts(len(y))} are too few for the highest levels: sets {top} hold every "
-                      f"label (a level L needs L / (1 - L) texts; a few hundred make its coverage steady)", highlight=False)
-    console.print(f"new checkpoint: {markup(run_dir.best)} (weights unchanged; {markup(loaded.path)} is as it was); "
-                  f"use checkpoint={markup(run_dir.root)}", highlight=False)
-    return float(summary["ece"])
-
-
-def _texts(n: int) -> str:
-    return f"{n:,} text{'s' if n != 1 else ''}"
-
-
-def _refuse_training_texts(report: dict, split: str, what: str) -> None:
-    """Texts the model trained on make it look surer than it is on new ones: a fit on them would undo calibration.
-    The training file itself, or a set of texts mostly copied from training, is refused (a few copies are only
-    the data check's warning)."""
-    if split in report.get("same_file_as_train", []):
-        raise TformerError(f"{what} is the model's training file; calibrate on labelled texts it never trained on")
-    found = report.get("overlap_with_train", {}).get(split) or {}
-    copies, rows = int(found.get("exact", 0)) + int(found.get("normalized", 0)), int(found.get("rows", 0))
-    if rows and copies * 2 > rows:
-        raise TformerError(f"{copies:,} of the {rows:,} texts of {what} are the model's training texts (the data "
-                           f"check above shows one); calibrated on them, it would be surer than it is on new texts: "
-                           f"give labelled texts it never trained on")
-
-
-def _summary(logits, y, multi: bool, loaded, changes: dict, tally) -> dict:
-    """metrics.json of the run: ECE on the fitted texts before (the checkpoint's temperature) and after, and what
-    the checkpoint's own label-set cuts covered of them (all of them, counted as evaluate counts): how far these
-    texts had drifted from its validation split (after the refit it is the level by construction: not reported)."""
-    old, new = (calibration.probabilities(logits, t, multi) for t in (loaded.temperature, changes["temperature"]))
-    coverage = {} if tally is None else {conformal.key(x): tally.result()[conformal.key(x)]["coverage"]
-                                         for x in conformal.REPORTED}
-    return {**changes["calibrated_on"], "temperature_before": loaded.temperature,
-            "temperature": changes["temperature"], "ece_before": calibration.ece(old, y, multi),
-            "ece": calibration.ece(new, y, multi), "coverage_before": coverage,
-            "accuracy": None if multi else float(np.mean(np.asarray(logits).argmax(axis=1) == y))}
+        return refit(config, run_dir, console, device, precision, reading)
