@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import checkpoint
-from ..data import sanity, sources, tokenization
+from ..data import sanity, tokenization
 from ..errors import TformerError
 from ..evaluation import calibration, conformal
 from ..safe_text import markup
@@ -24,13 +24,13 @@ from ..store.layout import RunDir
 from ..store.locate import locate
 from .classify import sampled_logits
 from .config import CalibrateConfig
+from .scoring import checked_data, reading, tokenized
 
 MIN_TEXTS = 50  # fewer are refused: one temperature and 50 cuts fitted on a handful of texts are noise
 
 
-def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision, reading) -> float:
-    """The refit into run_dir (checkpoints/best, metrics.json, data_report.json); returns the ECE after it.
-    `reading(trained, config, max_len, side)`: how the texts are read (commands/evaluate.py: as the checkpoint says)."""
+def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) -> float:
+    """The refit into run_dir (checkpoints/best, metrics.json, data_report.json); returns the ECE after it."""
     loaded = checkpoint.load(locate(config.checkpoint or None, config.outputs_dir), device)
     saved = loaded.saved_config()
     data_cfg = config.data_config((saved or {}).get("data"), f"{loaded.path} ({loaded.files.config.name})")
@@ -43,17 +43,10 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision, 
     max_len = int(loaded.model_config["max_len"])
     long_text, side = reading(tokenization.LongText.from_meta(loaded.meta), config, max_len, data_cfg.truncation)
     seed = int((saved or {}).get("seed", 0))
-    data = sources.load(data_cfg, seed=seed)
-    if config.split not in data.splits:
-        raise TformerError(f"split {config.split!r} not in the data; it has {', '.join(data.splits)}")
-    if list(data.label_names) != list(loaded.label_names):
-        raise TformerError(f"the data's labels {data.label_names[:5]} differ from the checkpoint's "
-                           f"{loaded.label_names[:5]}; calibrate on texts labelled with the model's own labels")
+    data = checked_data(config, loaded, data_cfg, seed, "calibrate on texts labelled with the model's own labels")
     checked = sanity.check(data, None, evaluated=config.split)  # (saved with the new checkpoint: a refusal leaves
     _refuse_training_texts(checked, config.split, what)         # no folder behind)
-    tok = tokenization.load_tokenizer(loaded.tokenizer_file, max_len, long_text, side)
-    split = tokenization.TokenizedSplit.from_dataset(
-        tokenization.tokenize_split(data.splits[config.split], tok, max_len, config.split, long_text))
+    tok, split = tokenized(loaded, data.splits[config.split], config.split, max_len, long_text, side)
     multi = bool(loaded.model.cfg.multi_label)
     rows = calibration.fit_rows(split.n_docs, len(loaded.label_names), seed)
     labels = split.doc_labels.numpy()
