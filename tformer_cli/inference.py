@@ -67,14 +67,16 @@ def loss_of(logits: torch.Tensor, targets: torch.Tensor, multi_label: bool, loss
 
 @torch.inference_mode()
 def logit_blocks(model, split: TokenizedSplit, *, batch_size: int, pad_id: int, device: torch.device, precision,
-                 progress: str | None = None):
+                 progress: str | None = None, with_features: bool = False):
     """(document indices (B,) int64, their logits (B, C) float32 on CPU) for every document of the split, a batch
     at a time in the order batches run (longest first). Documents read as several windows (long_text=chunks) are
-    summed window by window into a (documents, C) table, whose means come out at the end."""
+    summed window by window into a (documents, C) table, whose means come out at the end. with_features: each row
+    is the logits followed by the pooled vector the head read, (B, C + D) (a distillation teacher's, to match)."""
     model.eval()
     loader = BatchLoader(split, batch_size, pad_id, shuffle=False, pin_memory=device.type == "cuda")
     windows = split.docs is not None
-    total = torch.zeros(split.n_docs, model.cfg.num_classes) if windows else None
+    width = model.cfg.num_classes + (model.cfg.d_model if with_features else 0)
+    total = torch.zeros(split.n_docs, width) if windows else None
     bar = None
     if progress:
         # counted in tokens, not batches: batches go longest first, so by batches the first minutes of a
@@ -86,7 +88,10 @@ def logit_blocks(model, split: TokenizedSplit, *, batch_size: int, pad_id: int, 
             mask = batch["attention_mask"].to(device, non_blocking=True)
             layout = Layout.of(batch["attention_mask"], device)  # decided on the host: no wait on the device
             with precision.autocast():
-                logits = model(ids, mask, layout=layout).float().cpu()
+                if with_features:
+                    logits = torch.cat(model(ids, mask, layout=layout, with_features=True), 1).float().cpu()
+                else:
+                    logits = model(ids, mask, layout=layout).float().cpu()
             if bar is not None:
                 bar.update(int(batch["attention_mask"].sum()))  # the host copy: no wait on the device
             cores.rebalance()

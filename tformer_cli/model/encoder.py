@@ -491,11 +491,14 @@ class TransformerClassifier(nn.Module):
         return pooled + mean_pool(pairs, mask[:, 1:] & mask[:, :-1])  # a pair counts where both tokens are kept
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                layout: Layout | None = None) -> torch.Tensor:
-        """input_ids (B, T) long, attention_mask (B, T) bool/int with 1 at real tokens -> logits (B, C)."""
+                layout: Layout | None = None, with_features: bool = False):
+        """input_ids (B, T) long, attention_mask (B, T) bool/int with 1 at real tokens -> logits (B, C); with
+        `with_features`, (logits, the pooled vectors (B, D) the head read): a distillation student matches its
+        teacher's through this call, so that DDP and torch.compile see one forward."""
         if attention_mask is None:
             attention_mask = input_ids.ne(self.cfg.pad_id)
-        return self.head(self.features(input_ids, attention_mask.bool(), layout))
+        features = self.features(input_ids, attention_mask.bool(), layout)
+        return (self.head(features), features) if with_features else self.head(features)
 
     @torch.no_grad()
     def explain(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -36,7 +36,7 @@ from ..data import sanity, sources, tokenization
 from ..data.tokenization import LongText, TokenizedSplit
 from ..errors import ConfigError, TformerError
 from ..console import progress
-from ..inference import predict_logits, weighted_bce
+from ..inference import logit_blocks, weighted_bce
 from ..model import pretrained
 from ..safe_text import markup
 from .. import checkpoint
@@ -66,11 +66,12 @@ class DistillOptions:
     cache_dir: str
     batch_size: int
     layers: list | None = None
+    relations: float = 0.0
 
     # temperature: Hinton et al. use 1..20; far outside 0.1..100 the softened probabilities are all equal (or one-hot)
     # and the T²-scaled loss over- or underflows (1e30 ended in NaN)
     RANGES = {"temperature": (0.1, 100, "[]"), "alpha": (0, 1, "[]"), "max_unlabeled": (1, None, "[)"),
-              "batch_size": (1, 1 << 20, "[]")}
+              "batch_size": (1, 1 << 20, "[]"), "relations": (0, 1000, "[]")}
 
 
 def options_of(tree: dict) -> DistillOptions:
@@ -220,22 +221,43 @@ def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torc
     return loss.mean()
 
 
+def relation_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """How far the student is from relating the batch's texts to one another as the teacher does: the mean squared
+    difference of their (B, B) cosine-similarity matrices off the diagonal, each side's vectors centred on the
+    batch's mean first (similarity-preserving distillation, Tung & Mori 2019; MiniLM matches relations, not states,
+    for the same reason). Relations are B x B whatever the widths, so a student of another width needs no
+    projection, and the teacher's side is one vector per text, small enough to cache. Centring: a pretrained
+    encoder's pooled vectors share one direction that makes most of their cosine (0.6 to 0.9 between any two
+    texts); without it the loss would mostly teach that direction. student: (B, Ds), teacher: (B, Dt) pooled
+    vectors; 0 for a batch of one text."""
+    b = student.shape[0]
+    if b < 2:
+        return student.float().sum() * 0
+    s, t = student.float(), teacher.float()
+    s, t = F.normalize(s - s.mean(0), dim=-1), F.normalize(t - t.mean(0), dim=-1)
+    off = ~torch.eye(b, dtype=torch.bool, device=student.device)
+    return (s @ s.T - t @ t.T)[off].pow(2).mean()
+
+
 class Distillation(Classification):
     """A student learning from a teacher's logits (computed once, runs/distill.py) on labelled and unlabeled texts:
     `distillation_loss` per row. Validation is classification's (the student's own loss, accuracy and F1 on the
     labelled validation split), so a distilled run is compared, monitored and reported like a trained one.
 
     teacher: (documents, C) logits of the training split's documents; labelled: (documents,) whether a document
-    has a label; docs: the split's document of each sequence (None: one sequence per document)."""
+    has a label; docs: the split's document of each sequence (None: one sequence per document); features:
+    (documents, D) the teacher's pooled vectors, matched by `relation_loss` with weight `relations` (0: not read)."""
 
     loss_label = "distillation loss"
 
     def __init__(self, label_names: list[str], teacher: torch.Tensor, labelled: torch.Tensor,
                  docs: torch.Tensor | None, *, temperature: float, alpha: float, multi_label: bool = False,
-                 loss_weight: torch.Tensor | None = None, label_smoothing: float = 0.0):
+                 loss_weight: torch.Tensor | None = None, label_smoothing: float = 0.0,
+                 features: torch.Tensor | None = None, relations: float = 0.0):
         super().__init__(label_names, loss_weight, label_smoothing)
         self.teacher, self.labelled, self.docs = teacher, labelled, docs
         self.temperature, self.alpha, self.multi_label = temperature, alpha, multi_label
+        self.features, self.relations = (features, relations) if relations else (None, 0.0)
 
     def step(self, opt: Optimization, batch: dict, step: int, share: float, micro_batches: int) -> torch.Tensor:
         device = opt.device
@@ -244,14 +266,19 @@ class Distillation(Classification):
         mask = batch["attention_mask"].to(device, non_blocking=True)
         labels = batch["labels"].to(device, non_blocking=True)
         teacher, labelled = self.teacher[rows].to(device), self.labelled[rows].to(device)
+        vectors = self.features[rows].to(device) if self.features is not None else None
         n = labels.shape[0]
 
         def slice_loss(part: slice) -> torch.Tensor:  # a row mean: a slice carries its rows' share
             with opt.precision.autocast():
-                logits = opt.forward(ids[part], mask[part])
+                logits = opt.forward(ids[part], mask[part], with_features=vectors is not None)
+            if vectors is not None:
+                logits, features = logits
             loss = distillation_loss(logits, teacher[part], labels[part], labelled[part],
                                      temperature=self.temperature, alpha=self.alpha, multi_label=self.multi_label,
                                      class_weight=self.loss_weight, label_smoothing=self.label_smoothing)
+            if vectors is not None:
+                loss = loss + self.relations * relation_loss(features, vectors[part])
             return loss if part.stop - part.start == n else loss * ((part.stop - part.start) / n)
 
         return sliced_update(opt, n, micro_batches, slice_loss, share)
@@ -292,18 +319,22 @@ class DistillJob(ClassifierJob):
         train = labelled if not unlabeled else TokenizedSplit.concat(
             [labelled, tokenize_unlabeled(unlabeled, prepared, config)])
         texts = list(prepared.data.splits["train"]["text"]) + unlabeled
-        logits = teacher_logits(self.teacher, weights, texts, Path(options.cache_dir), session.device,
-                                session.precision, options.batch_size, console)
+        logits, features = teacher_logits(self.teacher, weights, texts, Path(options.cache_dir), session.device,
+                                          session.precision, options.batch_size, console,
+                                          with_features=options.relations > 0)
         has_label = torch.arange(len(texts)) < labelled.n_docs
         objective = Distillation(prepared.data.label_names, logits, has_label, train.docs,
                                  temperature=options.temperature, alpha=options.alpha,
                                  multi_label=prepared.model_cfg.multi_label,
                                  loss_weight=class_weights_of(session, prepared),
-                                 label_smoothing=config.loss.label_smoothing)
+                                 label_smoothing=config.loss.label_smoothing, features=features,
+                                 relations=options.relations)
         run = build_run(session, prepared, objective, train,
                         meta={DISTILLED_FROM: str(self.teacher.path), TEACHER_WEIGHTS: weights})
+        how = f"temperature {options.temperature:g}, alpha {options.alpha:g}" + (
+            f", relations {options.relations:g}" if options.relations else "")
         return run, (f"[bold]student[/] {prepared.describe(config)}; [bold]teacher[/] {markup(self.teacher.path)} "
-                     f"(temperature {options.temperature:g}, alpha {options.alpha:g}), {labelled.n_docs:,} labelled "
+                     f"({how}), {labelled.n_docs:,} labelled "
                      f"+ {len(unlabeled):,} unlabeled texts")
 
     def check_same_teacher(self, resume, weights: str) -> None:
@@ -430,23 +461,36 @@ def shard_key(texts: list[str]) -> str:
 
 
 def teacher_logits(teacher: CheckpointDir, weights_sha256: str, texts: list[str], cache_root: Path, device,
-                   precision, batch_size: int, console) -> torch.Tensor:
-    """(len(texts), classes) float32 logits of the teacher, read from its cache where they were computed before,
-    else computed SHARD_TEXTS texts at a time, each shard kept as it is done (Ctrl-C loses at most one)."""
+                   precision, batch_size: int, console, with_features: bool = False):
+    """(len(texts), classes) float32 logits of the teacher and, with_features, its (len(texts), D) pooled vectors
+    (else None), read from its cache where they were computed before, else computed SHARD_TEXTS texts at a time,
+    each shard kept as it is done (Ctrl-C loses at most one). A shard holds both, the vectors in bfloat16 (only
+    their cosines are used; half the memory of float32 for a million texts); one written without vectors is
+    computed again when they are asked for."""
     loaded = checkpoint.load(teacher, device)
     max_len, long_text = int(loaded.model_config["max_len"]), LongText.from_meta(loaded.meta)
     tok = tokenization.load_tokenizer(loaded.tokenizer_file, max_len, long_text)
-    classes = int(loaded.model.cfg.num_classes)
+    classes, width = int(loaded.model.cfg.num_classes), int(loaded.model.cfg.d_model)
+    wanted = width if with_features else None
     cache = TeacherCache(cache_root, cache_key(weights_sha256,
                                                f"{max_len}|{long_text}|{tokenization.tokenizer_hash(tok)}"))
     parts = [texts[a:a + SHARD_TEXTS] for a in range(0, len(texts), SHARD_TEXTS)]
     files = [cache.shard(shard_key(part)) for part in parts]
-    done = {k: t for k, (part, f) in enumerate(zip(parts, files)) if (t := _read_shard(f, len(part), classes)) is not None}
+    done = {k: t for k, (part, f) in enumerate(zip(parts, files))
+            if (t := _read_shard(f, len(part), classes, wanted)) is not None}
+
+    def joined():
+        if not parts:
+            return torch.zeros(0, classes), (torch.zeros(0, width, dtype=torch.bfloat16) if with_features else None)
+        logits = torch.cat([done[k][0] for k in range(len(parts))])
+        return logits, (torch.cat([done[k][1] for k in range(len(parts))]) if with_features else None)
+
     kept = sum(len(parts[k]) for k in done)
+    what = "logits and pooled vectors" if with_features else "logits"
     if len(done) == len(parts):
-        console.print(f"[bold]teacher[/] logits of {len(texts):,} texts read from the cache {markup(cache)}",
+        console.print(f"[bold]teacher[/] {what} of {len(texts):,} texts read from the cache {markup(cache)}",
                       highlight=False)
-        return torch.cat([done[k] for k in range(len(parts))]) if parts else torch.zeros(0, classes)
+        return joined()
     if not cache.info.is_file():
         write_json(cache.info, {"teacher": str(teacher.path), "classes": classes, "reading": long_text.describe(max_len),
                                 "max_len": max_len})
@@ -460,13 +504,17 @@ def teacher_logits(teacher: CheckpointDir, weights_sha256: str, texts: list[str]
             if k in done:
                 continue
             split = TokenizedSplit.from_windows(tokenization.encode_batch(tok, part, max_len, long_text, layout))
-            logits, _ = predict_logits(loaded.model, split, batch_size=batch_size, pad_id=pad, device=device,
-                                       precision=precision)
-            if not bool(torch.isfinite(logits).all()):
+            rows = torch.empty(split.n_docs, classes + width)
+            for index, block in logit_blocks(loaded.model, split, batch_size=batch_size, pad_id=pad, device=device,
+                                             precision=precision, with_features=True):
+                rows[index] = block
+            logits, vectors = rows[:, :classes].contiguous(), rows[:, classes:].to(torch.bfloat16).contiguous()
+            if not bool(torch.isfinite(rows).all()):
                 raise TformerError(f"the teacher {teacher} gives NaN or infinite logits; distill from a checkpoint of a "
                                    f"run that trained well")
-            write_with(file, lambda tmp, t=logits: safetensors.torch.save_file({"logits": t.contiguous()}, str(tmp)))
-            done[k] = logits
+            write_with(file, lambda tmp, t=logits, v=vectors: safetensors.torch.save_file(
+                {"logits": t, "features": v}, str(tmp)))
+            done[k] = (logits, vectors if with_features else None)
             bar.update(len(part))
     except KeyboardInterrupt:
         kept = sum(len(parts[k]) for k in done)
@@ -474,18 +522,21 @@ def teacher_logits(teacher: CheckpointDir, weights_sha256: str, texts: list[str]
                           f"{cache}: the same command goes on from there") from None
     finally:
         bar.close()
-    return torch.cat([done[k] for k in range(len(parts))])
+    return joined()
 
 
-def _read_shard(path: Path, rows: int, classes: int) -> torch.Tensor | None:
-    """A cache shard's logits when the file is whole and of the expected shape and finite, else None (computed
-    again)."""
+def _read_shard(path: Path, rows: int, classes: int, width: int | None = None):
+    """(logits, pooled vectors as float32 or None) of a cache shard when the file is whole, of the expected shapes
+    and finite, and has the vectors when `width` asks for them; else None (computed again)."""
     if not path.is_file():
         return None
     try:
-        logits = safetensors.torch.load_file(str(path))["logits"]
-    except (OSError, SafetensorError, KeyError):
+        with safetensors.safe_open(str(path), "pt") as f:
+            logits = f.get_tensor("logits")
+            vectors = f.get_tensor("features") if width is not None else None
+    except (OSError, SafetensorError, KeyError, ValueError):
         return None
     ok = logits.shape == (rows, classes) and logits.dtype == torch.float32 and bool(torch.isfinite(logits).all())
-    return logits if ok else None
-
+    if ok and vectors is not None:
+        ok = vectors.shape == (rows, width) and vectors.dtype == torch.bfloat16 and bool(torch.isfinite(vectors).all())
+    return (logits, vectors) if ok else None
