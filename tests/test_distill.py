@@ -124,7 +124,14 @@ def test_the_relation_loss_compares_cosine_similarities_whatever_the_widths():
     rotation, _ = torch.linalg.qr(torch.randn(6, 6, generator=gen))
     same = torch.cat([teacher @ rotation, torch.zeros(4, 2)], 1) * 3.0 + torch.randn(8, generator=gen)
     assert relation_loss(same, teacher).item() == pytest.approx(0, abs=1e-6)
-    assert relation_loss(student[:1], teacher[:1]).item() == 0  # one text: nothing to relate
+    assert relation_loss(student[:2], teacher[:2]).item() == 0  # two centred vectors are opposite: nothing to relate
+    # windows of one document (rows 0 and 1) are not related to each other, only to the other documents
+    docs = torch.tensor([0, 0, 1, 2])
+    s, t = centred(student.tolist()), centred(teacher.tolist())
+    kept = [(i, j) for i, j in pairs if docs[i] != docs[j]]
+    expected = sum((cos(s[i], s[j]) - cos(t[i], t[j])) ** 2 for i, j in kept) / len(kept)
+    assert relation_loss(student, teacher, docs).item() == pytest.approx(expected, rel=1e-5)
+    assert relation_loss(student[:2], teacher[:2], docs[:2]).item() == 0
     student.requires_grad_(True)
     relation_loss(student, teacher).backward()
     assert student.grad.abs().sum() > 0
@@ -364,6 +371,19 @@ def test_a_student_matching_its_teachers_relations_relates_texts_as_the_teacher_
     with pytest.raises(TformerError, match="distill.relations"):  # a resume that would change the objective
         run_distill(tmp_path, "matched", *settings, "distill.relations=5", "trainer.epochs=5",
                     f"resume={matched.root}")
+    # so would other slices of a batch (a step relates the texts of one micro-batch), which train's resume allows
+    with pytest.raises(TformerError, match=r"trainer.micro_batches=2 \(the run had 1\) would change what the student"):
+        run_distill(tmp_path, "matched", *settings, "distill.relations=20", "trainer.epochs=5",
+                    "trainer.micro_batches=2", f"resume={matched.root}")
+    from types import SimpleNamespace
+
+    from tformer_cli.runs.session import _out_of_memory  # the out-of-memory hint does not offer it for resume=
+    from tformer_cli.training.distributed import Dist
+
+    config = SimpleNamespace(trainer=SimpleNamespace(micro_batches=1, batch_size=16, eval_batch_size=32),
+                             model={"max_len": 64})
+    hint = str(_out_of_memory(config, Dist(), "host", exact_slices=False))
+    assert "trainer.micro_batches=2 (in a new run" in hint and "resume=" not in hint
 
 
 @pytest.mark.slow

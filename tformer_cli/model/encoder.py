@@ -491,7 +491,8 @@ class TransformerClassifier(nn.Module):
         return pooled + mean_pool(pairs, mask[:, 1:] & mask[:, :-1])  # a pair counts where both tokens are kept
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                layout: Layout | None = None, with_features: bool = False):
+                layout: Layout | None = None,
+                with_features: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """input_ids (B, T) long, attention_mask (B, T) bool/int with 1 at real tokens -> logits (B, C); with
         `with_features`, (logits, the pooled vectors (B, D) the head read): a distillation student matches its
         teacher's through this call, so that DDP and torch.compile see one forward."""

@@ -221,7 +221,7 @@ def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torc
     return loss.mean()
 
 
-def relation_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+def relation_loss(student: torch.Tensor, teacher: torch.Tensor, docs: torch.Tensor | None = None) -> torch.Tensor:
     """How far the student is from relating the batch's texts to one another as the teacher does: the mean squared
     difference of their (B, B) cosine-similarity matrices off the diagonal, each side's vectors centred on the
     batch's mean first (similarity-preserving distillation, Tung & Mori 2019; MiniLM matches relations, not states,
@@ -229,14 +229,16 @@ def relation_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     projection, and the teacher's side is one vector per text, small enough to cache. Centring: a pretrained
     encoder's pooled vectors share one direction that makes most of their cosine (0.6 to 0.9 between any two
     texts); without it the loss would mostly teach that direction. student: (B, Ds), teacher: (B, Dt) pooled
-    vectors; 0 for a batch of one text."""
+    vectors; docs: (B,) each row's document, where a document is read as several windows: pairs of windows of one
+    document are left out (the teacher has one vector for the document, the student one per window). 0 for fewer
+    than 3 rows: two centred vectors are always opposite, so there is nothing to relate."""
     b = student.shape[0]
-    if b < 2:
+    pairs = ~torch.eye(b, dtype=torch.bool, device=student.device) if docs is None else docs[:, None] != docs[None, :]
+    if b < 3 or not bool(pairs.any()):
         return student.float().sum() * 0
     s, t = student.float(), teacher.float()
     s, t = F.normalize(s - s.mean(0), dim=-1), F.normalize(t - t.mean(0), dim=-1)
-    off = ~torch.eye(b, dtype=torch.bool, device=student.device)
-    return (s @ s.T - t @ t.T)[off].pow(2).mean()
+    return (s @ s.T - t @ t.T)[pairs].pow(2).mean()
 
 
 class Distillation(Classification):
@@ -258,6 +260,7 @@ class Distillation(Classification):
         self.teacher, self.labelled, self.docs = teacher, labelled, docs
         self.temperature, self.alpha, self.multi_label = temperature, alpha, multi_label
         self.features, self.relations = (features, relations) if relations else (None, 0.0)
+        self.exact_slices = not relations  # (relations are taken within a micro-batch)
 
     def step(self, opt: Optimization, batch: dict, step: int, share: float, micro_batches: int) -> torch.Tensor:
         device = opt.device
@@ -271,14 +274,14 @@ class Distillation(Classification):
 
         def slice_loss(part: slice) -> torch.Tensor:  # a row mean: a slice carries its rows' share
             with opt.precision.autocast():
-                logits = opt.forward(ids[part], mask[part], with_features=vectors is not None)
-            if vectors is not None:
-                logits, features = logits
+                out = opt.forward(ids[part], mask[part], with_features=vectors is not None)
+            logits, features = out if vectors is not None else (out, None)
             loss = distillation_loss(logits, teacher[part], labels[part], labelled[part],
                                      temperature=self.temperature, alpha=self.alpha, multi_label=self.multi_label,
                                      class_weight=self.loss_weight, label_smoothing=self.label_smoothing)
-            if vectors is not None:
-                loss = loss + self.relations * relation_loss(features, vectors[part])
+            if vectors is not None:  # (windows of one document: `rows` repeats its index)
+                docs = rows[part].to(device) if self.docs is not None else None
+                loss = loss + self.relations * relation_loss(features, vectors[part], docs)
             return loss if part.stop - part.start == n else loss * ((part.stop - part.start) / n)
 
         return sliced_update(opt, n, micro_batches, slice_loss, share)
@@ -310,6 +313,7 @@ class DistillJob(ClassifierJob):
         weights = sha256_file(self.teacher.weights)
         if resume is not None:
             self.check_same_teacher(resume, weights)
+            self.check_same_slices(resume, session.tree)
         prepared = prepare(config, resume, console, session.run_dir.data_report if writes else None, table=table,
                            student=student)
         session.prepared = prepared
@@ -349,6 +353,19 @@ class DistillJob(ClassifierJob):
             raise TformerError(f"cannot resume {resume.run_dir}: the teacher's weights changed since the "
                                f"distillation began ({self.teacher.path} was trained further or replaced); start a "
                                f"new distillation from it (drop resume=)")
+
+    def check_same_slices(self, resume, tree: dict) -> None:
+        """With distill.relations a step relates the texts of one micro-batch on one device: unlike the rest of
+        the loss, which slices add up to exactly, another trainer.micro_batches or trainer.devices would change
+        what the remaining epochs teach (the engine lets a resume change them)."""
+        if not self.options.relations:
+            return
+        for key in ("micro_batches", "devices"):
+            before, now = (resume.config.get("trainer") or {}).get(key), (tree.get("trainer") or {}).get(key)
+            if before is not None and before != now:
+                raise TformerError(f"cannot resume {resume.run_dir}: with distill.relations a step relates the texts "
+                                   f"of one micro-batch on one device, so trainer.{key}={now} (the run had {before}) "
+                                   f"would change what the student learns; resume with trainer.{key}={before}")
 
     def check_classes(self, prepared: Prepared) -> None:
         """The teacher must answer with the data's classes, in the same order."""
@@ -510,8 +527,8 @@ def teacher_logits(teacher: CheckpointDir, weights_sha256: str, texts: list[str]
                 rows[index] = block
             logits, vectors = rows[:, :classes].contiguous(), rows[:, classes:].to(torch.bfloat16).contiguous()
             if not bool(torch.isfinite(rows).all()):
-                raise TformerError(f"the teacher {teacher} gives NaN or infinite logits; distill from a checkpoint of a "
-                                   f"run that trained well")
+                raise TformerError(f"the teacher {teacher} gives NaN or infinite logits or pooled vectors; distill from a "
+                                   f"checkpoint of a run that trained well")
             write_with(file, lambda tmp, t=logits, v=vectors: safetensors.torch.save_file(
                 {"logits": t, "features": v}, str(tmp)))
             done[k] = (logits, vectors if with_features else None)
@@ -526,7 +543,7 @@ def teacher_logits(teacher: CheckpointDir, weights_sha256: str, texts: list[str]
 
 
 def _read_shard(path: Path, rows: int, classes: int, width: int | None = None):
-    """(logits, pooled vectors as float32 or None) of a cache shard when the file is whole, of the expected shapes
+    """(logits, pooled vectors in bfloat16 or None) of a cache shard when the file is whole, of the expected shapes
     and finite, and has the vectors when `width` asks for them; else None (computed again)."""
     if not path.is_file():
         return None

@@ -193,17 +193,18 @@ def _run_started(session: Session) -> float:
     run.log_metrics = lambda record: (metrics_log(record), session.logger.log(record))
     run.dist, run.say = session.dist, console.print
     status = "FAILED"
+    exact = getattr(run.objective, "exact_slices", True)
     try:
         restore = install_signal_handlers(run)
         try:
             with timing.phase("train"):
                 state = fit(run)
         except torch.cuda.OutOfMemoryError as exc:
-            raise _out_of_memory(config, session.dist, "GPU") from exc
+            raise _out_of_memory(config, session.dist, "GPU", exact) from exc
         except RuntimeError as exc:  # the CPU allocator's refusal of one big block (the OOM killer gives no word)
             if "can't allocate memory" not in str(exc) and "not enough memory" not in str(exc):
                 raise
-            raise _out_of_memory(config, session.dist, "host") from exc
+            raise _out_of_memory(config, session.dist, "host", exact) from exc
         except Interrupted as exc:
             status = "KILLED"
             raise Interrupted(f"{exc}; {resume_hint(session)}") from None
@@ -233,10 +234,14 @@ def resume_hint(session: Session) -> str:
     return f"resume with: {command}"
 
 
-def _out_of_memory(config, dist, where: str) -> TformerError:
+def _out_of_memory(config, dist, where: str, exact_slices: bool = True) -> TformerError:
+    """exact_slices: the objective's word on whether slices add up to the batch's update (not with
+    distill.relations: a slice's texts are related among themselves), so that more of them may be added to
+    resume=."""
     micro, rows = config.trainer.micro_batches, config.trainer.batch_size // dist.world
-    slices = f"trainer.micro_batches={micro * 2} (the same updates in slices; it may be added to resume=), " \
-        if micro * 2 <= rows else ""
+    how = "the same updates in slices; it may be added to resume=" if exact_slices else \
+        "in a new run: distill.relations relates the texts of one slice"
+    slices = f"trainer.micro_batches={micro * 2} ({how}), " if micro * 2 <= rows else ""
     return TformerError(f"out of {where} memory with trainer.batch_size={config.trainer.batch_size} and "
                         f"model.max_len={config.model['max_len']}; try {slices}a lower model.max_len, or "
                         f"trainer.eval_batch_size={max(1, config.trainer.eval_batch_size // 2)} if it was "
