@@ -22,7 +22,9 @@ from tformer_cli.runs import distill as distill_module
 from tformer_cli.runs.distill import distill
 from tformer_cli import checkpoint
 from tformer_cli.store.layout import RunDir
-from tformer_cli.runs.distill import Distillation, distillation_loss, relation_loss
+from tformer_cli.data import tokenization
+from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier
+from tformer_cli.runs.distill import Distillation, attention_loss, distillation_loss, relation_loss
 from tformer_cli.typed_config import plain
 
 TOPICS = {"sports": "goal match team score player coach league stadium referee striker".split(),
@@ -137,6 +139,64 @@ def test_the_relation_loss_compares_cosine_similarities_whatever_the_widths():
     assert student.grad.abs().sum() > 0
 
 
+def test_the_attention_loss_is_minilmv2s_relation_kl_whatever_the_widths():
+    """Per text: for each of Q, K, V and each relation head, KL(teacher || student) of the softmaxed scaled dot
+    products among the text's real tokens, averaged over real tokens, heads and the three, in plain floats. Zero
+    for a teacher of another width whose relation heads hold the student's vectors (zeros added, rescaled); padded
+    tokens change nothing."""
+    gen = torch.Generator().manual_seed(0)
+    B, T, D, R = 2, 5, 8, 2
+    student, teacher = torch.randn(B, T, 3 * D, generator=gen), torch.randn(B, T, 3 * D, generator=gen)
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+
+    def relations(x, n):  # one text's (n, D) vectors, one relation head -> n x n probabilities
+        d = len(x[0])
+        rows = [[sum(a * b for a, b in zip(x[i], x[j])) / math.sqrt(d) for j in range(n)] for i in range(n)]
+        return [softmax(r) for r in rows]
+
+    expected = []
+    for b in range(B):
+        n, total = int(mask[b].sum()), 0.0
+        for part in range(3):
+            for h in range(R):
+                cols = slice(part * D + h * D // R, part * D + (h + 1) * D // R)
+                ps, pt = relations(student[b, :n, cols].tolist(), n), relations(teacher[b, :n, cols].tolist(), n)
+                total += sum(sum(t * math.log(t / s) for s, t in zip(rs, rt)) for rs, rt in zip(ps, pt)) / n
+        expected.append(total / (3 * R))
+    assert attention_loss(student, teacher, mask, R).tolist() == pytest.approx(expected, rel=1e-4)
+    # another width: each relation head of the teacher is the student's with zeros added, scaled so that the dot
+    # products over sqrt(width) stay the same
+    heads = student.view(B, T, 3, R, D // R)
+    wide = torch.cat([heads, torch.zeros(B, T, 3, R, 3)], -1) * ((D // R + 3) / (D // R)) ** 0.25
+    assert attention_loss(student, wide.reshape(B, T, -1), mask, R).abs().max().item() < 1e-5
+    junk = torch.where(mask[..., None], student, 1e4 * torch.randn(B, T, 3 * D, generator=gen))
+    assert attention_loss(junk, teacher, mask, R).tolist() == pytest.approx(expected, rel=1e-4)
+    student.requires_grad_(True)
+    attention_loss(student, teacher, mask, R).mean().backward()
+    assert student.grad.abs().sum() > 0 and torch.isfinite(student.grad).all()
+    assert student.grad[1, 3:].abs().sum() == 0  # padding learns nothing
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_the_encoder_gives_its_last_blocks_queries_keys_and_values(norm):
+    """forward(with_qkv=True): the logits of a plain forward, and the (B, T, 3D) the last block's attention
+    projection computes (the batch padded: the CPU runs it on its real tokens only)."""
+    torch.manual_seed(0)
+    model = TransformerClassifier(EncoderConfig(vocab_size=50, num_classes=3, d_model=16, n_layers=2, n_heads=2,
+                                                d_ff=32, norm=norm, dropout=0.0)).eval()
+    ids = torch.randint(1, 50, (3, 7))
+    ids[1, 2:], ids[2, 4:] = 0, 0
+    mask = ids.ne(0)
+    seen = []
+    hook = model.blocks[-1].attn.qkv.register_forward_hook(lambda m, i, out: seen.append(out))
+    logits, features, qkv = model(ids, mask, with_qkv=True)
+    hook.remove()
+    assert torch.allclose(logits, model(ids, mask), atol=1e-6)
+    assert features.shape == (3, 16) and qkv.shape == (3, 7, 48)
+    inside = seen[-1]  # what the block itself computed: its real tokens first (N rounded up to 16 with padding)
+    assert inside.dim() == 2 and torch.allclose(qkv[mask], inside[:int(mask.sum())], atol=1e-6)
+
+
 def test_splits_concatenate_with_their_documents_numbered_on():
     a = TokenizedSplit.from_ids([[1, 2], [3], [4, 5, 6]], labels=[0, 1, 0], docs=[0, 0, 1])
     b = TokenizedSplit.from_ids([[7], [8, 9]], labels=[-1, -1])
@@ -154,6 +214,8 @@ def test_splits_concatenate_with_their_documents_numbered_on():
     (["distill.layers=[2,0]"], "lowest first, each once"),
     (["distill.layers=[]"], "lowest first, each once"),
     (["distill.relations=-1"], "distill.relations=-1"),
+    (["distill.attention=-1"], "distill.attention=-1"),
+    (["distill.attention_heads=0"], "distill.attention_heads=0"),
     ([], "tformer distill needs teacher=<run dir>"),
     (["teacher=/nowhere/at/all"], "checkpoint /nowhere/at/all does not exist"),
 ])
@@ -384,6 +446,41 @@ def test_a_student_matching_its_teachers_relations_relates_texts_as_the_teacher_
                              model={"max_len": 64})
     hint = str(_out_of_memory(config, Dist(), "host", exact_slices=False))
     assert "trainer.micro_batches=2 (in a new run" in hint and "resume=" not in hint
+
+
+def test_a_student_matching_its_teachers_attention_relates_tokens_as_the_teacher_does(teacher, topic_files,
+                                                                                       tmp_path):
+    """distill.attention: the teacher runs on every batch and the student of another width (24, teacher 64) learns
+    how its last attention layer relates a text's tokens: on test texts its relations end closer to the teacher's
+    than those of the same student trained on the logits alone. Students it cannot be compared with are refused."""
+    settings = [f"teacher={teacher.run_dir}", "trainer.epochs=4", "model.d_model=24"]
+    plain_run = run_distill(tmp_path, "plain", *settings)
+    matched = run_distill(tmp_path, "matched", *settings, "distill.attention=20")
+    assert "attention 20 over 4 relation heads" in (matched.root / "distill.log").read_text()
+    texts = pd.read_csv(topic_files / "test.csv")["text"].tolist()
+    loaded = checkpoint.load(teacher.best_checkpoint, "cpu")
+    tok = tokenization.load_tokenizer(loaded.tokenizer_file, 64)
+    encoded = [e.ids for e in tok.encode_batch(texts)]
+    ids = torch.zeros(len(texts), max(map(len, encoded)), dtype=torch.long)
+    for i, e in enumerate(encoded):
+        ids[i, :len(e)] = torch.tensor(e)
+    mask = ids.ne(tokenization.pad_id(tok))
+
+    def gap(model) -> float:
+        with torch.no_grad():
+            return attention_loss(model.eval()(ids, mask, with_qkv=True)[2], loaded.model.eval()(
+                ids, mask, with_qkv=True)[2], mask, 4).mean().item()
+
+    gaps = {name: gap(checkpoint.load(run.last, "cpu").model) for name, run in
+            (("plain", plain_run), ("matched", matched))}
+    assert gaps["matched"] < 0.8 * gaps["plain"], gaps  # (0.121 against 0.176 on a 2-core AMD EPYC)
+    for extra, refused in ((["model=static"], "a static student has none"),
+                           (["distill.attention_heads=5"], "must divide both widths"),
+                           (["model.max_len=128"], "the teacher at most 64"),
+                           (["distill.embeddings=own", "embedding_init.vocab_size=60"],
+                            "must read with the teacher's tokenizer")):
+        with pytest.raises(TformerError, match=refused):
+            run_distill(tmp_path, "refused", *settings, "distill.attention=1", *extra)
 
 
 @pytest.mark.slow

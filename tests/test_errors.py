@@ -87,6 +87,9 @@ def test_nan_loss_stops_and_says_where(tmp_path):
 
 def test_checkpoint_and_predict_input_errors(files, tiny_run, tmp_path):
     check(run_tformer("evaluate", f"checkpoint={tmp_path / 'missing'}", cwd=tmp_path), "does not exist")
+    weights = tiny_run.run_dir / "checkpoints" / "best" / "model.safetensors"  # a file: its folder is named
+    check(run_tformer("evaluate", f"checkpoint={weights}", cwd=tmp_path), f"is a file; pass the folder that holds it, "
+          f"checkpoint={weights.parent}")
     incomplete = tmp_path / "ckpt"
     incomplete.mkdir()
     (incomplete / "model.safetensors").write_bytes(b"")

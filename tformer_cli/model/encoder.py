@@ -459,25 +459,40 @@ class TransformerClassifier(nn.Module):
         """(B, T, X) -> (B, X) by the configured pooling (X = D for hidden states, T for attention rows)."""
         return POOLINGS[self.cfg.pooling](h, mask)
 
-    def encode(self, input_ids: torch.Tensor, mask: torch.Tensor, layout: Layout | None = None) -> torch.Tensor:
+    def encode(self, input_ids: torch.Tensor, mask: torch.Tensor, layout: Layout | None = None,
+               with_qkv: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """input_ids (B, T), mask (B, T) bool with True at real tokens -> final hidden states (B, T, D). `layout`
         (fast_paths.Layout) is how the batch runs, decided on the host by the loops that send batches to a GPU;
-        without one it is decided here from the mask, for CPU tensors only."""
+        without one it is decided here from the mask, for CPU tensors only. with_qkv: (hidden states, the last
+        block's queries, keys and values (B, T, 3D) before any position term), which attention distillation
+        compares; one more projection of the last block's input, so the blocks themselves stay as they are."""
         layout = layout if layout is not None else Layout.of(mask)
         attn_mask = mask[:, None, None, :] if layout.padded else None  # (B, 1, 1, T); None: SDPA's fastest kernel
         rows = layout.rows
         x = self.embed(input_ids)
         x = self.embedding_dropout(rows.gather(x) if rows is not None else x)  # (N, D) or (B, T, D)
         context = self.position_context(input_ids.shape[1])
-        for block in self.blocks:
+        qkv = None
+        for i, block in enumerate(self.blocks):
+            if with_qkv and i == len(self.blocks) - 1:
+                qkv = block.attn.qkv(block.norm1(x) if block.pre_norm else x)  # what the block's attention reads
+                qkv = rows.scatter(qkv) if rows is not None else qkv
             x = block(x, attn_mask, rows, context)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return rows.scatter(x) if rows is not None else x
+        hidden = rows.scatter(x) if rows is not None else x
+        if with_qkv and qkv is None:
+            raise ConfigError("a static model (model.n_layers=0) has no attention to compare")
+        return (hidden, qkv) if with_qkv else hidden
 
-    def features(self, input_ids: torch.Tensor, mask: torch.Tensor, layout: Layout | None = None) -> torch.Tensor:
+    def features(self, input_ids: torch.Tensor, mask: torch.Tensor, layout: Layout | None = None,
+                 with_qkv: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """input_ids (B, T), mask (B, T) bool -> the pooled vector (B, D) the head reads: the pooled hidden states,
-        plus the mean of the hashed token pairs' vectors in a static model with `pair_buckets`."""
+        plus the mean of the hashed token pairs' vectors in a static model with `pair_buckets`; with_qkv: and the
+        last block's queries, keys and values (`encode`)."""
+        if with_qkv:
+            hidden, qkv = self.encode(input_ids, mask, layout, with_qkv=True)
+            return self.pool(hidden, mask), qkv  # (a model with blocks: no static-only terms below)
         hidden = self.encode(input_ids, mask, layout)
         if self.training and self.cfg.token_dropout:
             kept = mask & (torch.rand(mask.shape, device=mask.device) >= self.cfg.token_dropout)
@@ -491,13 +506,17 @@ class TransformerClassifier(nn.Module):
         return pooled + mean_pool(pairs, mask[:, 1:] & mask[:, :-1])  # a pair counts where both tokens are kept
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                layout: Layout | None = None,
-                with_features: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                layout: Layout | None = None, with_features: bool = False,
+                with_qkv: bool = False) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """input_ids (B, T) long, attention_mask (B, T) bool/int with 1 at real tokens -> logits (B, C); with
-        `with_features`, (logits, the pooled vectors (B, D) the head read): a distillation student matches its
+        `with_features`, (logits, the pooled vectors (B, D) the head read); with `with_qkv`, (logits, pooled
+        vectors, the last block's queries, keys and values (B, T, 3D)). A distillation student matches its
         teacher's through this call, so that DDP and torch.compile see one forward."""
         if attention_mask is None:
             attention_mask = input_ids.ne(self.cfg.pad_id)
+        if with_qkv:
+            features, qkv = self.features(input_ids, attention_mask.bool(), layout, with_qkv=True)
+            return self.head(features), features, qkv
         features = self.features(input_ids, attention_mask.bool(), layout)
         return (self.head(features), features) if with_features else self.head(features)
 

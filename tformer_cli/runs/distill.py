@@ -16,12 +16,19 @@ By default a from-scratch student reads with the teacher's tokenizer and starts 
 (projected to the student's width when they differ): `distill.embeddings`. With `distill.layers=[0,2,4]` the student
 is the teacher itself with only those blocks (DistilBERT's initialisation, Sanh et al. 2019): its tokenizer,
 embeddings, the chosen blocks in order and its head are copied, so it starts close to the teacher's answers.
+
+Beyond the logits, a student can match two things of the teacher: how it relates the texts of a batch
+(distill.relations: pooled vectors, cached with the logits) and how its last attention layer relates the tokens of
+a text (distill.attention: queries, keys and values per token, too many to cache, so the teacher runs on each batch
+beside the student, which must read the same tokens). Both compare relations, so any student width works without
+a learned projection.
 """
 from __future__ import annotations
 
 import copy
 import hashlib
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,11 +74,14 @@ class DistillOptions:
     batch_size: int
     layers: list | None = None
     relations: float = 0.0
+    attention: float = 0.0
+    attention_heads: int | None = None
 
     # temperature: Hinton et al. use 1..20; far outside 0.1..100 the softened probabilities are all equal (or one-hot)
     # and the T²-scaled loss over- or underflows (1e30 ended in NaN)
     RANGES = {"temperature": (0.1, 100, "[]"), "alpha": (0, 1, "[]"), "max_unlabeled": (1, None, "[)"),
-              "batch_size": (1, 1 << 20, "[]"), "relations": (0, 1000, "[]")}
+              "batch_size": (1, 1 << 20, "[]"), "relations": (0, 1000, "[]"),
+              "attention": (0, 1000, "[]"), "attention_heads": (1, 1 << 16, "[]")}
 
 
 def options_of(tree: dict) -> DistillOptions:
@@ -241,6 +251,35 @@ def relation_loss(student: torch.Tensor, teacher: torch.Tensor, docs: torch.Tens
     return (s @ s.T - t @ t.T)[pairs].pow(2).mean()
 
 
+def attention_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, heads: int) -> torch.Tensor:
+    """How far the student's last attention layer is from relating a text's tokens as the teacher's does, per text
+    (B,): MiniLMv2's self-attention relation distillation (Wang et al. 2021). For each of queries, keys and values,
+    each side's (T, D) vectors are split into `heads` relation heads of D / heads dimensions, and a token's relation
+    to the others is softmax(X_h X_h^T / sqrt(D / heads)) over the text's real tokens; the loss is the KL divergence
+    of the student's from the teacher's, averaged over real tokens, heads and the three. Relations are T x T
+    whatever the widths, so a student of another width or head count needs no learned projection (the relation
+    heads are the same number on both sides, not the models' own heads). student: (B, T, 3Ds), teacher:
+    (B, T, 3Dt) queries, keys and values (`TransformerClassifier.forward(with_qkv=True)`); mask: (B, T) bool, True
+    at real tokens."""
+    keys = mask[:, None, None, :]  # (B, 1, 1, T)
+    real = mask.float()
+    per_text = torch.zeros(mask.shape[0], device=mask.device)
+    for s, t in zip(student.float().chunk(3, -1), teacher.float().chunk(3, -1)):
+        log_s, log_t = _relations(s, keys, heads), _relations(t, keys, heads)  # (B, R, T, T)
+        kl = torch.where(keys, log_t.exp() * (log_t - log_s), 0.0).sum(-1).mean(1)  # (B, T): per query token
+        per_text = per_text + (kl * real).sum(-1) / real.sum(-1).clamp(min=1)
+    return per_text / 3
+
+
+def _relations(x: torch.Tensor, keys: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, T, D) -> (B, heads, T, T) log-softmax of the scaled dot products of each relation head's vectors, padded
+    keys at the lowest float (their probability 0, their log finite: no NaN in the KL's unused terms)."""
+    B, T, D = x.shape
+    x = x.view(B, T, heads, D // heads).transpose(1, 2)  # (B, R, T, D / R)
+    scores = (x @ x.transpose(-1, -2)) * (D // heads) ** -0.5
+    return scores.masked_fill(~keys, torch.finfo(scores.dtype).min).log_softmax(-1)
+
+
 class Distillation(Classification):
     """A student learning from a teacher's logits (computed once, runs/distill.py) on labelled and unlabeled texts:
     `distillation_loss` per row. Validation is classification's (the student's own loss, accuracy and F1 on the
@@ -248,18 +287,21 @@ class Distillation(Classification):
 
     teacher: (documents, C) logits of the training split's documents; labelled: (documents,) whether a document
     has a label; docs: the split's document of each sequence (None: one sequence per document); features:
-    (documents, D) the teacher's pooled vectors, matched by `relation_loss` with weight `relations` (0: not read)."""
+    (documents, D) the teacher's pooled vectors, matched by `relation_loss` with weight `relations` (0: not read);
+    online: the teacher's model, run on each batch for `attention_loss` with weight `attention` (None: not run)."""
 
     loss_label = "distillation loss"
 
     def __init__(self, label_names: list[str], teacher: torch.Tensor, labelled: torch.Tensor,
                  docs: torch.Tensor | None, *, temperature: float, alpha: float, multi_label: bool = False,
                  loss_weight: torch.Tensor | None = None, label_smoothing: float = 0.0,
-                 features: torch.Tensor | None = None, relations: float = 0.0):
+                 features: torch.Tensor | None = None, relations: float = 0.0,
+                 online: torch.nn.Module | None = None, attention: float = 0.0, attention_heads: int = 1):
         super().__init__(label_names, loss_weight, label_smoothing)
         self.teacher, self.labelled, self.docs = teacher, labelled, docs
         self.temperature, self.alpha, self.multi_label = temperature, alpha, multi_label
         self.features, self.relations = (features, relations) if relations else (None, 0.0)
+        self.online, self.attention, self.heads = (online, attention, attention_heads) if attention else (None, 0.0, 1)
         self.exact_slices = not relations  # (relations are taken within a micro-batch)
 
     def step(self, opt: Optimization, batch: dict, step: int, share: float, micro_batches: int) -> torch.Tensor:
@@ -274,14 +316,19 @@ class Distillation(Classification):
 
         def slice_loss(part: slice) -> torch.Tensor:  # a row mean: a slice carries its rows' share
             with opt.precision.autocast():
-                out = opt.forward(ids[part], mask[part], with_features=vectors is not None)
-            logits, features = out if vectors is not None else (out, None)
+                out = opt.forward(ids[part], mask[part], with_features=vectors is not None,
+                                  with_qkv=self.online is not None)
+            logits, features, qkv = (out + (None,) * (3 - len(out))) if isinstance(out, tuple) else (out, None, None)
             loss = distillation_loss(logits, teacher[part], labels[part], labelled[part],
                                      temperature=self.temperature, alpha=self.alpha, multi_label=self.multi_label,
                                      class_weight=self.loss_weight, label_smoothing=self.label_smoothing)
             if vectors is not None:  # (windows of one document: `rows` repeats its index)
                 docs = rows[part].to(device) if self.docs is not None else None
                 loss = loss + self.relations * relation_loss(features, vectors[part], docs)
+            if self.online is not None:  # the teacher reads the same tokens (runs/distill.py checks the tokenizer)
+                with torch.no_grad(), opt.precision.autocast():
+                    theirs = self.online(ids[part], mask[part], with_qkv=True)[2]
+                loss = loss + self.attention * attention_loss(qkv, theirs, mask[part].bool(), self.heads).mean()
             return loss if part.stop - part.start == n else loss * ((part.stop - part.start) / n)
 
         return sliced_update(opt, n, micro_batches, slice_loss, share)
@@ -318,6 +365,8 @@ class DistillJob(ClassifierJob):
                            student=student)
         session.prepared = prepared
         self.check_classes(prepared)
+        online, heads = (online_teacher(self.teacher, options, prepared, session.device) if options.attention
+                         else (None, 1))
         unlabeled = unlabeled_texts(config, options, prepared.data, console)
         labelled = prepared.tokenized["train"]
         train = labelled if not unlabeled else TokenizedSplit.concat(
@@ -332,11 +381,13 @@ class DistillJob(ClassifierJob):
                                  multi_label=prepared.model_cfg.multi_label,
                                  loss_weight=class_weights_of(session, prepared),
                                  label_smoothing=config.loss.label_smoothing, features=features,
-                                 relations=options.relations)
+                                 relations=options.relations, online=online, attention=options.attention,
+                                 attention_heads=heads)
         run = build_run(session, prepared, objective, train,
                         meta={DISTILLED_FROM: str(self.teacher.path), TEACHER_WEIGHTS: weights})
         how = f"temperature {options.temperature:g}, alpha {options.alpha:g}" + (
-            f", relations {options.relations:g}" if options.relations else "")
+            f", relations {options.relations:g}" if options.relations else "") + (
+            f", attention {options.attention:g} over {heads} relation heads" if options.attention else "")
         return run, (f"[bold]student[/] {prepared.describe(config)}; [bold]teacher[/] {markup(self.teacher.path)} "
                      f"({how}), {labelled.n_docs:,} labelled "
                      f"+ {len(unlabeled):,} unlabeled texts")
@@ -391,6 +442,43 @@ class DistillJob(ClassifierJob):
                 session.console.print(f"test accuracy: student {student:.4f}, teacher {teacher:.4f} (its run's test "
                                       f"split; {100 * (student - teacher):+.2f} points)", highlight=False)
         return best
+
+
+def online_teacher(teacher: CheckpointDir, options: DistillOptions, prepared: Prepared, device) -> tuple:
+    """distill.attention: (the teacher's model, on the device and in eval mode, the number of relation heads), once
+    the student is known to be comparable token by token: both have attention layers, the student reads with the
+    teacher's tokenizer (token i is the same piece of text on both sides) and no longer than the teacher can, and
+    the relation heads divide both widths."""
+    student = prepared.model_cfg
+    if not student.n_layers:
+        raise ConfigError(f"distill.attention={options.attention:g} matches the student's last attention layer to the "
+                          f"teacher's, but a static student has none; use distill.relations (pooled vectors) or a "
+                          f"student with layers (e.g. model=small)")
+    loaded = checkpoint.load(teacher, device)
+    cfg = loaded.model.cfg
+    if not cfg.n_layers:
+        raise ConfigError(f"distill.attention: the teacher {teacher.path} is a static model with no attention "
+                          f"to match; drop distill.attention")
+    reading = lambda tok: {k: v for k, v in json.loads(tok.to_str()).items()  # noqa: E731
+                           if k not in ("truncation", "padding")}
+    if reading(tokenization.load_tokenizer(loaded.tokenizer_file, cfg.max_len)) != reading(prepared.tokenizer):
+        raise ConfigError("distill.attention compares the student's and the teacher's attention token by token, so "
+                          "the student must read with the teacher's tokenizer; pass distill.embeddings=teacher, or "
+                          "drop distill.attention")
+    if student.max_len > cfg.max_len:
+        raise ConfigError(f"distill.attention runs the teacher on the student's texts, but the student reads "
+                          f"{student.max_len} tokens and the teacher at most {cfg.max_len}; pass "
+                          f"model.max_len={cfg.max_len} (or less)")
+    heads = options.attention_heads or student.n_heads
+    if student.d_model % heads or cfg.d_model % heads:
+        common = math.gcd(student.d_model, cfg.d_model)
+        raise ConfigError(f"distill.attention_heads={heads} must divide both widths (the student's "
+                          f"{student.d_model}, the teacher's {cfg.d_model}); pass distill.attention_heads=<a divisor "
+                          f"of {common}>, e.g. {max(d for d in range(1, min(common, 64) + 1) if common % d == 0)}")
+    model = loaded.model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, heads
 
 
 def teacher_layers(teacher: CheckpointDir, layers: list[int]) -> TeacherLayers:

@@ -100,9 +100,20 @@ def locate(checkpoint: str | Path | CheckpointDir | None = None, outputs_dir: st
         return CheckpointDir(download(str(checkpoint)))
     found = resolve_checkpoint(checkpoint)
     if found is None:
-        raise TformerError(f"checkpoint {checkpoint} does not exist; pass checkpoint=<run dir> (its best checkpoint) "
-                           f"or a checkpoint directory")
+        raise TformerError(not_a_checkpoint(checkpoint))
     return found
+
+
+def not_a_checkpoint(checkpoint: str | Path) -> str:
+    """Why a checkpoint= path names no checkpoint: nothing there, or a file (e.g. a checkpoint's weights: its folder
+    is the checkpoint). (A folder that holds no checkpoint is refused as incomplete when it is loaded.)"""
+    p = Path(checkpoint).expanduser()
+    fix = "pass checkpoint=<run dir> (its best checkpoint) or a checkpoint directory"
+    if p.is_file():
+        inside = resolve_checkpoint(p.parent) is not None
+        return (f"checkpoint {checkpoint} is a file; pass the folder that holds it, checkpoint={p.parent}" if inside
+                else f"checkpoint {checkpoint} is a file, not a run or checkpoint folder; {fix}")
+    return f"checkpoint {checkpoint} does not exist; {fix}"
 
 
 def locate_export(checkpoint: str | Path | None = None, outputs_dir: str | Path = "outputs") -> ExportDir:
