@@ -365,8 +365,8 @@ class DistillJob(ClassifierJob):
                            student=student)
         session.prepared = prepared
         self.check_classes(prepared)
-        online, heads = (online_teacher(self.teacher, options, prepared, session.device) if options.attention
-                         else (None, 1))
+        loaded = checkpoint.load(self.teacher, session.device) if options.attention else None  # (loaded once)
+        online, heads = online_teacher(self.teacher, loaded, options, prepared) if loaded else (None, 1)
         unlabeled = unlabeled_texts(config, options, prepared.data, console)
         labelled = prepared.tokenized["train"]
         train = labelled if not unlabeled else TokenizedSplit.concat(
@@ -374,7 +374,7 @@ class DistillJob(ClassifierJob):
         texts = list(prepared.data.splits["train"]["text"]) + unlabeled
         logits, features = teacher_logits(self.teacher, weights, texts, Path(options.cache_dir), session.device,
                                           session.precision, options.batch_size, console,
-                                          with_features=options.relations > 0)
+                                          with_features=options.relations > 0, loaded=loaded)
         has_label = torch.arange(len(texts)) < labelled.n_docs
         objective = Distillation(prepared.data.label_names, logits, has_label, train.docs,
                                  temperature=options.temperature, alpha=options.alpha,
@@ -444,17 +444,16 @@ class DistillJob(ClassifierJob):
         return best
 
 
-def online_teacher(teacher: CheckpointDir, options: DistillOptions, prepared: Prepared, device) -> tuple:
-    """distill.attention: (the teacher's model, on the device and in eval mode, the number of relation heads), once
-    the student is known to be comparable token by token: both have attention layers, the student reads with the
-    teacher's tokenizer (token i is the same piece of text on both sides) and no longer than the teacher can, and
-    the relation heads divide both widths."""
+def online_teacher(teacher: CheckpointDir, loaded, options: DistillOptions, prepared: Prepared) -> tuple:
+    """distill.attention: (the teacher's model (`loaded`, on the run's device) in eval mode, the number of relation
+    heads), once the student is known to be comparable token by token: both have attention layers, the student
+    reads with the teacher's tokenizer (token i is the same piece of text on both sides) and no longer than the
+    teacher can, and the relation heads divide both widths."""
     student = prepared.model_cfg
     if not student.n_layers:
         raise ConfigError(f"distill.attention={options.attention:g} matches the student's last attention layer to the "
                           f"teacher's, but a static student has none; use distill.relations (pooled vectors) or a "
                           f"student with layers (e.g. model=small)")
-    loaded = checkpoint.load(teacher, device)
     cfg = loaded.model.cfg
     if not cfg.n_layers:
         raise ConfigError(f"distill.attention: the teacher {teacher.path} is a static model with no attention "
@@ -566,13 +565,14 @@ def shard_key(texts: list[str]) -> str:
 
 
 def teacher_logits(teacher: CheckpointDir, weights_sha256: str, texts: list[str], cache_root: Path, device,
-                   precision, batch_size: int, console, with_features: bool = False):
+                   precision, batch_size: int, console, with_features: bool = False, loaded=None):
     """(len(texts), classes) float32 logits of the teacher and, with_features, its (len(texts), D) pooled vectors
     (else None), read from its cache where they were computed before, else computed SHARD_TEXTS texts at a time,
     each shard kept as it is done (Ctrl-C loses at most one). A shard holds both, the vectors in bfloat16 (only
     their cosines are used; half the memory of float32 for a million texts); one written without vectors is
-    computed again when they are asked for."""
-    loaded = checkpoint.load(teacher, device)
+    computed again when they are asked for. loaded: the teacher's checkpoint already loaded on `device` (else
+    loaded here)."""
+    loaded = loaded if loaded is not None else checkpoint.load(teacher, device)
     max_len, long_text = int(loaded.model_config["max_len"]), LongText.from_meta(loaded.meta)
     tok = tokenization.load_tokenizer(loaded.tokenizer_file, max_len, long_text)
     classes, width = int(loaded.model.cfg.num_classes), int(loaded.model.cfg.d_model)
