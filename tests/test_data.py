@@ -335,6 +335,21 @@ def test_multi_label_class_ids_in_strings_use_label_names_and_numeric_order(tmp_
     assert by_text[some] == sorted({9 % 11, 11 % 11})  # "9,0"
 
 
+def test_class_names_in_a_split_where_train_has_ids_are_read_as_those_classes(tmp_path):
+    """Train labels 0/1 named by label_names (as the demo data's are): a labelled file that writes the names
+    (`tformer evaluate test_file=`, `tformer calibrate file=`) is read as those classes; a name no class has is
+    refused alone."""
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"t{i},{i % 2}\n" for i in range(20)))
+    (tmp_path / "test.csv").write_text("text,label\na,positive\nb,negative\nc,positive\n")
+    data = sources.load(data_config("files", train_file=str(tmp_path / "train.csv"),
+                                    test_file=str(tmp_path / "test.csv"), label_names="[negative,positive]"))
+    assert data.label_names == ["negative", "positive"] and data.splits["test"]["label"] == [1, 0, 1]
+    (tmp_path / "other.csv").write_text("text,label\na,positive\nb,neutral\n")
+    with pytest.raises(TformerError, match="not seen in training: neutral; "):
+        sources.load(data_config("files", train_file=str(tmp_path / "train.csv"),
+                                 test_file=str(tmp_path / "other.csv"), label_names="[negative,positive]"))
+
+
 def test_split_labels_of_another_type_than_train_are_one_line(tmp_path):
     (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"t{i},{i % 2}\n" for i in range(20)))
     (tmp_path / "test.csv").write_text("text,label\na,0\nb,positive\n")

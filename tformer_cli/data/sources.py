@@ -495,8 +495,14 @@ def _encode_labels(splits: dict, names: list[str] | None, where: str) -> tuple[d
             labels = arrow.column(ds, "label")
             if _arrow_kind(labels.type) == "int" and not labels.null_count and np.isin(labels.to_numpy(), values).all():
                 continue
-            unseen = sorted({str(x) for x in pc.unique(labels).to_pylist() if _as_int(x) not in allowed},
-                            key=lambda v: (len(v), v))
+            if _arrow_kind(labels.type) == "str" and not labels.null_count:  # class names where train has ids (a
+                ids = pc.index_in(labels, value_set=pa.array(names, type=labels.type))  # labelled file given to a
+                if not ids.null_count and np.isin(ids.to_numpy(), values).all():  # model with named classes)
+                    splits[split] = _with_labels(ds, ids.to_numpy().astype(np.int64))
+                    continue
+            known = {names[int(i)] for i in allowed if 0 <= int(i) < len(names)}  # (a class's name is seen too)
+            unseen = sorted({str(x) for x in pc.unique(labels).to_pylist() if _as_int(x) not in allowed
+                             and x not in known}, key=lambda v: (len(v), v))
             if not unseen:  # (whole numbers of another type: 1.0)
                 continue
             raise TformerError(f"the {split} split has labels not seen in training: "
