@@ -4,6 +4,7 @@ import json
 import pytest
 
 from helpers import copy_run, run_tformer, tiny
+from tformer_cli.deploy.export import export_onnx
 
 pytestmark = pytest.mark.slow  # subprocess runs of the installed command
 
@@ -90,6 +91,11 @@ def test_checkpoint_and_predict_input_errors(files, tiny_run, tmp_path):
     weights = tiny_run.run_dir / "checkpoints" / "best" / "model.safetensors"  # a file: its folder is named
     check(run_tformer("evaluate", f"checkpoint={weights}", cwd=tmp_path), f"is a file; pass the folder that holds it, "
           f"checkpoint={weights.parent}")
+    onnx = tmp_path / "onnx"
+    export_onnx(tiny_run.run_dir, onnx)  # an export is read by the ONNX runtime, not as a model
+    check(run_tformer("evaluate", f"checkpoint={onnx}", cwd=tmp_path), f"is an ONNX export, which `tformer predict "
+          f"--runtime onnx --checkpoint {onnx}` and `tformer serve runtime=onnx checkpoint={onnx}` read; for this "
+          f"command pass the checkpoint it was made from, checkpoint={(tiny_run.run_dir / 'checkpoints' / 'best').resolve()}")
     incomplete = tmp_path / "ckpt"
     incomplete.mkdir()
     (incomplete / "model.safetensors").write_bytes(b"")

@@ -11,13 +11,14 @@ runtime's start imports this module.
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 from .. import hub
 from ..errors import TformerError
 from ..safe_text import terminal
-from .layout import HUB_ONNX_FOLDER, CheckpointDir, ExportDir, RunDir, newest_best, resolve_checkpoint
+from .layout import HUB_ONNX_FOLDER, CheckpointDir, ExportDir, RunDir, newest_best, read_small, resolve_checkpoint
 from .manifest import stale_export
 
 PREFIX = "hf://"
@@ -101,7 +102,23 @@ def locate(checkpoint: str | Path | CheckpointDir | None = None, outputs_dir: st
     found = resolve_checkpoint(checkpoint)
     if found is None:
         raise TformerError(not_a_checkpoint(checkpoint))
+    if ExportDir(found.path).is_export():
+        raise TformerError(an_export(checkpoint, ExportDir(found.path)))
     return found
+
+
+def an_export(checkpoint, export: ExportDir) -> str:
+    """Why an ONNX export folder is not a checkpoint: what reads it, and the checkpoint it was made from (its
+    export.json) for the commands that need the model itself."""
+    try:
+        source = json.loads(read_small(export.info)).get("source_checkpoint")
+        source = (export.path / source).resolve() if isinstance(source, str) else None
+    except (OSError, ValueError, AttributeError):
+        source = None
+    made_from = f"checkpoint={source}" if source is not None else "checkpoint=<the run dir it was exported from>"
+    return (f"checkpoint {checkpoint} is an ONNX export, which `tformer predict --runtime onnx --checkpoint "
+            f"{checkpoint}` and `tformer serve runtime=onnx checkpoint={checkpoint}` read; for this command pass the "
+            f"checkpoint it was made from, {made_from}")
 
 
 def not_a_checkpoint(checkpoint: str | Path) -> str:
