@@ -20,6 +20,7 @@ from tformer_cli.data.tokenization import TokenizedSplit
 from tformer_cli.errors import ConfigError, TformerError
 from tformer_cli.runs import distill as distill_module
 from tformer_cli.runs.distill import distill
+from tformer_cli.runs.pretraining import pretrain
 from tformer_cli import checkpoint
 from tformer_cli.store.layout import RunDir
 from tformer_cli.data import tokenization
@@ -250,6 +251,21 @@ def test_a_student_learns_its_teachers_answers_and_is_an_ordinary_checkpoint(tea
     pytest.importorskip("onnxruntime")
     exported = run_tformer("export", f"checkpoint={run.root}", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
+
+
+def test_a_student_pretrained_first_starts_from_its_pretraining_run(teacher, topic_files, tmp_path):
+    """A student pretrained by `tformer pretrain` on the task's texts, then distilled (model.init=): its tokenizer
+    and encoder are the pretraining run's (the teacher's token table is not laid over them), and the log names the
+    chain."""
+    pre = RunDir(tmp_path / "pre")
+    pretrain(plain(compose_config("pretrain", *tiny("model=tiny", "data=files", "trainer.epochs=1",
+                                                    f"data.train_file={topic_files / 'train.csv'}"))), pre)
+    run = run_distill(tmp_path, "student", f"teacher={teacher.run_dir}", f"model.init={pre.root}")
+    log = (run.root / "distill.log").read_text()
+    assert f"encoder from the pretraining run {pre.root}" in log and "teacher's token table" not in log
+    assert json.loads(run.best.tokenizer.read_text())["model"]["vocab"] == \
+        json.loads(pre.best.tokenizer.read_text())["model"]["vocab"]
+    assert json.loads(run.test_metrics.read_text())["accuracy"] > 0.8
 
 
 def test_a_student_cut_from_its_teacher_starts_as_its_blocks_and_head(teacher, topic_files, tmp_path):
