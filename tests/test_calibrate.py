@@ -95,7 +95,8 @@ def test_a_refit_is_a_new_checkpoint_with_the_same_answers_and_the_original_unto
     train_texts, train_labels = demo.splits(300, 100, 100, 0)["train"]
     bad = {"other labels": (["a text"] * 60, ["spam", "ham"] * 30),
            "too few": (texts[:20], labels[:20]),
-           "training texts": (train_texts[:80], train_labels[:80])}
+           "training texts": (train_texts[:80], train_labels[:80]),
+           "one class": ([t for t, y in zip(texts, labels) if y == labels[0]], [labels[0]] * 200)}
     for name, (rows, ys) in bad.items():
         path = _write(tmp_path / f"{name.replace(' ', '_')}.csv", rows, ys)
         r = run_tformer("calibrate", f"checkpoint={run}", f"file={path}", f"hydra.run.dir={tmp_path / 'cal2'}",
@@ -103,4 +104,5 @@ def test_a_refit_is_a_new_checkpoint_with_the_same_answers_and_the_original_unto
         assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, name
         assert not (tmp_path / "cal2").exists(), name
         assert {"other labels": "not seen in training", "too few": "too few to calibrate on",
-                "training texts": "the model's training texts"}[name] in r.stderr, r.stderr
+                "training texts": "the model's training texts", "one class": "are of one class"}[name] in r.stderr, \
+            r.stderr

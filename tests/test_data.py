@@ -344,10 +344,14 @@ def test_class_names_in_a_split_where_train_has_ids_are_read_as_those_classes(tm
     data = sources.load(data_config("files", train_file=str(tmp_path / "train.csv"),
                                     test_file=str(tmp_path / "test.csv"), label_names="[negative,positive]"))
     assert data.label_names == ["negative", "positive"] and data.splits["test"]["label"] == [1, 0, 1]
-    (tmp_path / "other.csv").write_text("text,label\na,positive\nb,neutral\n")
-    with pytest.raises(TformerError, match="not seen in training: neutral; "):
-        sources.load(data_config("files", train_file=str(tmp_path / "train.csv"),
-                                 test_file=str(tmp_path / "other.csv"), label_names="[negative,positive]"))
+    for written, expected in (("a,positive\nb,neutral\n", "not seen in training: neutral; the classes are "
+                                                           "negative, positive"),
+                              ("a,true\nb,false\n", "labels are true/false, which name none of the classes"),
+                              ("a,1\nb,\nc,0\nd,\n", r"has an empty label \(row 2, and 1 more\)")):
+        (tmp_path / "other.csv").write_text("text,label\n" + written)
+        with pytest.raises(TformerError, match=expected):
+            sources.load(data_config("files", train_file=str(tmp_path / "train.csv"),
+                                     test_file=str(tmp_path / "other.csv"), label_names="[negative,positive]"))
 
 
 def test_split_labels_of_another_type_than_train_are_one_line(tmp_path):

@@ -1,5 +1,6 @@
 """Each kind of bad input gets one line naming the problem and the fix, exit code 2, and no traceback."""
 import json
+import shutil
 
 import pytest
 
@@ -95,7 +96,10 @@ def test_checkpoint_and_predict_input_errors(files, tiny_run, tmp_path):
     export_onnx(tiny_run.run_dir, onnx)  # an export is read by the ONNX runtime, not as a model
     check(run_tformer("evaluate", f"checkpoint={onnx}", cwd=tmp_path), f"is an ONNX export, which `tformer predict "
           f"--runtime onnx --checkpoint {onnx}` and `tformer serve runtime=onnx checkpoint={onnx}` read; for this "
-          f"command pass the checkpoint it was made from, checkpoint={(tiny_run.run_dir / 'checkpoints' / 'best').resolve()}")
+          f"command pass the checkpoint it was made from ({(tiny_run.run_dir / 'checkpoints' / 'best').resolve()})")
+    shipped = shutil.copytree(onnx, tmp_path / "ship" / "model")  # away from its run: its source is not there
+    check(run_tformer("evaluate", f"checkpoint={shipped}", cwd=tmp_path),
+          "pass the checkpoint it was made from (<the run dir it was exported from>)")
     incomplete = tmp_path / "ckpt"
     incomplete.mkdir()
     (incomplete / "model.safetensors").write_bytes(b"")

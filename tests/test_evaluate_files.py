@@ -80,6 +80,16 @@ def test_both_spellings_score_a_new_csv_with_the_run(tiny_run, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_file_without_labels_is_sent_to_predict(tiny_run, tmp_path):
+    blank = tmp_path / "blank.csv"
+    blank.write_text("text,label\na good film,\na dull film,\n")
+    refused = run_tformer("evaluate", f"checkpoint={tiny_run.run_dir}", f"test_file={blank}", cwd=tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert f"{blank} has no labels (every label cell is empty or -1)" in refused.stderr
+    assert f"tformer predict --file {blank}" in refused.stderr
+
+
+@pytest.mark.slow
 def test_a_file_with_other_columns_is_refused_in_one_line_naming_them(tiny_run, tmp_path):
     new = write_csv(tmp_path / "other.csv", ["review", "label"])
     refused = run_tformer("evaluate", f"checkpoint={tiny_run.run_dir}", f"data.test_file={new}",

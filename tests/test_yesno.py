@@ -132,9 +132,10 @@ def test_a_sweep_jobs_status_comes_from_its_record_not_its_message(tmp_path):
 
 
 def test_the_error_guard_writes_a_sweep_jobs_record(tmp_path, monkeypatch):
-    from tformer_cli import cli
+    from tformer_cli import cli, console
 
-    folder = tmp_path / "0_seed=1"
+    monkeypatch.setattr(console, "_output", None)  # refused before any run log opened (an in-process run's left
+    folder = tmp_path / "0_seed=1"                 # open by an earlier test's refusal is not this job's)
     folder.mkdir()
     job = SimpleNamespace(mode="RunMode.MULTIRUN", runtime=SimpleNamespace(output_dir=str(folder)),
                           job=SimpleNamespace(config_name="train"))

@@ -500,13 +500,24 @@ def _encode_labels(splits: dict, names: list[str] | None, where: str) -> tuple[d
                 if not ids.null_count and np.isin(ids.to_numpy(), values).all():  # model with named classes)
                     splits[split] = _with_labels(ds, ids.to_numpy().astype(np.int64))
                     continue
+            if pa.types.is_boolean(labels.type):  # (a CSV of true/false: which of the classes each is, is a guess)
+                raise TformerError(f"the {split} split's labels are true/false, which name none of the classes "
+                                   f"{', '.join(names[int(i)] for i in sorted(allowed)[:8])}; write the class names "
+                                   f"or their ids")
+            if labels.null_count:  # (an empty cell of a file whose other labels are written)
+                row = int(np.flatnonzero(pc.is_null(labels).to_numpy(zero_copy_only=False))[0])
+                more = labels.null_count - 1
+                raise TformerError(f"the {split} split has an empty label (row {row + 1}" + (
+                    f", and {more:,} more" if more else "") + "); drop those rows or fill the label column")
             known = {names[int(i)] for i in allowed if 0 <= int(i) < len(names)}  # (a class's name is seen too)
             unseen = sorted({str(x) for x in pc.unique(labels).to_pylist() if _as_int(x) not in allowed
                              and x not in known}, key=lambda v: (len(v), v))
             if not unseen:  # (whole numbers of another type: 1.0)
                 continue
             raise TformerError(f"the {split} split has labels not seen in training: "
-                               f"{', '.join(map(str, unseen[:5]))}; check the split files")
+                               f"{', '.join(map(str, unseen[:5]))}; the classes are "
+                               f"{', '.join(names[int(i)] for i in sorted(allowed)[:8])}"
+                               f"{', ...' if len(allowed) > 8 else ''} (or their ids); check the split files")
     feature = datasets.ClassLabel(names=names)
     return {s: ds.cast_column("label", feature) for s, ds in splits.items()}, names
 

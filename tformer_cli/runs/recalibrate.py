@@ -50,6 +50,10 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     multi = bool(loaded.model.cfg.multi_label)
     rows = calibration.fit_rows(split.n_docs, len(loaded.label_names), seed)
     labels = split.doc_labels.numpy()
+    if not multi and len(labels) and len(np.unique(labels)) < 2:  # (the fit would learn to be surer of it alone)
+        raise TformerError(f"all {_texts(len(labels))} of {what} are of one class ({loaded.label_names[int(labels[0])]}):"
+                           f" a temperature and label sets fitted on them would describe that class alone; give "
+                           f"labelled texts of the classes the model answers with")
     # what the checkpoint's own cuts cover of these texts, counted as `tformer evaluate` counts (its draws, its order)
     tally = conformal.Tally(loaded.conformal, multi) if loaded.conformal is not None else None
     count = None if tally is None else (lambda index, block: tally.add(

@@ -59,6 +59,10 @@ def checked_data(config: EvaluateConfig, loaded, data_cfg, seed: int, fix: str):
     """The data `data_cfg` names, with the split the command reads in it and the checkpoint's labels; `fix` ends the
     line that refuses other labels."""
     data = sources.load(data_cfg, seed=seed)
+    named = getattr(data_cfg, f"{config.split}_file", None)
+    if config.split not in data.splits and named:  # (sources drops a split whose labels are all missing)
+        raise TformerError(f"{named} has no labels (every label cell is empty or -1): this command needs labelled texts; "
+                           f"`tformer predict --file {named}` labels unlabelled ones")
     if config.split not in data.splits:
         raise TformerError(f"split {config.split!r} not in the data; it has {', '.join(data.splits)}")
     if list(data.label_names) != list(loaded.label_names):

@@ -115,10 +115,11 @@ def an_export(checkpoint, export: ExportDir) -> str:
         source = (export.path / source).resolve() if isinstance(source, str) else None
     except (OSError, ValueError, AttributeError):
         source = None
-    made_from = f"checkpoint={source}" if source is not None else "checkpoint=<the run dir it was exported from>"
+    if source is None or resolve_checkpoint(source) is None:  # (an export copied away from its run)
+        source = "<the run dir it was exported from>"
     return (f"checkpoint {checkpoint} is an ONNX export, which `tformer predict --runtime onnx --checkpoint "
             f"{checkpoint}` and `tformer serve runtime=onnx checkpoint={checkpoint}` read; for this command pass the "
-            f"checkpoint it was made from, {made_from}")
+            f"checkpoint it was made from ({source})")
 
 
 def not_a_checkpoint(checkpoint: str | Path) -> str:
