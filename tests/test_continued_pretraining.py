@@ -126,3 +126,50 @@ def test_pretraining_a_loaded_encoder_changes_it_keeps_its_tokenizer_resumes_and
     with pytest.raises(TformerError, match="was pretrained from the BERT model .* but model.pretrained names another"):
         train([*tiny("model=pretrained", f"model.pretrained={other}"), f"model.init={whole.root}"],
               run_dir=tmp_path / "mixed")
+
+
+def test_head_warmup_moves_the_new_head_and_nothing_of_the_encoder(tmp_path, monkeypatch):
+    """mlm.head_warmup_steps: while it lasts, gradients reach the head's transform and output bias only (not the
+    blocks, not the token table the output layer is tied to): a run stopped within it has the encoder exactly as
+    loaded; resumed, it ends as the same run uninterrupted, with the encoder trained after the warm-up. A warm-up
+    as long as the run, and a from-scratch model, are refused in one line."""
+    folder, _ = hf_folders.reference("bert", tmp_path / "model", "AutoModel")  # no MLM head: a new one
+    model, enc = masked_lm(folder)
+    model.train()
+    ids, mask = padded(enc.shape["vocab_size"], enc.shape["pad_id"])
+    labels = ids.masked_fill(~mask, -100)
+    model.loss(model(ids, mask, labels, head_only=True), labels).backward()
+    moved = {name for name, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert moved == {"transform.0.weight", "transform.0.bias", "transform.2.weight", "transform.2.bias",
+                     "output_bias"}, moved
+
+    overrides = tiny("model=pretrained", f"model.pretrained={folder}", "model.max_len=32", "trainer.epochs=1",
+                     "trainer.batch_size=8", "data.n_train=60", "data.n_validation=20", "mlm.head_warmup_steps=4")
+    loaded = encoder_state({f"encoder.{k}": v for k, v in masked_lm(folder)[0].encoder.state_dict().items()})
+    changed = lambda weights: [k for k in loaded if not torch.equal(encoder_state(weights)[k], loaded[k])]  # noqa: E731
+    whole, stopped = RunDir(tmp_path / "whole"), RunDir(tmp_path / "stopped")
+    pretrain(plain(compose_config("pretrain", *overrides)), whole)
+    ctrl_c_at_step(monkeypatch, MaskedLanguageModeling, at=2)  # steps 0, 1, 2 done: all within the warm-up
+    with pytest.raises(Interrupted):
+        pretrain(plain(compose_config("pretrain", *overrides)), stopped)
+    monkeypatch.undo()
+    during = load_file(str(stopped.last.weights))
+    assert changed(during) == [] and not torch.equal(during["output_bias"], torch.zeros_like(during["output_bias"]))
+    pretrain(plain(compose_config("pretrain", *overrides, f"resume={stopped}")), RunDir(tmp_path / "unused"))
+    a, b = load_file(str(whole.last.weights)), load_file(str(stopped.last.weights))
+    assert a.keys() == b.keys() and [k for k in a if not torch.equal(a[k], b[k])] == []
+    assert len(changed(a)) > len(loaded) // 2  # after the warm-up the encoder trains
+
+    steps = json.loads(whole.history.read_text())[-1]["step"]  # (one epoch's)
+    late = RunDir(tmp_path / "late")  # the first epoch ends as the warm-up does: it cannot be the best checkpoint,
+    pretrain(plain(compose_config("pretrain", *tiny(*overrides, "trainer.epochs=2",  # whatever its loss
+                                                    f"mlm.head_warmup_steps={steps}"))), late)
+    assert json.loads(late.best.meta.read_text())["epoch"] == 2
+    log = (late.root / "pretrain.log").read_text()
+    assert f"the first {steps} steps train the head alone" in log and log.count("head warm-up: the encoder as") == 1
+
+    with pytest.raises(TformerError, match="mlm.head_warmup_steps=1000 is at least the run's .* would never train"):
+        pretrain(plain(compose_config("pretrain", *tiny(*overrides, "mlm.head_warmup_steps=1000"))),
+                 RunDir(tmp_path / "all_head"))
+    with pytest.raises(TformerError, match="mlm.head_warmup_steps=5 .* starts from scratch"):
+        pretrain(plain(compose_config("pretrain", *tiny("mlm.head_warmup_steps=5"))), RunDir(tmp_path / "scratch"))

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from tformer_cli.errors import TformerError
+from tformer_cli.training.config import ScheduleConfig
 from tformer_cli.training.schedules import build, lr_multiplier
 
 
@@ -46,3 +47,24 @@ def test_constant_and_scheduler_steps_per_optimizer_step():
 def test_unknown_schedule_is_a_clear_error():
     with pytest.raises(TformerError, match="not one of constant"):
         lr_multiplier("warmup_cosine_restarts", 0, 10, 1)
+
+
+def test_a_restart_runs_the_schedule_twice_back_to_back():
+    """schedules.build(restart_at=N) (mlm.head_warmup_steps): the configured schedule over the first N steps, then
+    again over the rest, each with its own warm-up, so the encoder's first steps are at a small rate, not near the
+    peak."""
+    cfg = ScheduleConfig(name="linear_warmup", warmup_steps=None, warmup_ratio=0.1, min_lr_ratio=0.0)
+    seen = []
+    for restart in (0, 40):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = build(opt, cfg, total_steps=140, restart_at=restart)
+        rates = []
+        for _ in range(140):
+            rates.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        seen.append(rates)
+    plain, restarted = seen
+    assert restarted[:40] == pytest.approx([lr_multiplier("linear_warmup", s, 40, 4) for s in range(40)])
+    assert restarted[40:] == pytest.approx([lr_multiplier("linear_warmup", s, 100, 10) for s in range(100)])
+    assert restarted[40] == pytest.approx(0.1) and plain[40] > 0.7  # the second phase starts with its warm-up

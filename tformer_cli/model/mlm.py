@@ -12,6 +12,8 @@ run>` copies them key for key (the classifier head is the one part that starts f
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -56,20 +58,25 @@ class MaskedLM(nn.Module):
         self.output_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                labels: torch.Tensor | None = None) -> torch.Tensor:
+                labels: torch.Tensor | None = None, head_only: bool = False) -> torch.Tensor:
         """-> vocabulary logits tied to the token table: (B, T, V), or with `labels` only at the predicted
         positions, (N', V) in row-major order, N' the N predicted positions rounded up to ROW_BLOCK (the output
-        layer is most of the cost: 15% of it is what counts; `loss` ignores the rows past N)."""
-        h = self.encoder.encode(input_ids, attention_mask.bool())
+        layer is most of the cost: 15% of it is what counts; `loss` ignores the rows past N).
+
+        head_only: gradients reach the head's own weights (transform, output bias) and nothing of the encoder,
+        the tied token table included: a new head learns to read the encoder before its first, random gradients
+        can move a pretrained encoder (mlm.head_warmup_steps)."""
+        with torch.no_grad() if head_only else contextlib.nullcontext():
+            h = self.encoder.encode(input_ids, attention_mask.bool())
         if labels is not None:
             picked = labels.flatten().ne(IGNORE).nonzero().squeeze(1)
             rows = -(-max(len(picked), 1) // ROW_BLOCK) * ROW_BLOCK
             h = h.flatten(0, 1)[F.pad(picked, (0, rows - len(picked)))]
         h = self.transform(h)
-        projection = self.encoder.embedding_projection
+        projection, table = self.encoder.embedding_projection, self.encoder.token_embedding.weight
         if projection is not None:  # back from d_model to the table's width
-            h = h @ projection.weight
-        return h @ self.encoder.token_embedding.weight.t() + self.output_bias
+            h = h @ (projection.weight.detach() if head_only else projection.weight)
+        return h @ (table.detach() if head_only else table).t() + self.output_bias
 
     @staticmethod
     def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -52,12 +52,14 @@ class MaskedLanguageModeling:
 
     loss_name, loss_label, bar_prefix = "mlm_loss", "MLM loss", "pretrain "
 
-    def __init__(self, *, mask_id: int, vocab_size: int, special_ids: list[int], seed: int, mask_prob: float):
+    def __init__(self, *, mask_id: int, vocab_size: int, special_ids: list[int], seed: int, mask_prob: float,
+                 head_warmup_steps: int = 0):
         self.mask_id, self.vocab_size, self.special_ids = mask_id, vocab_size, special_ids
-        self.seed, self.mask_prob = seed, mask_prob
+        self.seed, self.mask_prob, self.head_warmup_steps = seed, mask_prob, head_warmup_steps
+        self.best_from_step = head_warmup_steps  # (an epoch within the warm-up holds the encoder as loaded)
 
-    def loss_options(self) -> dict:
-        return {}
+    def loss_options(self) -> dict:  # after a head warm-up the schedule starts again, its own warm-up first
+        return {"schedule_restart": self.head_warmup_steps}
 
     def masked(self, batch: dict, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
@@ -69,11 +71,11 @@ class MaskedLanguageModeling:
         inputs, labels = self.masked(batch, step)
         inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         mask = batch["attention_mask"].to(device, non_blocking=True)
-        predicted = labels.ne(IGNORE)
+        predicted, head_only = labels.ne(IGNORE), step < self.head_warmup_steps
 
         def slice_loss(part: slice) -> torch.Tensor:  # weighted by its share of the batch's masked tokens
             with opt.precision.autocast():
-                logits = opt.forward(inputs[part], mask[part], labels[part])
+                logits = opt.forward(inputs[part], mask[part], labels[part], head_only=head_only)
             loss = opt.model.loss(logits, labels[part])
             if part.stop - part.start < labels.shape[0]:
                 loss = loss * (predicted[part].sum() / predicted.sum().clamp(min=1))
@@ -109,7 +111,8 @@ class MaskedLanguageModeling:
 
     def epoch_line(self, m: dict) -> str:
         return (f"train_mlm_loss {m['train_mlm_loss']:.4f}  val_mlm_loss {m['val_mlm_loss']:.4f}  "
-                f"val_mlm_acc {m['val_mlm_accuracy']:.4f}")
+                f"val_mlm_acc {m['val_mlm_accuracy']:.4f}"
+                + ("  (head warm-up: the encoder as loaded, never the best)" * (m["step"] <= self.head_warmup_steps)))
 
 
 @dataclass
@@ -121,8 +124,9 @@ class MlmOptions:
     extra_files: list
     max_texts: int | None
     windows: bool
+    head_warmup_steps: int
 
-    RANGES = {"mask_prob": (0, 1, "()"), "max_texts": (1, None, "[)")}
+    RANGES = {"mask_prob": (0, 1, "()"), "max_texts": (1, None, "[)"), "head_warmup_steps": (0, None, "[)")}
 
 
 def pretrain(tree: dict, run_dir: RunDir, overrides=(), model_name: str | None = None) -> float:
@@ -138,6 +142,11 @@ def pretrain(tree: dict, run_dir: RunDir, overrides=(), model_name: str | None =
         raise TformerError("model.init names the pretraining run tformer train starts from; tformer pretrain starts "
                            "from scratch or from model.pretrained, and a pretraining run is continued with "
                            "resume=<its run dir> (trainer.epochs=<more> to extend a finished one)")
+    if options.head_warmup_steps and not config.model_options.pretrained:
+        raise ConfigError(f"mlm.head_warmup_steps={options.head_warmup_steps} lets a new masked-LM head learn before it "
+                          f"may move a pretrained encoder, but this model starts from scratch (all of it new); drop "
+                          f"it, or continue a pretrained encoder (model=minilm_l6, model=pretrained "
+                          f"model.pretrained=<folder>)")
     if recipe.is_auto(config.model) and not config.model_options.pretrained:  # (a pretrained one: build())
         raise ConfigError("tformer pretrain reads texts as windows of model.max_len tokens and has no length to fit: "
                           "give a number, e.g. model.max_len=128")
@@ -207,8 +216,10 @@ class PretrainJob:
                 model.encoder.token_embedding.weight.copy_(pre.weight)
         mask_id, specials = mlm_tokens(tok)
         objective = MaskedLanguageModeling(mask_id=mask_id, vocab_size=model_cfg.vocab_size,
-                                           special_ids=specials, seed=config.seed, mask_prob=self.options.mask_prob)
+                                           special_ids=specials, seed=config.seed, mask_prob=self.options.mask_prob,
+                                           head_warmup_steps=self.options.head_warmup_steps)
         val_split, train_split = encode(val_texts), encode(train_texts)
+        self.check_head_warmup(resume, len(train_split), config.trainer)
         read_as = (f"{len(train_split):,} windows of at most {max_len} tokens" if windows else
                    f"{len(train_split):,} texts cut at {max_len} tokens")
         metrics_log = JsonLines(session.run_dir.metrics_log)
@@ -224,7 +235,23 @@ class PretrainJob:
         start = f"continued from the {markup(continued_from)}: " if continued_from else ""
         return run, (f"[bold]model[/] {start}{model_cfg.n_layers} layers, d_model {model_cfg.d_model}, vocabulary "
                      f"{model_cfg.vocab_size:,}, {sum(p.numel() for p in model.parameters()):,} parameters with "
-                     f"{head}; texts read as {read_as}")
+                     f"{head}; texts read as {read_as}" + (
+                         f"; the first {self.options.head_warmup_steps:,} steps train the head alone (mlm.head_warmup_"
+                         f"steps), then the schedule starts again" if self.options.head_warmup_steps else ""))
+
+    def check_head_warmup(self, resume, windows: int, trainer) -> None:
+        """mlm.head_warmup_steps counts the run's optimizer steps from its first: a run that began without the key
+        trained its encoder from step 0 and cannot freeze it now, and a warm-up as long as the run would train the
+        head alone."""
+        n = self.options.head_warmup_steps
+        if n and resume is not None and "head_warmup_steps" not in (resume.config.get("mlm") or {}):
+            raise TformerError(f"cannot resume {resume.run_dir} with mlm.head_warmup_steps={n}: the run began "
+                               f"without a head warm-up (its encoder trained from the first step); drop the override")
+        steps = trainer.epochs * -(-windows // trainer.batch_size)
+        if n >= steps:
+            raise ConfigError(f"mlm.head_warmup_steps={n} is at least the run's {steps:,} steps ({trainer.epochs} "
+                              f"epoch(s) of {-(-windows // trainer.batch_size):,} batches): the encoder would never "
+                              f"train; give fewer steps (a tenth to a third of the run) or more epochs")
 
     @staticmethod
     def _saver(session: Session, model: MaskedLM, model_cfg: EncoderConfig, tok, chain: dict):

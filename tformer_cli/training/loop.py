@@ -41,8 +41,9 @@ class Objective(Protocol):
     loss_name: str  # the loss's metric names: "loss" logs loss / train_loss, "mlm_loss" train_mlm_loss
     loss_label: str  # the loss in messages: "loss", "MLM loss"
     bar_prefix: str  # before "epoch k/n" on the progress bar
+    best_from_step: int  # an epoch ending at or before this step is never the best (a head warm-up's: 0 for most)
 
-    def loss_options(self) -> dict: ...  # extra Optimization(...) arguments (class weights, smoothing)
+    def loss_options(self) -> dict: ...  # extra Optimization(...) arguments (class weights, smoothing, a restart)
 
     def step(self, opt: "Optimization", batch: dict, step: int, share: float, micro_batches: int) -> torch.Tensor:
         ...  # one optimizer step on a batch; the loss, detached, on the device
@@ -69,13 +70,13 @@ class Optimization:
                  embedding_lr_multiplier: float = 1.0, layer_lr_decay: float = 1.0,
                  loss_weight: torch.Tensor | None = None,
                  label_smoothing: float = 0.0, compile: bool = False, distributed: bool = False,
-                 say: Callable[[str], None] = print):
+                 say: Callable[[str], None] = print, schedule_restart: int = 0):
         self.model, self.device, self.precision, self.grad_clip = model, device, precision, grad_clip
         self.loss_weight, self.label_smoothing = loss_weight, label_smoothing
         self.forward = MaybeCompiled(model, compile, say)
         self.row_updates = optim_lib.use_row_updates(model, optimizer, compile, distributed)
         self.optimizer = optim_lib.build(model, optimizer, embedding_lr_multiplier, device, layer_lr_decay)
-        self.scheduler = schedules.build(self.optimizer, schedule, total_steps)
+        self.scheduler = schedules.build(self.optimizer, schedule, total_steps, schedule_restart)
         self.scaler = precision.grad_scaler()
         self.base_lr = optimizer.lr
 
@@ -385,7 +386,7 @@ def _end_epoch(run: Run, state: TrainingState, opt: Optimization) -> dict:
     state.history.append(metrics)
     if run.log_metrics is not None:
         run.log_metrics({"kind": "epoch", **metrics})
-    is_best = state.stopper.update(metrics, epoch)
+    is_best = state.step > run.objective.best_from_step and state.stopper.update(metrics, epoch)
     if is_best:
         state.best_metrics = dict(metrics)
         run.save_checkpoint("best", metrics, None)

@@ -17,6 +17,7 @@ class Classification:
 
     loss_name, loss_label, bar_prefix = "loss", "loss", ""
     exact_slices = True  # micro-batches add up to the whole batch's update (trainer.micro_batches may change)
+    best_from_step = 0  # every epoch may be the best
 
     def __init__(self, label_names: list[str], loss_weight: torch.Tensor | None = None, label_smoothing: float = 0.0):
         self.label_names, self.loss_weight, self.label_smoothing = label_names, loss_weight, label_smoothing

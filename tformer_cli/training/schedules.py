@@ -68,7 +68,18 @@ def warmup_steps(cfg: ScheduleConfig, total_steps: int) -> int:
     return int(round(cfg.warmup_ratio * total_steps))
 
 
-def build(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    name, w, min_ratio = cfg.name, warmup_steps(cfg, total_steps), cfg.min_lr_ratio
-    lr_multiplier(name, 0, total_steps, w, min_ratio)  # validates the name before training starts
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(name, step, total_steps, w, min_ratio))
+def build(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, total_steps: int,
+          restart_at: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+    """restart_at = N > 0: two schedules back to back, the configured one over the first N steps and again over the
+    rest (each with its own warm-up): a phase in which only a new head trains, then the whole model starting from a
+    warm-up of its own rather than near the peak rate with fresh optimizer moments (mlm.head_warmup_steps)."""
+    name, min_ratio = cfg.name, cfg.min_lr_ratio
+    phases = [(0, total_steps)] if not 0 < restart_at < total_steps else [(0, restart_at), (restart_at, total_steps)]
+    warm = [warmup_steps(cfg, end - start) for start, end in phases]
+    lr_multiplier(name, 0, total_steps, warm[0], min_ratio)  # validates the name before training starts
+
+    def multiplier(step: int) -> float:
+        k = int(len(phases) > 1 and step >= restart_at)
+        start, end = phases[k]
+        return lr_multiplier(name, step - start, end - start, warm[k], min_ratio)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
