@@ -491,6 +491,7 @@ def _encode_labels(splits: dict, names: list[str] | None, where: str) -> tuple[d
         _check_ids(values.tolist(), k)
         names = list(names) if names else [str(i) for i in range(k)]
         allowed = set(values.tolist())
+        classes = ", ".join(names[int(i)] for i in sorted(allowed)[:8]) + (", ..." if len(allowed) > 8 else "")
         for split, ds in splits.items():
             labels = arrow.column(ds, "label")
             if _arrow_kind(labels.type) == "int" and not labels.null_count and np.isin(labels.to_numpy(), values).all():
@@ -502,8 +503,7 @@ def _encode_labels(splits: dict, names: list[str] | None, where: str) -> tuple[d
                     continue
             if pa.types.is_boolean(labels.type):  # (a CSV of true/false: which of the classes each is, is a guess)
                 raise TformerError(f"the {split} split's labels are true/false, which name none of the classes "
-                                   f"{', '.join(names[int(i)] for i in sorted(allowed)[:8])}; write the class names "
-                                   f"or their ids")
+                                   f"{classes}; write the class names or their ids")
             if labels.null_count:  # (an empty cell of a file whose other labels are written)
                 row = int(np.flatnonzero(pc.is_null(labels).to_numpy(zero_copy_only=False))[0])
                 more = labels.null_count - 1
@@ -515,9 +515,8 @@ def _encode_labels(splits: dict, names: list[str] | None, where: str) -> tuple[d
             if not unseen:  # (whole numbers of another type: 1.0)
                 continue
             raise TformerError(f"the {split} split has labels not seen in training: "
-                               f"{', '.join(map(str, unseen[:5]))}; the classes are "
-                               f"{', '.join(names[int(i)] for i in sorted(allowed)[:8])}"
-                               f"{', ...' if len(allowed) > 8 else ''} (or their ids); check the split files")
+                               f"{', '.join(map(str, unseen[:5]))}; the classes are {classes} (or their ids); "
+                               f"check the split files")
     feature = datasets.ClassLabel(names=names)
     return {s: ds.cast_column("label", feature) for s, ds in splits.items()}, names
 

@@ -22,7 +22,7 @@ from ..errors import TformerError
 from ..store import manifest, ownership
 from ..store.atomic import json_text, sha256_file, write_problem
 from ..store.layout import ExportDir, RunDir
-from ..store.locate import is_ref, locate
+from ..store.locate import exported_from, is_ref, locate
 
 PARITY_TOLERANCE = 1e-4  # max |logit difference| allowed between the fp32 ONNX model and PyTorch
 QUANTIZATIONS = (None, "int8")
@@ -103,7 +103,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
               else RunDir.of_checkpoint(source).export_of(source, quantized=quantize is not None))
     # before anything is loaded: a folder of the user's, or another checkpoint's export, is never replaced
     ownership.check_replaceable(target.path, "export", "out", legacy=_legacy_export_files)
-    other = _exported_from(target)
+    other = exported_from(target)
     if other is not None and other != source.path.resolve():
         raise TformerError(f"out={target} holds the export of another checkpoint ({other}); pass a new folder, or "
                            f"remove that export first")
@@ -194,19 +194,6 @@ def _legacy_export_files(folder: Path) -> set[str] | None:
     export = ExportDir(folder)
     listed = manifest.entries(export) if export.is_export() else None
     return None if listed is None else {*listed, export.manifest.name}
-
-
-def _exported_from(target: ExportDir) -> Path | None:
-    """The checkpoint an existing export was made from (its export.json), resolved; None when unknown."""
-    import json
-
-    try:
-        if not target.is_export() or target.info.stat().st_size > manifest.MANIFEST_CAP:
-            return None
-        source = json.loads(target.info.read_text())["source_checkpoint"]
-        return (target.path / source).resolve() if isinstance(source, str) else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _relative_or_absolute(source: Path, export: Path) -> str:

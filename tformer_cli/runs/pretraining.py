@@ -56,7 +56,10 @@ class MaskedLanguageModeling:
                  head_warmup_steps: int = 0):
         self.mask_id, self.vocab_size, self.special_ids = mask_id, vocab_size, special_ids
         self.seed, self.mask_prob, self.head_warmup_steps = seed, mask_prob, head_warmup_steps
-        self.best_from_step = head_warmup_steps  # (an epoch within the warm-up holds the encoder as loaded)
+
+    @property
+    def best_from_step(self) -> int:  # an epoch within the head warm-up holds the encoder as loaded
+        return self.head_warmup_steps
 
     def loss_options(self) -> dict:  # after a head warm-up the schedule starts again, its own warm-up first
         return {"schedule_restart": self.head_warmup_steps}
@@ -247,11 +250,11 @@ class PretrainJob:
         if n and resume is not None and "head_warmup_steps" not in (resume.config.get("mlm") or {}):
             raise TformerError(f"cannot resume {resume.run_dir} with mlm.head_warmup_steps={n}: the run began "
                                f"without a head warm-up (its encoder trained from the first step); drop the override")
-        steps = trainer.epochs * -(-windows // trainer.batch_size)
-        if n >= steps:
-            raise ConfigError(f"mlm.head_warmup_steps={n} is at least the run's {steps:,} steps ({trainer.epochs} "
-                              f"epoch(s) of {-(-windows // trainer.batch_size):,} batches): the encoder would never "
-                              f"train; give fewer steps (a tenth to a third of the run) or more epochs")
+        batches = -(-windows // trainer.batch_size)  # (BatchLoader's length)
+        if n >= trainer.epochs * batches:
+            raise ConfigError(f"mlm.head_warmup_steps={n} is at least the run's {trainer.epochs * batches:,} steps "
+                              f"({trainer.epochs} epoch(s) of {batches:,} batches): the encoder would never train; "
+                              f"give fewer steps (a tenth to a third of the run) or more epochs")
 
     @staticmethod
     def _saver(session: Session, model: MaskedLM, model_cfg: EncoderConfig, tok, chain: dict):

@@ -18,8 +18,8 @@ from pathlib import Path
 from .. import hub
 from ..errors import TformerError
 from ..safe_text import terminal
-from .layout import HUB_ONNX_FOLDER, CheckpointDir, ExportDir, RunDir, newest_best, read_small, resolve_checkpoint
-from .manifest import stale_export
+from .layout import HUB_ONNX_FOLDER, CheckpointDir, ExportDir, RunDir, newest_best, resolve_checkpoint
+from .manifest import MANIFEST_CAP, stale_export
 
 PREFIX = "hf://"
 
@@ -107,14 +107,21 @@ def locate(checkpoint: str | Path | CheckpointDir | None = None, outputs_dir: st
     return found
 
 
+def exported_from(export: ExportDir) -> Path | None:
+    """The checkpoint an existing export was made from (its export.json), resolved; None when unknown."""
+    try:
+        if not export.is_export() or export.info.stat().st_size > MANIFEST_CAP:
+            return None
+        source = json.loads(export.info.read_text())["source_checkpoint"]
+        return (export.path / source).resolve() if isinstance(source, str) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def an_export(checkpoint, export: ExportDir) -> str:
     """Why an ONNX export folder is not a checkpoint: what reads it, and the checkpoint it was made from (its
     export.json) for the commands that need the model itself."""
-    try:
-        source = json.loads(read_small(export.info)).get("source_checkpoint")
-        source = (export.path / source).resolve() if isinstance(source, str) else None
-    except (OSError, ValueError, AttributeError):
-        source = None
+    source = exported_from(export)
     if source is None or resolve_checkpoint(source) is None:  # (an export copied away from its run)
         source = "<the run dir it was exported from>"
     return (f"checkpoint {checkpoint} is an ONNX export, which `tformer predict --runtime onnx --checkpoint "
