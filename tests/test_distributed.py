@@ -3,11 +3,12 @@ torchrun): the same global batches give the same losses and weights as one proce
 rank too), rank 0 alone writes, and Ctrl-C stops every rank after the same step with a checkpoint the run resumes
 from, ending where an uninterrupted single-process run ends."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import TINY_TRAINING, interrupted_when, run_tformer, tiny
+from helpers import TFORMER, TINY_TRAINING, ctrl_c_reaches_it, interrupted_when, run_tformer, tiny
 from tformer_cli.training.distributed import Dist, shard
 
 # Losses agree to LOSS_TOL, not exactly: one process runs its 32-row batch unpadded (model.encoder.RealTokens),
@@ -88,7 +89,8 @@ def test_micro_batches_on_each_rank_take_the_single_process_steps(single, tmp_pa
 def test_ctrl_c_stops_every_rank_and_the_run_resumes_to_the_same_end(single, tmp_path):
     args = [*RUN, "trainer.devices=2", "trainer.checkpoint_every_steps=5", "hydra.run.dir=run"]
     last = tmp_path / "run" / "checkpoints" / "last"
-    # as a terminal's Ctrl-C: the launcher and both ranks get it
+    # as a terminal's Ctrl-C, to the whole process group: the launcher passes it on to the ranks (in their own
+    # group), each rank gets it once, however late a busy rank runs its handler
     code, out = interrupted_when("run/checkpoints/last", "train", *args, cwd=tmp_path, group=True)
     assert code == 130, out[-3000:]
     assert "resume with: tformer train" in out and "Traceback" not in out, out[-3000:]
@@ -101,6 +103,45 @@ def test_ctrl_c_stops_every_rank_and_the_run_resumes_to_the_same_end(single, tmp
     assert [h["epoch"] for h in two] == [1, 2]
     assert abs(one[-1]["val_loss"] - two[-1]["val_loss"]) < LOSS_TOL
     assert abs(one[-1]["train_loss"] - two[-1]["train_loss"]) < LOSS_TOL
+
+
+@pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
+def test_ranks_whose_launcher_is_killed_save_and_stop(tmp_path):
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    args = [*RUN, "trainer.devices=2", "trainer.epochs=50", "trainer.checkpoint_every_steps=5", "hydra.run.dir=run"]
+    proc = subprocess.Popen([TFORMER, "train", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=ctrl_c_reaches_it)
+    lines: list[str] = []  # read as it comes: a full pipe would stop the ranks
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    last = tmp_path / "run" / "checkpoints" / "last"
+    deadline = time.monotonic() + 600
+    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranks = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    assert len(ranks) == 2 and last.exists()
+    proc.send_signal(signal.SIGKILL)  # the launcher alone: nothing forwards a signal to the ranks
+    proc.wait()
+
+    def alive(pid):
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] not in "ZX"
+        except FileNotFoundError:
+            return False
+
+    while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    reader.join(timeout=30)
+    out = "".join(lines)
+    assert not any(alive(pid) for pid in ranks), out[-3000:]  # (not training on, unseen, for 50 epochs)
+    assert "SIGTERM: finishing this step and saving the last checkpoint" in out and "Traceback" not in out, out[-3000:]
+    saved = json.loads((last / "metrics.json").read_text())
+    assert 5 <= saved["step"] < 50 * 16
 
 
 @pytest.mark.slow

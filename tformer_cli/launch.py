@@ -4,6 +4,7 @@ throwaway folder; `pretrain` runs in one process only."""
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import shlex
 import shutil
@@ -16,6 +17,9 @@ import time
 
 from . import cores
 from .errors import TformerError
+
+LAUNCHER_PID = "TFORMER_LAUNCHER_PID"  # set for the ranks `launch_ranks` starts
+PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
 
 
 def world_size() -> int:
@@ -42,6 +46,7 @@ def distributed_args(args: list[str]) -> list[str]:
         if multirun:
             raise TformerError("a -m sweep cannot run under torchrun; sweep with trainer.devices=N per job instead "
                                "(jobs run one after another, each on N processes)")
+        stop_with_launcher()
         if os.environ.get("RANK", "0") != "0":
             folder = tempfile.mkdtemp(prefix=f"tformer-rank{os.environ['RANK']}-")
             atexit.register(shutil.rmtree, folder, True)
@@ -61,12 +66,27 @@ def distributed_args(args: list[str]) -> list[str]:
     sys.exit(launch_ranks(n, [a for a in args if not a.startswith("trainer.devices=")]))
 
 
+def stop_with_launcher() -> None:
+    """A rank started by `launch_ranks` gets SIGTERM (save, stop) when its launcher dies: in its own process group
+    it no longer gets the terminal's signals, and without this a SIGKILLed launcher would leave it training."""
+    launcher = os.environ.get(LAUNCHER_PID)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(launcher):  # (it died before the line above)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def launch_ranks(n: int, args: list[str]) -> int:
     """Start `tformer train` N times on this machine with the environment torchrun gives its workers (RANK,
-    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and wait. The ranks share this terminal: Ctrl-C reaches each of them
-    and they stop after the same step (rank 0 saves); this process only waits (torchrun's own agent would meet
-    Ctrl-C with a traceback and cut the ranks short). If a rank fails, the others are stopped (a rank left alone
-    would wait for the failed one forever). Returns rank 0's exit code, or the failed rank's."""
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and wait. The ranks run in a process group of their own, so a
+    terminal's Ctrl-C reaches this process alone and it passes each signal on exactly once: had the ranks got it
+    from the terminal as well, a rank busy in a save or a collective could run the forwarded copy's handler more
+    than a second later and take it for a second Ctrl-C (exit at once). They stop after the same step (rank 0
+    saves); torchrun's own agent would meet Ctrl-C with a traceback and cut the ranks short. A rank whose launcher
+    dies (SIGKILL, a closed terminal) gets SIGTERM from the kernel and stops the same way. If a rank fails, the
+    others are stopped (a rank left alone would wait for the failed one forever). Returns rank 0's exit code, or
+    the failed rank's."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -76,11 +96,12 @@ def launch_ranks(n: int, args: list[str]) -> int:
     for rank in range(n):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
                "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "TFORMER_RANKS": str(n)}  # (started here: this process reports a rank that dies)
+               "TFORMER_RANKS": str(n), LAUNCHER_PID: str(os.getpid())}  # (this process reports a rank that dies)
         env.setdefault("OMP_NUM_THREADS", threads)
-        procs.append(subprocess.Popen([sys.executable, "-m", "tformer_cli", "train", *args], env=env))
+        procs.append(subprocess.Popen([sys.executable, "-m", "tformer_cli", "train", *args], env=env,
+                                      process_group=0))
 
-    def forward(signum, frame):  # (from the terminal the ranks got it too; they take a repeat within 1 s as one)
+    def forward(signum, frame):  # the ranks' only way to get it (their own process group)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
