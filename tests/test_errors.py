@@ -97,6 +97,9 @@ def test_checkpoint_and_predict_input_errors(files, tiny_run, tmp_path):
     check(run_tformer("evaluate", f"checkpoint={onnx}", cwd=tmp_path), f"is an ONNX export, which `tformer predict "
           f"--runtime onnx --checkpoint {onnx}` and `tformer serve runtime=onnx checkpoint={onnx}` read; for this "
           f"command pass the checkpoint it was made from ({(tiny_run.run_dir / 'checkpoints' / 'best').resolve()})")
+    check(run_tformer("audit", f"checkpoint={onnx}", cwd=tmp_path), "is an ONNX export, which")
+    check(run_tformer("audit", f"checkpoint={tmp_path / 'missing'}", cwd=tmp_path), "does not exist")
+    assert not (tmp_path / "outputs").exists()  # refused audits leave no folder (nor read their data first)
     shipped = shutil.copytree(onnx, tmp_path / "ship" / "model")  # away from its run: its source is not there
     check(run_tformer("evaluate", f"checkpoint={shipped}", cwd=tmp_path),
           "pass the checkpoint it was made from (<the run dir it was exported from>)")

@@ -68,6 +68,21 @@ def test_an_empty_folder_of_the_user_keeps_its_identity(tmp_path):
     assert ownership.is_ours(empty, "stage")
 
 
+def test_a_refused_run_takes_away_only_the_folders_made_with_it(tmp_path):
+    (tmp_path / "outputs" / "audit").mkdir(parents=True)  # there before: stays
+    run = tmp_path / "outputs" / "audit" / "2026-01-01" / "00-00-00"
+    ownership.new_run_dir(run, "audit", None)
+    (run / "audit.log").write_text("error: ...\n")
+    assert RunDir(run).discard_if_empty()
+    outputs = tmp_path / "outputs"
+    assert [p.name for p in outputs.iterdir()] == ["audit"] and not any((outputs / "audit").iterdir())
+    again = tmp_path / "outputs" / "audit" / "2026-01-01" / "00-00-01"
+    ownership.new_run_dir(again, "audit", None)
+    (again.parent / "00-00-02").mkdir()  # another run of that day: the date folder stays
+    assert RunDir(again).discard_if_empty()
+    assert [p.name for p in again.parent.iterdir()] == ["00-00-02"]
+
+
 @pytest.mark.slow
 def test_push_and_export_never_delete_or_replace_foreign_files(tiny_run_copy, tmp_path):
     run = tiny_run_copy

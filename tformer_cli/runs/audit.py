@@ -43,6 +43,7 @@ from ..safe_text import markup, rich
 from .. import checkpoint as ckpt
 from ..store.atomic import write_json, write_with
 from ..store.layout import RunDir, resolve_checkpoint, resolve_resumable
+from ..store.locate import locate
 from ..store.ownership import is_ours, new_run_dir
 from ..training.loop import Interrupted
 from ..typed_config import build
@@ -195,9 +196,7 @@ def _resumed_audit(resume) -> Path:
 def _checkpoint_data(checkpoint: str, config, overrides):
     """(checkpoint dir, data config, seed) of checkpoint mode: the run's own data and seed (so its train and
     validation rows are the rows it had), unless data=<name> is given; data.<key>=value replaces a key."""
-    found = resolve_checkpoint(checkpoint)
-    if found is None:
-        raise TformerError(f"checkpoint={checkpoint} holds no checkpoint; pass a run dir or a checkpoint dir")
+    found = locate(checkpoint)  # (refused before the data is read: no folder left behind for a wrong path)
     saved = ckpt.read_config(found) if found.config.is_file() else None
     typed = {o.split("=", 1)[0] for o in overrides}
     if saved is None or "data" in typed or not saved.get("data"):

@@ -34,6 +34,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import TformerError
+from ..tasks import TASKS
 
 HUB_ONNX_FOLDER = "onnx"  # where a Hub repository keeps the run's export
 MARKER = ".tformer"  # in every folder tformer made (run, export, stage): what makes it ours (ownership.py)
@@ -155,6 +156,16 @@ class ExportDir:
         return all((self.path / name).is_file() for name in self.REQUIRED)
 
 
+def made_parents(folder: Path) -> int:
+    """How many folders above `folder` were made with it, as its marker (store/ownership.py `mark`) says; 0 when
+    unknown."""
+    try:
+        made = json.loads((folder / MARKER).read_text(encoding="utf-8")).get("parents", 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return made if isinstance(made, int) and not isinstance(made, bool) and made >= 0 else 0
+
+
 class RunDir:
     """Paths of one run directory."""
 
@@ -182,7 +193,7 @@ class RunDir:
     wandb = property(lambda self: self.root / "wandb")  # logger=wandb: W&B's own folder (offline runs to sync)
 
     # what a run dir holds before any result
-    BOOKKEEPING = (".hydra", ".lock", "train.log", "evaluate.log", "calibrate.log", "pretrain.log", "distill.log", MARKER)
+    BOOKKEEPING = (".hydra", ".lock", MARKER, *(f"{name}.log" for name, task in TASKS.items() if task.style == "hydra"))
 
     def discard_if_empty(self) -> bool:
         """Remove this run dir if it holds nothing but bookkeeping (a refused or failed command's folder, or the
@@ -200,7 +211,13 @@ class RunDir:
             return False
         try:
             if (self.root / MARKER).is_file() or SweepDir(self.root.parent).is_sweep():
+                made = made_parents(self.root)
                 shutil.rmtree(self.root, ignore_errors=True)
+                for parent in self.root.parents[:made]:  # the date and task folders made with it, left empty
+                    try:
+                        parent.rmdir()
+                    except OSError:  # (another run's, or a file the user put there)
+                        break
             else:
                 for entry in self.root.iterdir():
                     if entry.is_dir():

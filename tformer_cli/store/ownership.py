@@ -26,13 +26,14 @@ KINDS = ("run", "export", "stage")
 _MAX_MARKER_BYTES = 1 << 20  # a marker lists file names: anything bigger is not ours
 
 
-def mark(folder: str | Path, kind: str) -> None:
-    """Write `folder`'s marker: its kind, a random id (two folders are never taken for one), and the names it
-    holds now (what replacing it may remove)."""
+def mark(folder: str | Path, kind: str, parents: int = 0) -> None:
+    """Write `folder`'s marker: its kind, a random id (two folders are never taken for one), the names it holds
+    now (what replacing it may remove) and how many folders above it were made with it (`RunDir.discard_if_empty`
+    removes those too when they are left empty: a refused run leaves no empty outputs/<task>/<date>)."""
     assert kind in KINDS, kind
     folder = Path(folder)
     files = sorted(p.name for p in folder.iterdir() if p.name != MARKER)
-    record = {"kind": kind, "id": secrets.token_hex(8), "created": time.time(), "files": files}
+    record = {"kind": kind, "id": secrets.token_hex(8), "created": time.time(), "files": files, "parents": parents}
     (folder / MARKER).write_text(json_text(record) + "\n", encoding="utf-8")
 
 
@@ -159,9 +160,10 @@ def new_run_dir(path: str | Path, task: str, resume: bool | str | None, key: str
                            f"writes over files it did not write)")
     try:
         existed = path.is_dir()
+        made = next(i for i, p in enumerate(path.parents) if p.is_dir())  # (the folders above it made with it)
         path.mkdir(parents=True, exist_ok=True)
         if not existed:
-            mark(path, "run")
+            mark(path, "run", parents=made)
         probe = temporary_sibling(path / "probe")
         probe.write_bytes(b"")
         probe.unlink()
