@@ -123,25 +123,37 @@ def test_ranks_whose_launcher_is_killed_save_and_stop(tmp_path):
     deadline = time.monotonic() + 600
     while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert proc.poll() is None and last.exists(), "".join(lines)[-3000:]
     ranks = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
-    assert len(ranks) == 2 and last.exists()
+
+    def state(pid):  # R, S, T (stopped), Z ... ("X" once gone)
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+        except FileNotFoundError:
+            return "X"
+
+    def wait_for(check, seconds=120):
+        until = time.monotonic() + seconds
+        while not check() and time.monotonic() < until:
+            time.sleep(0.05)
+        return check()
+
+    proc.send_signal(signal.SIGTSTP)  # Ctrl-Z: the ranks stop with the launcher, and go on with it
+    assert wait_for(lambda: all(state(pid) == "T" for pid in [proc.pid, *ranks])), "".join(lines)[-3000:]
+    proc.send_signal(signal.SIGCONT)
+    assert wait_for(lambda: not any(state(pid) == "T" for pid in [proc.pid, *ranks])), "".join(lines)[-3000:]
+    before = json.loads((last / "metrics.json").read_text())["step"]
     proc.send_signal(signal.SIGKILL)  # the launcher alone: nothing forwards a signal to the ranks
     proc.wait()
-
-    def alive(pid):
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] not in "ZX"
-        except FileNotFoundError:
-            return False
-
-    while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    assert len(ranks) == 2
+    alive = lambda pid: state(pid) not in "ZX"  # noqa: E731
+    wait_for(lambda: not any(alive(pid) for pid in ranks))
     reader.join(timeout=30)
     out = "".join(lines)
     assert not any(alive(pid) for pid in ranks), out[-3000:]  # (not training on, unseen, for 50 epochs)
-    assert "SIGTERM: finishing this step and saving the last checkpoint" in out and "Traceback" not in out, out[-3000:]
-    saved = json.loads((last / "metrics.json").read_text())
-    assert 5 <= saved["step"] < 50 * 16
+    assert "SIGTERM: finishing this step and saving the last checkpoint" in out and "resume with: tformer train" in out
+    assert "Traceback" not in out and "second interrupt" not in out, out[-3000:]
+    assert before < json.loads((last / "metrics.json").read_text())["step"] < 50 * 16  # saved when it stopped
 
 
 @pytest.mark.slow

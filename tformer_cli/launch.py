@@ -67,47 +67,63 @@ def distributed_args(args: list[str]) -> list[str]:
 
 
 def stop_with_launcher() -> None:
-    """A rank started by `launch_ranks` gets SIGTERM (save, stop) when its launcher dies: in its own process group
-    it no longer gets the terminal's signals, and without this a SIGKILLed launcher would leave it training."""
+    """A rank started by `launch_ranks` gets SIGTERM (save, stop) when its launcher dies (Linux): in a process
+    group of its own it no longer gets the terminal's signals, and without this a SIGKILLed launcher would leave it
+    training. Output to the terminal goes on from that background group (SIGTTOU ignored: `stty tostop` would
+    stop a rank at its first line, and the others would wait on it)."""
     launcher = os.environ.get(LAUNCHER_PID)
-    if not launcher or not sys.platform.startswith("linux"):
+    if not launcher:
         return
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    if not sys.platform.startswith("linux"):
+        return
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        return  # (refused, e.g. by a seccomp policy: the launcher's death is then not seen)
     if os.getppid() != int(launcher):  # (it died before the line above)
         os.kill(os.getpid(), signal.SIGTERM)
 
 
 def launch_ranks(n: int, args: list[str]) -> int:
     """Start `tformer train` N times on this machine with the environment torchrun gives its workers (RANK,
-    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and wait. The ranks run in a process group of their own, so a
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and wait. Each rank runs in a process group of its own, so a
     terminal's Ctrl-C reaches this process alone and it passes each signal on exactly once: had the ranks got it
     from the terminal as well, a rank busy in a save or a collective could run the forwarded copy's handler more
     than a second later and take it for a second Ctrl-C (exit at once). They stop after the same step (rank 0
-    saves); torchrun's own agent would meet Ctrl-C with a traceback and cut the ranks short. A rank whose launcher
-    dies (SIGKILL, a closed terminal) gets SIGTERM from the kernel and stops the same way. If a rank fails, the
-    others are stopped (a rank left alone would wait for the failed one forever). Returns rank 0's exit code, or
-    the failed rank's."""
+    saves); torchrun's own agent would meet Ctrl-C with a traceback and cut the ranks short. Ctrl-Z stops the
+    ranks with this process, and `fg` continues them. On Linux a rank whose launcher is killed gets SIGTERM from
+    the kernel and stops the same way. If a rank fails, the others are stopped (a rank left alone would wait for
+    the failed one forever). The ranks read no input (stdin is /dev/null: a prompt fails at once instead of
+    stopping a background rank). Returns rank 0's exit code, or the failed rank's."""
+    procs: list[subprocess.Popen] = []
+
+    def forward(signum, frame):  # the ranks' only way to get it (their own process groups)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    def suspend(signum, frame):  # Ctrl-Z: the ranks stop with this process and go on when it does
+        forward(signal.SIGSTOP, frame)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        forward(signal.SIGCONT, frame)  # (runs once this process is continued: fg, bg, kill -CONT)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    if hasattr(signal, "SIGTSTP"):
+        signal.signal(signal.SIGTSTP, suspend)
+    # (a process group of its own: Popen's process_group from Python 3.11, setpgid before exec on 3.10)
+    own_group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     print(f"[tformer] starting {n} processes (DistributedDataParallel on this machine)", flush=True)
     threads = str(max(1, cores.usable_cores()[0] // n))  # the usable cores shared, not oversubscribed
-    procs = []
     for rank in range(n):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
                "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "TFORMER_RANKS": str(n), LAUNCHER_PID: str(os.getpid())}  # (this process reports a rank that dies)
         env.setdefault("OMP_NUM_THREADS", threads)
         procs.append(subprocess.Popen([sys.executable, "-m", "tformer_cli", "train", *args], env=env,
-                                      process_group=0))
-
-    def forward(signum, frame):  # the ranks' only way to get it (their own process group)
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
-
-    signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGTERM, forward)
+                                      stdin=subprocess.DEVNULL, **own_group))
     failed, first_exit = None, None
     while None in [p.poll() for p in procs]:  # (every rank polled: a dead rank 1 is seen while rank 0 runs)
         first_exit = first_exit or (time.time() if procs[0].returncode is not None else None)

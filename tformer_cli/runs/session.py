@@ -308,14 +308,19 @@ def install_signal_handlers(run: Run, quiet: bool = False):
         if run.stop_requested and first and time.monotonic() - first[0] < 1.0:
             return
         if run.stop_requested:
-            print("\n[tformer] second interrupt: exiting now", flush=True)
+            say("\n[tformer] second interrupt: exiting now")
             os._exit(130)
         run.stop_requested = True
         first.append(time.monotonic())
-        if quiet:
-            return
-        print(f"\n[tformer] {signal.Signals(signum).name}: finishing this step and saving the last checkpoint "
-              f"(again to exit at once)", flush=True)
+        if not quiet:
+            say(f"\n[tformer] {signal.Signals(signum).name}: finishing this step and saving the last checkpoint "
+                f"(again to exit at once)")
+
+    def say(line: str) -> None:  # (a closed terminal must not turn the stop into an error inside the step)
+        try:
+            print(line, flush=True)
+        except OSError:
+            pass
 
     if threading.current_thread() is not threading.main_thread():  # e.g. a library caller's worker thread
         return lambda: None

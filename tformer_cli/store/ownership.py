@@ -127,12 +127,25 @@ def _running(run: RunDir) -> bool:
     return False
 
 
+def _make_parents(path: Path) -> int:
+    """Make the missing folders above `path`, top down; returns how many of the nearest ones this call made (one
+    another process made in between is not counted, nor anything above it)."""
+    made = 0
+    for parent in reversed([p for p in path.parents if not p.is_dir()]):
+        try:
+            parent.mkdir()
+            made += 1
+        except FileExistsError:
+            made = 0
+    return made
+
+
 def new_run_dir(path: str | Path, task: str, resume: bool | str | None, key: str = "hydra.run.dir") -> None:
     """A run starts only in a new or empty folder: an existing run (finished or not, ours or a copy) is never
     written over, and neither is a folder of the user's. A resume goes on in its own run's folder (the session
     moves there), so `hydra.run.dir` may name that folder and no other. The folder is created here and marked, so
     that a command refused before any result can remove it (and only it)."""
-    path = Path(path).absolute()
+    path = Path(os.path.abspath(path))  # (`..` resolved as Hydra resolves hydra.run.dir: the same parents)
     try:
         taken = path.is_dir() and any(path.iterdir())
     except OSError as exc:
@@ -160,8 +173,8 @@ def new_run_dir(path: str | Path, task: str, resume: bool | str | None, key: str
                            f"writes over files it did not write)")
     try:
         existed = path.is_dir()
-        made = next(i for i, p in enumerate(path.parents) if p.is_dir())  # (the folders above it made with it)
-        path.mkdir(parents=True, exist_ok=True)
+        made = _make_parents(path)
+        path.mkdir(exist_ok=True)
         if not existed:
             mark(path, "run", parents=made)
         probe = temporary_sibling(path / "probe")
