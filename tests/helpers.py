@@ -71,20 +71,29 @@ def ctrl_c_reaches_it() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def interrupted_when(pattern: str, *args, cwd, group: bool = False, timeout: int = 1800):
-    """Run `tformer <args>` until a path matching `pattern` (a glob under cwd) exists, then Ctrl-C it (its whole
-    process group with group=True, as a terminal does); returns (exit code, output). Its output is read as it
-    comes (a full pipe would stop it, however slow the machine); `timeout` only ends a hung run, as a failure."""
-    import glob
-    import signal
+def tformer_reading(*args, cwd, group: bool = False):
+    """Start `tformer <args>` (in a new session, as its own process group, with group=True), its output (stdout
+    and stderr together) read as it comes: a full pipe would stop it, however slow the machine. Returns (process,
+    the lines read so far, the reading thread)."""
     import threading
-    import time
 
     proc = subprocess.Popen([TFORMER, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=group, preexec_fn=ctrl_c_reaches_it)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
+    return proc, lines, reader
+
+
+def interrupted_when(pattern: str, *args, cwd, group: bool = False, timeout: int = 1800):
+    """Run `tformer <args>` until a path matching `pattern` (a glob under cwd) exists, then Ctrl-C it (its whole
+    process group with group=True, as a terminal does); returns (exit code, output). Its output is read as it
+    comes (a full pipe would stop it, however slow the machine); `timeout` only ends a hung run, as a failure."""
+    import glob
+    import signal
+    import time
+
+    proc, lines, reader = tformer_reading(*args, cwd=cwd, group=group)
     deadline = time.monotonic() + timeout
     while not glob.glob(str(Path(cwd) / pattern)) and proc.poll() is None:
         if time.monotonic() > deadline:

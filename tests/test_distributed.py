@@ -3,12 +3,14 @@ torchrun): the same global batches give the same losses and weights as one proce
 rank too), rank 0 alone writes, and Ctrl-C stops every rank after the same step with a checkpoint the run resumes
 from, ending where an uninterrupted single-process run ends."""
 import json
+import signal
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import TFORMER, TINY_TRAINING, ctrl_c_reaches_it, interrupted_when, run_tformer, tiny
+from helpers import TINY_TRAINING, interrupted_when, run_tformer, tformer_reading, tiny
 from tformer_cli.training.distributed import Dist, shard
 
 # Losses agree to LOSS_TOL, not exactly: one process runs its 32-row batch unpadded (model.encoder.RealTokens),
@@ -108,17 +110,8 @@ def test_ctrl_c_stops_every_rank_and_the_run_resumes_to_the_same_end(single, tmp
 @pytest.mark.slow
 @pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_ranks_whose_launcher_is_killed_save_and_stop(tmp_path):
-    import signal
-    import subprocess
-    import threading
-    import time
-
     args = [*RUN, "trainer.devices=2", "trainer.epochs=50", "trainer.checkpoint_every_steps=5", "hydra.run.dir=run"]
-    proc = subprocess.Popen([TFORMER, "train", *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, preexec_fn=ctrl_c_reaches_it)
-    lines: list[str] = []  # read as it comes: a full pipe would stop the ranks
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
+    proc, lines, reader = tformer_reading("train", *args, cwd=tmp_path)
     last = tmp_path / "run" / "checkpoints" / "last"
     deadline = time.monotonic() + 600
     while not last.exists() and proc.poll() is None and time.monotonic() < deadline:

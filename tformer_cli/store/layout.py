@@ -38,6 +38,8 @@ from ..tasks import TASKS
 
 HUB_ONNX_FOLDER = "onnx"  # where a Hub repository keeps the run's export
 MARKER = ".tformer"  # in every folder tformer made (run, export, stage): what makes it ours (ownership.py)
+KINDS = ("run", "export", "stage")  # what a marker says its folder is
+_MAX_MARKER_BYTES = 1 << 20  # a marker lists file names: anything bigger is not ours
 
 
 # The most a JSON or YAML file tformer wrote (a checkpoint's labels, meta, metrics, config; a run's history and test
@@ -156,13 +158,26 @@ class ExportDir:
         return all((self.path / name).is_file() for name in self.REQUIRED)
 
 
+def marker(folder: str | Path) -> dict | None:
+    """The folder's marker, or None when it has none (or one that is not a marker of ours)."""
+    path = Path(folder) / MARKER
+    try:
+        if not path.is_file() or path.stat().st_size > _MAX_MARKER_BYTES:
+            return None
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("kind") not in KINDS or not isinstance(record.get("id"), str):
+        return None
+    files = record.get("files", [])
+    record["files"] = [f for f in files if isinstance(f, str)] if isinstance(files, list) else []
+    return record
+
+
 def made_parents(folder: Path) -> int:
     """How many folders above `folder` were made with it, as its marker (store/ownership.py `mark`) says; 0 when
     unknown."""
-    try:
-        made = json.loads((folder / MARKER).read_text(encoding="utf-8")).get("parents", 0)
-    except (OSError, ValueError, AttributeError):
-        return 0
+    made = (marker(folder) or {}).get("parents", 0)
     return made if isinstance(made, int) and not isinstance(made, bool) and made >= 0 else 0
 
 

@@ -9,7 +9,6 @@ refusal is one line naming the folder, the reason, and what to pass instead.
 """
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import time
@@ -20,10 +19,7 @@ from pathlib import Path
 from ..errors import TformerError
 from ..tasks import TASKS
 from .atomic import fresh_sibling, json_text, swap_in, write_problem
-from .layout import MARKER, RunDir, resolve_resumable, temporary_sibling
-
-KINDS = ("run", "export", "stage")
-_MAX_MARKER_BYTES = 1 << 20  # a marker lists file names: anything bigger is not ours
+from .layout import KINDS, MARKER, RunDir, marker, resolve_resumable, temporary_sibling
 
 
 def mark(folder: str | Path, kind: str, parents: int = 0) -> None:
@@ -35,22 +31,6 @@ def mark(folder: str | Path, kind: str, parents: int = 0) -> None:
     files = sorted(p.name for p in folder.iterdir() if p.name != MARKER)
     record = {"kind": kind, "id": secrets.token_hex(8), "created": time.time(), "files": files, "parents": parents}
     (folder / MARKER).write_text(json_text(record) + "\n", encoding="utf-8")
-
-
-def marker(folder: str | Path) -> dict | None:
-    """The folder's marker, or None when it has none (or one that is not a marker of ours)."""
-    path = Path(folder) / MARKER
-    try:
-        if not path.is_file() or path.stat().st_size > _MAX_MARKER_BYTES:
-            return None
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("kind") not in KINDS or not isinstance(record.get("id"), str):
-        return None
-    files = record.get("files", [])
-    record["files"] = [f for f in files if isinstance(f, str)] if isinstance(files, list) else []
-    return record
 
 
 def is_ours(folder: str | Path, kind: str) -> bool:
