@@ -6,6 +6,9 @@ import os
 # tested in tests/test_cores.py with the variable unset).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import logging  # noqa: E402
+import signal  # noqa: E402
+
 import pytest  # noqa: E402
 
 from helpers import SHARED_DATA, TINY_RUN, copy_run  # noqa: E402
@@ -42,6 +45,19 @@ def tiny_run_copy(tiny_run, tmp_path):
 def _isolated_datasets_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path_factory.getbasetemp() / "hf_datasets"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _process_state_put_back():
+    """What the CLI changes as a command ends (tformer_cli/cli.py `_exiting`: stop signals ignored, library info
+    logs off) or a test's own handlers change, put back after each test that calls it in-process."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    disabled = logging.root.manager.disable
+    yield
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+    logging.disable(disabled)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -14,7 +14,7 @@ import sys
 import warnings
 
 from . import __version__
-from .errors import Refused, TformerError, hydra_error_line
+from .errors import Refused, TformerError, hydra_error_line, interrupted_by
 from .safe_text import terminal
 from .tasks import TASKS
 from .yesno import parse_bool
@@ -83,11 +83,18 @@ def _fail(exc: BaseException) -> None:
 
 
 def _exiting() -> None:
-    """The line is said and the process is ending: a SIGTERM now (a DDP launcher stopping the ranks that are left)
-    must not turn the interpreter's shutdown into a KeyboardInterrupt traceback."""
+    """The command has said its last line and the interpreter is tearing down: a SIGINT or SIGTERM now (a Ctrl-C
+    at the end of a finished command, a DDP launcher stopping the ranks that are left) must not turn it into an
+    interrupted one or a KeyboardInterrupt traceback. Ignored (a Python handler would not do: the interpreter puts
+    the default, killing one back while it tears down); Ctrl-\\ still ends a teardown that hangs. Nor may a
+    library's exit hook add lines after the last one (torch stopped while it imports logs its cache statistics
+    through Hydra's handlers)."""
+    import logging
     import signal
 
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    logging.disable(logging.INFO)
 
 
 def _hydra_job():
@@ -117,8 +124,12 @@ def _guarded(fn):
             _fail(exc)
         except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves and stops by itself)
             _fail(Stopped())
-        except RuntimeError as exc:  # a DDP rank whose peer died: gloo/NCCL raise from inside a collective
-            if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 or not _lost_peer(exc):
+        except Exception as exc:
+            if _stopped(exc):
+                _fail(Stopped())
+            # a DDP rank whose peer died: gloo/NCCL raise from inside a collective
+            if not isinstance(exc, RuntimeError) or int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 \
+                    or not _lost_peer(exc):
                 raise
             how = ("the launcher stops the rest and says how to continue" if os.environ.get("TFORMER_RANKS") else
                    "stop the other ranks, then continue the run with resume=<run dir>")
@@ -142,8 +153,13 @@ class Stopped(Exception):
     exit_code = 130
 
     def __str__(self) -> str:
-        return ("interrupted (Ctrl-C); nothing was left half-written. A run that had saved a checkpoint continues "
-                "with `tformer train <same overrides> resume=<run dir>`")
+        task = TASKS.get(_command[0]) if _command else None
+        again = (f". A run that had saved a checkpoint continues with `tformer {_command[0]} <same overrides> "
+                 f"resume=<run dir>`") if task is not None and task.trains else ""
+        return f"interrupted (Ctrl-C); nothing was left half-written{again}"
+
+
+_command: list[str] = []  # the command running (`_main`), for the stop line
 
 
 def _entry(task: str):
@@ -153,7 +169,7 @@ def _entry(task: str):
 
 
 def _run_argv(task: str, args: list[str]) -> None:
-    sys.exit(_guarded(_entry(task))(args))
+    sys.exit(_guarded(lambda argv: _entry(task)(argv))(args))  # (a Ctrl-C while the module imports: one line)
 
 
 def _run_hydra(task: str, args: list[str]) -> None:
@@ -173,6 +189,10 @@ def _run_hydra(task: str, args: list[str]) -> None:
         _hydra_main(task, args)
     except KeyboardInterrupt:  # before our code runs (while Hydra composes the config)
         _fail(Stopped())
+    except Exception as exc:
+        if _stopped(exc):
+            _fail(Stopped())
+        raise
 
 
 def _hydra_main(task: str, args: list[str]) -> None:
@@ -200,6 +220,8 @@ def _hydra_main(task: str, args: list[str]) -> None:
         discard_unstarted_sweep()  # a -m sweep refused at its first job: no empty sweep dir left behind
         if full_error or _debug():
             raise
+        if _stopped(exc):
+            _fail(Stopped())
         print(f"error: {terminal(hydra_error_line(task, exc))}", file=sys.stderr)  # before any run dir exists
         sys.exit(2)
     except Refused as refused:  # a callback refused the run or sweep folder, before Hydra wrote into it
@@ -251,14 +273,30 @@ def _job(fn):
 RUNNERS = {"hydra": _run_hydra, "argv": _run_argv}
 
 
-def _sigterm_like_ctrl_c() -> None:
-    """SIGTERM (a scheduler, `kill`, a container stop) takes the same clean path as Ctrl-C."""
+_signalled: list[int] = []  # the SIGINTs and SIGTERMs this process was sent outside a training loop
+
+
+def _stop_signals() -> None:
+    """SIGINT (Ctrl-C) and SIGTERM (a scheduler, `kill`, a container stop) raise KeyboardInterrupt, the one clean
+    path to a stop, and are remembered: a library stopped inside its own code (an import, Hydra reading a config)
+    may turn the KeyboardInterrupt into an error of its own, which is then the stop too (`_stopped`). A SIGINT that
+    a background shell made this process ignore stays ignored. (Training installs its own handlers, which finish the
+    step and save: runs/session.py.)"""
     import signal  # (here, not at the top: 5 ms of `tformer --version` / `--help`)
 
     def raise_interrupt(signum, frame):
+        _signalled.append(signum)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, raise_interrupt)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, raise_interrupt)
+
+
+def _stopped(exc: BaseException) -> bool:
+    """Whether `exc` ends the command because it was asked to stop: a KeyboardInterrupt behind it, or any error
+    raised after a stop signal (numpy interrupted while it imports refuses to import again: an ImportError)."""
+    return bool(_signalled) or interrupted_by(exc)
 
 
 def main() -> None:
@@ -267,7 +305,12 @@ def main() -> None:
     except BrokenPipeError:  # `tformer ... | head` closed the pipe: stop quietly, as Unix tools do
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+        _exiting()
         sys.exit(141)
+    except SystemExit:
+        _exiting()
+        raise
+    _exiting()
 
 
 def _main() -> None:
@@ -279,11 +322,12 @@ def _main() -> None:
         print(f"tformer {__version__}")
         sys.exit(0)
     task, rest = argv[0], argv[1:]
+    _command[:] = [task]
     try:
         _debug()  # a TFORMER_DEBUG that is not a yes/no is refused before anything runs
     except TformerError as exc:
         _fail(exc)
-    _sigterm_like_ctrl_c()
+    _stop_signals()
     if task in ("-sc", "--shell-completion"):
         from .hydra_setup import shell_completion
 

@@ -25,6 +25,21 @@ class Refused(BaseException):
         self.error = error
 
 
+def interrupted_by(exc: BaseException) -> bool:
+    """Whether a Ctrl-C (or a SIGTERM, raised as one) is behind `exc`: Hydra and OmegaConf turn a KeyboardInterrupt
+    that lands in their code into errors of their own (an UnboundLocalError, a ConfigCompositionException)."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        todo += [e.__cause__, e.__context__]
+    return False
+
+
 def hydra_error_line(task: str, exc: Exception) -> str:
     """One line for an override Hydra could not apply. Hydra's own message is six lines ending in advice to write
     `+key=value`, which for a typo would add a new key that nothing reads and train on without the intended
@@ -61,4 +76,6 @@ def hydra_error_line(task: str, exc: Exception) -> str:
         best = max(scored, default=(0.0, ""))
         guess = f"; did you mean {best[1]}?" if best[0] >= 0.6 else ""
         return f"{key} is not a setting of `tformer {task}`{guess} ({listed})"
-    return f"{str(exc).splitlines()[0]} ({listed})"
+    lines = [line for e in (exc, exc.__cause__) if e is not None for line in str(e).splitlines() if line.strip()]
+    return f"{lines[0] if lines else 'the config could not be composed: ' + type(exc.__cause__ or exc).__name__}" \
+        f" ({listed})"

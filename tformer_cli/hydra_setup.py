@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import Refused, TformerError
+from .errors import Refused, TformerError, interrupted_by
 from .store.ownership import new_run_dir
 from .sweeps.naming import job_dirname
 from .typed_config import plain
@@ -44,9 +44,16 @@ def config_dir() -> str:
 
 
 def compose_config(name: str, overrides=(), return_hydra_config: bool = False) -> DictConfig:
-    """The composed `configs/<name>.yaml` with Hydra overrides (real Hydra composition, nothing run)."""
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return compose(config_name=name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+    """The composed `configs/<name>.yaml` with Hydra overrides (real Hydra composition, nothing run). A Ctrl-C
+    while it composes is a KeyboardInterrupt, as anywhere else (Hydra turns one inside its code into an error of
+    its own)."""
+    try:
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+            return compose(config_name=name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+    except Exception as exc:
+        if interrupted_by(exc):
+            raise KeyboardInterrupt from exc
+        raise
 
 
 def compose_tree(name: str, overrides=()) -> dict:
