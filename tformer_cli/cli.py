@@ -14,7 +14,7 @@ import sys
 import warnings
 
 from . import __version__
-from .errors import Refused, TformerError, hydra_error_line, interrupted_by
+from .errors import SIGNALLED, Refused, TformerError, hydra_error_line, interrupted_by
 from .safe_text import terminal
 from .tasks import TASKS
 from .yesno import parse_bool
@@ -49,7 +49,10 @@ def _fail(exc: BaseException) -> None:
     """One line on stderr (and at the end of the run log); exit with the error's code. A job of a `-m` sweep also
     records how it ended in its folder (sweeps/job_status.py, read by the sweep summary), and one that failed with
     exit code 2 returns instead: the sweep goes on."""
-    from . import console
+    import signal
+
+    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}  # (a second Ctrl-C
+    from . import console  # while the line is said, or a launcher's SIGTERM: the process ends with this line)
     from .sweeps import job_status
     from .store.layout import RunDir
     from .safe_text import terminal
@@ -74,6 +77,9 @@ def _fail(exc: BaseException) -> None:
             with open(run.log(job.job.config_name), "a", encoding="utf-8") as f:
                 f.write(line + "\n")
         job_status.write(run.root, job_status.JobStatus.ended(code, message))
+        for sig, handler in held.items():
+            if handler is not None:
+                signal.signal(sig, handler)
         return
     # a refused or failed command leaves no folder unless it holds a result
     if not run.discard_if_empty() and in_sweep:
@@ -120,12 +126,12 @@ def _guarded(fn):
             return fn(*args, **kwargs)
         try:
             return fn(*args, **kwargs)
-        except TformerError as exc:
-            _fail(exc)
+        except TformerError as exc:  # (one of ours wrapping what a stop broke, e.g. a file read cut short, is the stop)
+            _fail(Stopped() if exc.exit_code != Stopped.exit_code and interrupted_by(exc) else exc)
         except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves and stops by itself)
             _fail(Stopped())
         except Exception as exc:
-            if _stopped(exc):
+            if interrupted_by(exc):
                 _fail(Stopped())
             # a DDP rank whose peer died: gloo/NCCL raise from inside a collective
             if not isinstance(exc, RuntimeError) or int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 \
@@ -190,7 +196,7 @@ def _run_hydra(task: str, args: list[str]) -> None:
     except KeyboardInterrupt:  # before our code runs (while Hydra composes the config)
         _fail(Stopped())
     except Exception as exc:
-        if _stopped(exc):
+        if interrupted_by(exc):
             _fail(Stopped())
         raise
 
@@ -220,7 +226,7 @@ def _hydra_main(task: str, args: list[str]) -> None:
         discard_unstarted_sweep()  # a -m sweep refused at its first job: no empty sweep dir left behind
         if full_error or _debug():
             raise
-        if _stopped(exc):
+        if interrupted_by(exc):
             _fail(Stopped())
         print(f"error: {terminal(hydra_error_line(task, exc))}", file=sys.stderr)  # before any run dir exists
         sys.exit(2)
@@ -273,30 +279,30 @@ def _job(fn):
 RUNNERS = {"hydra": _run_hydra, "argv": _run_argv}
 
 
-_signalled: list[int] = []  # the SIGINTs and SIGTERMs this process was sent outside a training loop
-
-
 def _stop_signals() -> None:
     """SIGINT (Ctrl-C) and SIGTERM (a scheduler, `kill`, a container stop) raise KeyboardInterrupt, the one clean
-    path to a stop, and are remembered: a library stopped inside its own code (an import, Hydra reading a config)
-    may turn the KeyboardInterrupt into an error of its own, which is then the stop too (`_stopped`). A SIGINT that
-    a background shell made this process ignore stays ignored. (Training installs its own handlers, which finish the
-    step and save: runs/session.py.)"""
+    path to a stop, and are remembered (errors.SIGNALLED): a library stopped inside its own code may turn the
+    KeyboardInterrupt into an error of its own, which is then the stop too (errors.interrupted_by). One that lands
+    in an object's finalizer, where Python would print it and go on, is sent again. A SIGINT that a background shell
+    made this process ignore stays ignored. (Training installs its own handlers, which finish the step and save:
+    runs/session.py.)"""
+    import _thread
     import signal  # (here, not at the top: 5 ms of `tformer --version` / `--help`)
 
     def raise_interrupt(signum, frame):
-        _signalled.append(signum)
+        SIGNALLED.append(signum)
         raise KeyboardInterrupt
+
+    def unraisable(info) -> None:
+        if info.exc_type is not None and issubclass(info.exc_type, KeyboardInterrupt):
+            _thread.interrupt_main(SIGNALLED[-1] if SIGNALLED else signal.SIGINT)
+        else:
+            sys.__unraisablehook__(info)
 
     signal.signal(signal.SIGTERM, raise_interrupt)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, raise_interrupt)
-
-
-def _stopped(exc: BaseException) -> bool:
-    """Whether `exc` ends the command because it was asked to stop: a KeyboardInterrupt behind it, or any error
-    raised after a stop signal (numpy interrupted while it imports refuses to import again: an ImportError)."""
-    return bool(_signalled) or interrupted_by(exc)
+    sys.unraisablehook = unraisable
 
 
 def main() -> None:
@@ -310,6 +316,8 @@ def main() -> None:
     except SystemExit:
         _exiting()
         raise
+    except KeyboardInterrupt:  # (before the commands' own guards: the first lines of _main)
+        _fail(Stopped())
     _exiting()
 
 

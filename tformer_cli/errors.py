@@ -25,9 +25,17 @@ class Refused(BaseException):
         self.error = error
 
 
+SIGNALLED: list[int] = []  # the stop signals (SIGINT, SIGTERM) the CLI's own handlers took in this process
+
+
 def interrupted_by(exc: BaseException) -> bool:
-    """Whether a Ctrl-C (or a SIGTERM, raised as one) is behind `exc`: Hydra and OmegaConf turn a KeyboardInterrupt
-    that lands in their code into errors of their own (an UnboundLocalError, a ConfigCompositionException)."""
+    """Whether `exc` ends the command because a stop was asked for: a KeyboardInterrupt (Ctrl-C, or SIGTERM raised
+    as one) behind it, or any error after the CLI took a stop signal. A library stopped inside its own code may
+    turn the KeyboardInterrupt into an error of its own: Hydra an UnboundLocalError or a wordless
+    ConfigCompositionException, `datasets` a DatasetGenerationError that tformer words as an unreadable file, numpy
+    half imported an ImportError with nothing behind it."""
+    if SIGNALLED:
+        return True
     todo, seen = [exc], set()
     while todo:
         e = todo.pop()
@@ -59,7 +67,8 @@ def hydra_error_line(task: str, exc: Exception) -> str:
         return (f"{group}={name}: there is no such {group} config" + (f"; did you mean {group}={near[0]}?" if near else "")
                 + (f" (the choices: {', '.join(options)})" if options else ""))
     if isinstance(exc, OverrideParseException):
-        return (f"could not read an override ({str(exc).splitlines()[0]}); write key=value, quoting values with "
+        shown = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return (f"could not read an override ({shown}); write key=value, quoting values with "
                 f"brackets or spaces, e.g. 'model.d_model=128' \"data.text_column='review text'\"")
     found = re.search(r"Could not override '([^']+)'", str(exc))
     cause = exc.__cause__

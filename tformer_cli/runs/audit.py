@@ -52,7 +52,7 @@ from .classify import configure
 from .config import data_config
 from .in_process import train_overrides
 from .resume import config_diff, get
-from .session import log_header, stop_between_runs
+from .session import log_header
 
 PLAN = "audit.json"  # what the audit is of (data fingerprint, folds, seed): a resume must match it
 ISSUES = "label_issues.csv"  # written last: an audit folder holding it is finished
@@ -348,10 +348,8 @@ def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
                 elif fold.root.exists() and is_ours(fold.root, "run"):  # stopped before its first checkpoint
                     shutil.rmtree(fold.root)
                 console.print(f"fold {i + 1}/{k}: training on {len(rows) - len(held):,} rows ...", highlight=False)
-                with stop_between_runs() as asked, _composable():  # (a Ctrl-C while the fold's config composes
-                    best = resolve_checkpoint(train_overrides(args, fold.root, quiet=True).run_dir)  # stops the fold)
-                if asked.stop_requested:  # (it came after the fold's last step: the fold is whole, not yet scored)
-                    raise Interrupted("stopped after training")
+                with _composable():
+                    best = resolve_checkpoint(train_overrides(args, fold.root, quiet=True).run_dir)
             clf = Classifier.load(best.path, device=config.trainer.device)
             fold_probs = scored(clf, rows["text"].iloc[held].tolist(), options.batch_size)
             write_with(done, lambda tmp: _save_arrays(tmp, rows=held, probs=fold_probs))
@@ -363,9 +361,9 @@ def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
             accuracy = float((fold_probs.argmax(1) == labels[held]).mean())
             console.print(f"fold {i + 1}/{k}: {len(held):,} held-out rows scored, agreement with their labels "
                           f"{accuracy:.3f} ({time.monotonic() - started:.0f} s)", highlight=False)
-    except (Exception, KeyboardInterrupt) as exc:  # Ctrl-C: finished folds are whole (atomic writes), so the
-        if not isinstance(exc, Interrupted) and not interrupted_by(exc):  # audit continues there
-            raise
+    except (Exception, KeyboardInterrupt) as exc:  # Ctrl-C (also one that Hydra, composing the next fold's
+        if not isinstance(exc, Interrupted) and not interrupted_by(exc):  # config, turned into an error of its
+            raise  # own): finished folds are whole (atomic writes), so the audit continues there
         raise Interrupted(f"audit stopped in fold {i + 1}/{k} (finished folds are kept); continue with: {hint}") \
             from None
     shutil.rmtree(run_dir.root / "data", ignore_errors=True)

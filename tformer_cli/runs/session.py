@@ -12,9 +12,7 @@ import signal
 import sys
 import threading
 import time
-import types
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -300,33 +298,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-class _Stop:
-    """The first SIGINT/SIGTERM while handlers are installed, shared by nested installs: a command that trains runs
-    in turn (audit's folds) holds the handlers between them, so a Ctrl-C while the next run's config composes asks
-    that run to stop instead of raising inside Hydra's or OmegaConf's code (which turn a KeyboardInterrupt into
-    their own errors). Forgotten when the outermost install is restored (a library caller's next run starts clean)."""
-
-    first: float | None = None
-    depth = 0
-
-
-def install_signal_handlers(run, quiet: bool = False):
-    """First SIGINT/SIGTERM: finish the step, save, stop (`run.stop_requested`). Second: exit at once (checkpoints
-    are atomic). A second signal within a second is the same stop (Ctrl-C under torchrun: the terminal's SIGINT,
-    then torchrun's SIGTERM). A stop asked for under an enclosing install reaches `run` at once. Returns what
-    puts the previous handlers back."""
-    if threading.current_thread() is not threading.main_thread():  # e.g. a library caller's worker thread
-        return lambda: None
+def install_signal_handlers(run: Run, quiet: bool = False):
+    """First SIGINT/SIGTERM: finish the step, save, stop. Second: exit at once (checkpoints are atomic). A second
+    signal within a second is the same stop (Ctrl-C under torchrun: the terminal's SIGINT, then torchrun's
+    SIGTERM). Returns what puts the previous handlers back."""
+    first = []
 
     def handler(signum, frame):
-        if _Stop.first is not None and time.monotonic() - _Stop.first < 1.0:
-            run.stop_requested = True
+        if run.stop_requested and first and time.monotonic() - first[0] < 1.0:
             return
-        if _Stop.first is not None:
+        if run.stop_requested:
             say("\n[tformer] second interrupt: exiting now")
             os._exit(130)
         run.stop_requested = True
-        _Stop.first = time.monotonic()
+        first.append(time.monotonic())
         if not quiet:
             say(f"\n[tformer] {signal.Signals(signum).name}: finishing this step and saving the last checkpoint "
                 f"(again to exit at once)")
@@ -337,31 +322,7 @@ def install_signal_handlers(run, quiet: bool = False):
         except OSError:
             pass
 
-    if _Stop.first is not None:
-        run.stop_requested = True
+    if threading.current_thread() is not threading.main_thread():  # e.g. a library caller's worker thread
+        return lambda: None
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    _Stop.depth += 1
-
-    def restore() -> None:
-        if not previous:  # (restored already)
-            return
-        for sig, h in previous.items():
-            signal.signal(sig, h)
-        previous.clear()
-        _Stop.depth -= 1
-        if _Stop.depth == 0:
-            _Stop.first = None
-
-    return restore
-
-
-@contextmanager
-def stop_between_runs():
-    """The handlers held around work that composes and trains a run of its own (audit's folds): yields an object
-    whose `stop_requested` says a stop was asked for; the run inside stops at its next step."""
-    asked = types.SimpleNamespace(stop_requested=False)
-    restore = install_signal_handlers(asked)
-    try:
-        yield asked
-    finally:
-        restore()
+    return lambda: [signal.signal(sig, h) for sig, h in previous.items()]
