@@ -179,6 +179,18 @@ def test_a_signal_after_the_last_line_changes_nothing():
     assert (ended.returncode, ended.stdout, ended.stderr) == (3, "last line\n", "")
 
 
+@pytest.mark.slow  # (a subprocess)
+def test_a_ctrl_c_that_lands_in_a_finalizer_is_not_lost():
+    """Python prints a KeyboardInterrupt raised in a `__del__` (a weakref callback, a file's close) and goes on; the
+    CLI raises it again in the code that runs next."""
+    code = ("import time\nfrom tformer_cli import cli\ncli._stop_signals()\n"
+            "class Finalized:\n    def __del__(self):\n        raise KeyboardInterrupt\n"
+            "try:\n    Finalized()\n    started = time.monotonic()\n    while time.monotonic() - started < 60:\n"
+            "        pass\n    print('lost')\nexcept KeyboardInterrupt:\n    print('stopped')\n")
+    ended = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=ctrl_c_reaches_it)
+    assert (ended.stdout, ended.stderr) == ("stopped\n", "")
+
+
 @pytest.mark.slow
 @pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_a_ctrl_c_at_any_moment_of_a_command_is_one_line_or_nothing(tiny_run, tmp_path):

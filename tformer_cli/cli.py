@@ -283,11 +283,13 @@ def _stop_signals() -> None:
     """SIGINT (Ctrl-C) and SIGTERM (a scheduler, `kill`, a container stop) raise KeyboardInterrupt, the one clean
     path to a stop, and are remembered (errors.SIGNALLED): a library stopped inside its own code may turn the
     KeyboardInterrupt into an error of its own, which is then the stop too (errors.interrupted_by). One that lands
-    in an object's finalizer, where Python would print it and go on, is sent again. A SIGINT that a background shell
+    in an object's finalizer, where Python would print it and go on, is sent again a moment later, from another
+    thread (sent at once, it would land in this hook, which cannot raise either). A SIGINT that a background shell
     made this process ignore stays ignored. (Training installs its own handlers, which finish the step and save:
     runs/session.py.)"""
     import _thread
     import signal  # (here, not at the top: 5 ms of `tformer --version` / `--help`)
+    import threading
 
     def raise_interrupt(signum, frame):
         SIGNALLED.append(signum)
@@ -295,7 +297,9 @@ def _stop_signals() -> None:
 
     def unraisable(info) -> None:
         if info.exc_type is not None and issubclass(info.exc_type, KeyboardInterrupt):
-            _thread.interrupt_main(SIGNALLED[-1] if SIGNALLED else signal.SIGINT)
+            again = threading.Timer(0.01, _thread.interrupt_main, (SIGNALLED[-1] if SIGNALLED else signal.SIGINT,))
+            again.daemon = True
+            again.start()
         else:
             sys.__unraisablehook__(info)
 
