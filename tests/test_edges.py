@@ -1,6 +1,6 @@
 """The small things a newcomer meets in the first hour: the loss in the first epoch's bar, a hint for labels
-numbered from 1, Ctrl-C said as a stop (not an error, wherever it lands), --explain's weights in a file, pretraining's curves, and
-the Python API's dict overrides, in-memory data and quiet mode."""
+numbered from 1, Ctrl-C said as a stop (not an error, wherever it lands), --explain's weights in a file,
+pretraining's curves, and the Python API's dict overrides, in-memory data and quiet mode."""
 import os
 import random
 import re
