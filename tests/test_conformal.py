@@ -154,3 +154,21 @@ def test_the_onnx_export_carries_the_cuts_and_gives_the_same_sets(tiny_run, tmp_
     texts = ["a gripping, beautifully shot film", "dull and lifeless", "a film", "never boring"]
     want = [a["label_set"] for a in Classifier.load(tiny_run.run_dir).predict(texts, coverage=0.8)]
     assert [a["label_set"] for a in OnnxClassifier.load(tmp_path / "onnx").predict(texts, coverage=0.8)] == want
+
+
+def test_a_float32_level_is_read_as_its_two_decimals():
+    from tformer_cli.errors import TformerError
+
+    assert [conformal.level(np.float32(x)) for x in (0.8, 0.9, 0.95)] == [0.8, 0.9, 0.95]
+    with pytest.raises(TformerError, match="two decimals"):
+        conformal.level(0.905)
+
+
+def test_calibration_texts_too_few_for_the_highest_levels_are_said():
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(4), size=200)
+    labels = rng.integers(0, 4, size=200)
+    few = conformal.fit_cuts(probs[:32], labels[:32], False)  # (n + 1) L <= n up to L = 32 / 33
+    assert "32 calibration texts" in conformal.too_few(few) and "sets above 0.96 hold every label" in \
+        conformal.too_few(few)
+    assert conformal.too_few(conformal.fit_cuts(probs, labels, False)) is None

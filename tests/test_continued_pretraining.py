@@ -123,7 +123,7 @@ def test_pretraining_a_loaded_encoder_changes_it_keeps_its_tokenizer_resumes_and
     moved = shutil.copytree(folder, tmp_path / "moved")  # the same model elsewhere (another venv, another machine)
     train([*tiny("model=pretrained", f"model.pretrained={moved}"), f"model.init={whole.root}"], run_dir=tmp_path / "mv")
     other, _ = hf_folders.reference("bert", tmp_path / "other", "AutoModel")  # (another file: no MLM head)
-    with pytest.raises(TformerError, match="was pretrained from the BERT model .* but model.pretrained names another"):
+    with pytest.raises(TformerError, match="continued from the BERT model .* but model.pretrained names "):
         train([*tiny("model=pretrained", f"model.pretrained={other}"), f"model.init={whole.root}"],
               run_dir=tmp_path / "mixed")
 

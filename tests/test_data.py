@@ -121,10 +121,15 @@ def test_unknown_column_lists_the_columns(tmp_path):
 def test_unseen_test_labels_and_missing_file_are_clear(tmp_path):
     (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"t{i},{'a' if i % 2 else 'b'}\n" for i in range(10)))
     (tmp_path / "test.csv").write_text("text,label\nx,a\ny,c\n")
-    with pytest.raises(TformerError, match="test split has labels not seen in training: c"):
+    with pytest.raises(TformerError, match=r"test split \(test.csv\) has labels not seen in training: c"):
         sources.load(files_cfg(train_file=str(tmp_path / "train.csv"), test_file=str(tmp_path / "test.csv")))
     with pytest.raises(TformerError, match="data file not found"):
         sources.load(files_cfg(train_file=str(tmp_path / "nope.csv")))
+    (tmp_path / "header.csv").write_text("text,label\n\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    for name, words in (("header.csv", r"has no rows \(a header at most\)"), ("empty.jsonl", "has no rows;")):
+        with pytest.raises(TformerError, match=words):
+            sources.load(files_cfg(train_file=str(tmp_path / "train.csv"), test_file=str(tmp_path / name)))
 
 
 def test_named_dataset_from_local_dir(shared_data):

@@ -305,6 +305,8 @@ def test_a_student_cut_from_its_teacher_starts_as_its_blocks_and_head(teacher, t
         run_distill(tmp_path, "wide", f"teacher={teacher.run_dir}", "distill.layers=[0]", "model.d_model=32")
     with pytest.raises(TformerError, match="so model.max_len= cannot apply"):
         run_distill(tmp_path, "long", f"teacher={teacher.run_dir}", "distill.layers=[0]", "model.max_len=32")
+    with pytest.raises(TformerError, match="a static model has none; drop distill.layers"):
+        run_distill(tmp_path, "static", f"teacher={teacher.run_dir}", "distill.layers=[0]", "model=static")
     with pytest.raises(TformerError, match="model.freeze_layers=2 is more than the student's 1 blocks"):
         run_distill(tmp_path, "frozen", f"teacher={teacher.run_dir}", "distill.layers=[0]", "model.freeze_layers=2")
 

@@ -43,7 +43,7 @@ def test_data_errors(files, tmp_path):
     check(run_tformer("train", "data=files", f("empty_texts.csv"), cwd=tmp_path),
           "the train split is empty after dropping empty texts")
     check(run_tformer("train", "data=files", f("ok.csv"), f"data.test_file={files / 'unseen.csv'}", cwd=tmp_path),
-          "test split has labels not seen in training: 7")
+          "test split (unseen.csv) has labels not seen in training: 7")
 
 
 def test_config_errors(tmp_path):

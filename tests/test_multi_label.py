@@ -100,6 +100,19 @@ def test_predict_returns_label_sets(result):
 
 
 @pytest.mark.slow
+def test_a_one_word_text_is_explained_against_the_model_with_no_words(result):
+    """Deleting a one-word text's only word leaves the special tokens alone: its weight is how far the model's own
+    answer to no words at all is from its answer (a uniform 1/labels means nothing to independent sigmoids)."""
+    clf = Classifier.load(result.run_dir)
+    [answer] = clf.predict(["goal"], explain=True)
+    c = clf.labels.index(answer["explanation"]["label"])
+    p = clf.predict_proba(["goal"])[0][c]
+    nothing = p - clf._no_words(64)[c]
+    assert answer["explanation"]["weights"] == [round(float(nothing), 6)] and nothing > 0.5  # ("goal": sports)
+    assert answer["explanation"]["weights"] != [round(float(p - 1 / len(clf.labels)), 6)]  # (not a uniform answer)
+
+
+@pytest.mark.slow
 def test_cli_predict_and_evaluate_on_the_multi_label_run(result, files, tmp_path):
     from helpers import run_tformer
 
@@ -122,6 +135,26 @@ def test_cli_predict_and_evaluate_on_the_multi_label_run(result, files, tmp_path
     texts = [text for text, _ in make(40, 5)]
     old, new = Classifier.load(result.run_dir), Classifier.load(tmp_path / "cal")
     assert [set(a["labels"]) for a in new.predict(texts)] == [set(a["labels"]) for a in old.predict(texts)]
+
+    # texts with no label at all would fit empty sets: refused in one line; labels a file never shows keep theirs
+    def written(name, rows):
+        with open(tmp_path / name, "w", newline="") as f:
+            csv.writer(f).writerows([("text", "topics"), *((text, ",".join(labels)) for text, labels in rows)])
+        return tmp_path / name
+
+    unlabelled = written("none.csv", [(text, []) for text, _ in make(120, 6)])
+    r = run_tformer("calibrate", f"checkpoint={result.run_dir}", f"file={unlabelled}",
+                    f"hydra.run.dir={tmp_path / 'cal_none'}", cwd=tmp_path)
+    assert r.returncode == 2 and "has a label" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "cal_none").exists()
+    sports = written("sports.csv", [row for row in make(600, 7) if set(row[1]) <= {"sports"}])
+    r = run_tformer("calibrate", f"checkpoint={result.run_dir}", f"file={sports}",
+                    f"hydra.run.dir={tmp_path / 'cal_sports'}", cwd=tmp_path)
+    assert r.returncode == 0 and "3 of 4 labels are never" in " ".join(r.stdout.split()), r.stdout + r.stderr
+    was = json.loads((result.run_dir / "checkpoints" / "best" / "meta.json").read_text())["temperature"]
+    now = json.loads((tmp_path / "cal_sports" / "checkpoints" / "best" / "meta.json").read_text())["temperature"]
+    kept = [i for i, name in enumerate(sorted(TOPICS)) if name != "sports"]
+    assert [now[i] for i in kept] == [was[i] for i in kept] and all(was[i] != 1 for i in kept)  # (not reset to 1)
 
 
 @pytest.mark.slow

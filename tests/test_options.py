@@ -34,6 +34,16 @@ def test_predict_keeps_other_equals_signs_as_text_and_refuses_unknown_flags():
         predict.parse_args(["x", "--file"])
 
 
+def test_predict_explain_takes_a_method_after_equals_and_says_so_when_it_is_spaced():
+    assert predict.parse_args(["--explain=rollout", "x"])[0]["explain"] == "rollout"
+    assert predict.parse_args(["--explain", "x"])[0]["explain"] is True
+    with pytest.raises(TformerError, match="must be occlusion or rollout"):
+        predict.parse_args(["--explain=Rollout", "x"])
+    with pytest.raises(TformerError, match="would read 'rollout' as a text: say --explain=rollout"):
+        predict.parse_args(["--explain", "rollout", "x"])
+    assert predict.parse_args(["--explain", "--", "rollout"])[1] == ["rollout"]  # the text itself, after --
+
+
 def test_predict_decodes_undecodable_argv_bytes_with_replacement():
     undecodable = b"caf\xe9".decode("utf-8", "surrogateescape")  # what Python makes of a latin-1 argv byte
     assert predict.parse_args([undecodable])[1] == ["caf\ufffd"]

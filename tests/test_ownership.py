@@ -81,6 +81,10 @@ def test_a_refused_run_takes_away_only_the_folders_made_with_it(tmp_path):
     (again.parent / "00-00-02").mkdir()  # another run of that day: the date folder stays
     assert RunDir(again).discard_if_empty()
     assert [p.name for p in again.parent.iterdir()] == ["00-00-02"]
+    checked = tmp_path / "outputs" / "distill" / "2026-01-01" / "00-00-03"  # refused after the data checks
+    ownership.new_run_dir(checked, "distill", None)
+    (checked / "data_report.json").write_text("{}")
+    assert RunDir(checked).discard_if_empty() and not checked.exists()
 
 
 @pytest.mark.slow

@@ -103,6 +103,27 @@ def test_a_classifier_starts_from_the_pretrained_encoder(pretrained, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_typed_shape_or_model_that_contradicts_the_pretraining_run_is_refused(pretrained):
+    """The classifier has the pretraining run's encoder: a typed shape key or a preset naming another model would be
+    recorded for a model never built, so each is refused in one line; a preset's own shape keys are defaults the
+    run's shape replaces, and the classifier's own keys apply."""
+    from tformer_cli.errors import ConfigError
+    from tformer_cli.runs.classify import configure
+
+    def configured(*changes):
+        typed = [*tiny(*changes), f"model.init={pretrained.root}"]
+        return configure(plain(compose_config("train", *typed)), typed)[0]
+
+    assert configured("model.pooling=cls", "model.dropout=0.2").model_options.init == str(pretrained.root)
+    configured("model=small")  # (its 256 wide blocks are the preset's defaults: the run's 64 replace them)
+    for changes, words in [(("model.n_layers=3",), "but model.n_layers=3 is typed; .* drop model.n_layers="),
+                           (("model=minilm_l6",), "pretrained from scratch, but model=minilm_l6 names sentence-"),
+                           (("model=pretrained", "model.pretrained=/elsewhere"), "but model.pretrained names")]:
+        with pytest.raises(ConfigError, match=words):
+            configured(*changes)
+
+
+@pytest.mark.slow
 def test_pretraining_checkpoints_are_refused_where_a_classifier_is_needed(pretrained, tmp_path):
     r = run_tformer("predict", f"--checkpoint={pretrained.root}", "hello", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "model.init=" in r.stderr

@@ -60,5 +60,9 @@ def test_the_shape_comes_from_config_json_and_only_the_head_is_new(folder):
 def test_max_len_beyond_the_pretrained_positions_is_refused(folder):
     from tformer_cli.errors import TformerError
 
+    for path in ("/no/such/model", "./missing", "~/missing-model", "a/b/c"):  # paths, never sent to the Hub
+        with pytest.raises(TformerError, match=f"model.pretrained={path}: no such model folder"):
+            locate_model(path)
+
     with pytest.raises(TformerError, match="exceeds the 512 positions"):
         encoder_shape(folder, 1024)

@@ -211,3 +211,13 @@ def test_a_folder_in_use_is_never_discarded_and_a_copied_checkpoint_is_not_resum
     assert find_resumable(str(tmp_path / "r"), "train").path == ckpt.path
     with pytest.raises(TformerError, match="outside its run directory"):
         find_resumable(str(tmp_path / "copied" / "last"), "train")
+    calibrated = RunDir(tmp_path / "cal")  # a run of a command that trains nothing
+    calibrated.best.path.mkdir(parents=True)
+    calibrated.log("calibrate").write_text("calibration ...\n")
+    with pytest.raises(TformerError, match="a `tformer calibrate` run, which trains nothing to continue"):
+        find_resumable(str(calibrated.root), "train")
+    audited = RunDir(tmp_path / "audit")
+    audited.root.mkdir()
+    audited.log("audit").write_text("audit ...\n")
+    with pytest.raises(TformerError, match="continue it with tformer audit ... resume="):
+        find_resumable(str(audited.root), "train")

@@ -192,7 +192,7 @@ def test_string_and_integer_labels_are_encoded_from_arrow(tmp_path):
     assert data.label_names == ["mid", "neg", "pos"] and data.splits["train"]["label"][:] == [2, 1, 2, 0]
     with pytest.raises(TformerError, match="the validation split has labels not seen in training: 0, 2"):
         sources.load(data_config("files", train_file=tmp_path / "s.parquet", validation_file=tmp_path / "i.parquet"))
-    with pytest.raises(TformerError, match="the test split has labels not seen in training: new"):
+    with pytest.raises(TformerError, match=r"the test split \(t.parquet\) has labels not seen in training: new"):
         sources.load(data_config("files", train_file=tmp_path / "s.parquet", test_file=tmp_path / "t.parquet"))
 
 

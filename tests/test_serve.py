@@ -90,6 +90,12 @@ def test_a_request_may_ask_for_label_sets_and_gets_the_classifiers(server, run):
     status, body = server.request("/predict", {"texts": texts, "coverage": 0.9})
     assert status == 200 and [p["label_set"] for p in body["predictions"]] == [e["label_set"] for e in expected]
     assert {p["coverage"] for p in body["predictions"]} == {0.9}
+    status, body = server.request("/predict?coverage=0.90", texts)  # (the same, asked in the query)
+    assert status == 200 and [p["label_set"] for p in body["predictions"]] == [e["label_set"] for e in expected]
+    for query, level, words in [("?coverage=0.8", 0.9, "disagree"), ("?coverage=abc", 0.9, "must be a number"),
+                                ("?coverage=0.9", 0.905, "two decimals"), ("?cov=0.9", 0.9, "unknown query parameter")]:
+        status, body = server.request(f"/predict{query}", {"texts": texts, "coverage": level})
+        assert status == 400 and words in body["error"], (query, body)
 
 
 @pytest.mark.parametrize("body, status, words", [

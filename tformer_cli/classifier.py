@@ -121,7 +121,8 @@ class TextPredictor:
         level = conformal.level(coverage)
         if self.conformal is None:
             raise TformerError(f"{self.path} has no label-set cuts (trained with trainer.calibrate=false, or by an "
-                               f"older tformer); retrain it, or predict without coverage")
+                               f"older tformer); fit them without training again (tformer calibrate checkpoint="
+                               f"{self.path} split=validation, or file=<labelled texts>), or predict without coverage")
         return level, self.conformal["cuts"].get(conformal.key(level))
 
     def predict(self, texts, *, top_k: int = 1, explain: bool = False, batch_size: int = 64,
@@ -205,10 +206,21 @@ class TextPredictor:
             n = min(len(spans), OCCLUDED_WORDS)
             variants = [t[:a] + t[b:] for a, b in spans[:n]]
             cut = self.predict_proba(variants, batch_size=batch_size, calibrated=True)[:, c] if n else np.zeros(0)
-            rest = np.nan_to_num(cut, nan=1.0 / len(p))  # a text of one word: deleted, no evidence left
+            if np.isnan(cut).any():  # a text of one word, deleted: what the model answers with no words at all
+                cut = np.where(np.isnan(cut), self._no_words(batch_size)[c], cut)
+            rest = cut
             out.append({"method": "occlusion", "label": self.labels[c], "words": [t[a:b] for a, b in spans],
                         "weights": [round(float(p[c] - x), 6) for x in rest] + [0.0] * (len(spans) - n)})
         return out
+
+    def _no_words(self, batch_size: int):
+        """The calibrated probabilities of a text with no words, its special tokens alone: what deleting a one-word
+        text's only word leaves (a uniform answer would mean nothing to a multi-label model's independent labels)."""
+        import numpy as np
+        from .data.tokenization import encode_batch
+
+        probs = self._probabilities(encode_batch(self._tok, [""], self._max_len, self._long_text), batch_size, True)[0]
+        return probs if bool(np.isfinite(probs).all()) else np.full(len(probs), 1.0 / len(probs))
 
     @property
     def word_pieces(self):

@@ -32,6 +32,12 @@ def as_overrides(given) -> list[str]:
     return overrides
 
 
+def typed_keys(overrides) -> list[str]:
+    """The keys typed on a command line (`data`, `data.dir`, `model.dropout`, ...): what a run derived from another
+    (a teacher's, a pretraining run's) takes from the user rather than from that run."""
+    return [o.lstrip("+~").split("=", 1)[0] for o in overrides if "=" in o]
+
+
 def override_value(key, value) -> str:
     """A Python value as Hydra's override grammar reads it back: true/false, null, [a,b], quoted strings."""
     if not isinstance(key, str) or not key:

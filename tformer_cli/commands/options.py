@@ -11,6 +11,7 @@ import re
 
 from ..errors import TformerError
 from ..safe_text import argv_text, terminal
+from ..yesno import is_bool_word, parse_bool
 
 KEY_VALUE = re.compile(r"^([a-z_][a-z_-]*)=(.*)$", re.S)
 FLAG = re.compile(r"^--([A-Za-z][\w-]*)(?:=(.*))?$", re.S)
@@ -109,3 +110,20 @@ def parse_flags(argv: list[str], defaults: dict, usage: str, command: str, *, sh
             texts.append(argv_text(arg))
         i += 1
     return opts, texts
+
+
+def switch_or_word(value, words: tuple[str, ...], flag: str, argv: list[str]):
+    """A switch that may also name one of `words` after `=` (predict's --explain[=rollout]): the word, or the yes/no
+    (yes meaning words[0]). A word of `words` right after the bare switch is a text to parse_flags; it is refused
+    with the spelling that names it (or puts it after --): the user meant one or the other, and a guess would be
+    wrong half the time."""
+    if isinstance(value, str) and value in words:
+        return value
+    if isinstance(value, str) and not is_bool_word(value):
+        raise TformerError(f"{flag}={terminal(value)!r} must be {' or '.join(words)} ({flag} alone: {words[0]})")
+    on = parse_bool(value, flag)
+    next_arg = next((argv[i + 1] for i in range(len(argv) - 2, -1, -1) if argv[i] == flag), None)  # (the last one)
+    if on and next_arg in words:
+        raise TformerError(f"{flag} {next_arg} would read {next_arg!r} as a text: say {flag}={next_arg}, or put the "
+                           f"texts after -- ({flag} -- {next_arg})")
+    return on

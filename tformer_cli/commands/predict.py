@@ -6,12 +6,12 @@ import codecs
 import sys
 
 from ..data.visible import has_visible
-from ..errors import TformerError
 from ..classifier import EXPLAIN_METHODS
+from ..errors import TformerError
 from ..evaluation import answers, conformal
 from ..safe_text import terminal
 from ..yesno import parse_bool
-from .options import flag_name, parse_flags
+from .options import flag_name, parse_flags, switch_or_word
 
 USAGE = """usage: tformer predict [TEXT ...] [--checkpoint PATH] [--top-k N] [--file PATH|-] [--json] [--explain[=M]]
                        [--raw] [--batch-size N] [--device auto|cpu|cuda] [--max-chars N] [--max-lines N]
@@ -45,8 +45,8 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
     except ValueError as exc:
         raise TformerError(f"--top-k, --batch-size, --max-chars and --max-lines must be integers "
                            f"({terminal(exc)})") from exc
-    opts.update({key: parse_bool(opts[key], flag_name(key)) for key in ("json", "explain", "raw")
-                 if isinstance(opts[key], str) and not (key == "explain" and opts[key] in EXPLAIN_METHODS)})
+    opts.update({key: parse_bool(opts[key], flag_name(key)) for key in ("json", "raw") if isinstance(opts[key], str)},
+                explain=switch_or_word(opts["explain"], EXPLAIN_METHODS, "--explain", argv))
     for key in counts:
         if opts[key] < 1:
             raise TformerError(f"{flag_name(key)}={opts[key]} must be at least 1")

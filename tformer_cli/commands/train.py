@@ -10,6 +10,6 @@ from ..typed_config import plain
 
 def run(cfg) -> float:
     """The Hydra entry point; returns the monitored metric's best value (what a sweeper optimises)."""
-    config, tree = configure(plain(cfg))
     hydra = HydraConfig.get()
+    config, tree = configure(plain(cfg), list(hydra.overrides.task))
     return train(config, RunDir(hydra.runtime.output_dir), tree, overrides=list(hydra.overrides.task)).best_value

@@ -76,7 +76,8 @@ def _find_split_file(folder: Path, split: str, cfg: DataConfig) -> Path | None:
     if explicit:
         path = folder / str(explicit)
         if not path.is_file():
-            raise TformerError(f"data file not found: {path}; download it into {folder} or set data.{split}_file")
+            raise TformerError(f"data file not found: {path} (data.{split}_file); check the path, or put the file "
+                               f"there")
         return path
     # data.split_names, when set, is the whole mapping (sst2: test <- dev): a split it leaves out is not read
     # from a file (validation is then carved from train), so dev.tsv is not taken as validation as well.
@@ -127,10 +128,24 @@ def load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[
                     out[split] = datasets.load_dataset(fmt, data_files=str(path.resolve()), split="train",
                                                        cache_dir=str(cache[0]), **kwargs)
             except Exception as exc:  # datasets raises many types for unreadable files
+                if fmt in ("csv", "json") and _no_rows(path, header=fmt == "csv" and csv_header):
+                    raise TformerError(f"{path} has no rows{' (a header at most)' if fmt == 'csv' else ''}; give "
+                                       f"a file of texts") from exc
                 raise TformerError(f"could not read {path} as {fmt}: {_first_cause(exc)}; check the file's "
                                    f"format and encoding (UTF-8)") from exc
             bar.update(1)
     return out
+
+
+def _no_rows(path: Path, header: bool) -> bool:
+    """Whether a text file holds no data rows (blank lines aside; its header line when it has one): what datasets
+    says as "corresponds to no data". Reads a few lines, whatever the file's size."""
+    try:
+        with open(path, "rb") as f:
+            lines = [line for _, line in zip(range(3), (line for line in f if line.strip()))]
+    except OSError:
+        return False
+    return len(lines) <= (1 if header else 0)
 
 
 def _first_cause(exc: BaseException) -> str:
@@ -728,7 +743,20 @@ def _carve(ds, fraction: float, seed: int, name: str):
 
 
 def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
-    """Load, clean, validate and split the dataset named by the `data` config."""
+    """Load, clean, validate and split the dataset named by the `data` config. A refusal that names the test split
+    read from a file given for it names the file too: `evaluate test_file=` and `calibrate file=` read theirs as
+    the test split, which is not what their user called it."""
+    try:
+        return _load(cfg, seed)
+    except TformerError as exc:
+        said = str(exc)
+        if type(exc) is not TformerError or not cfg.test_file or "the test split" not in said:
+            raise
+        raise TformerError(said.replace("the test split", f"the test split ({Path(str(cfg.test_file)).name})", 1)
+                           ) from exc
+
+
+def _load(cfg: DataConfig, seed: int = 0) -> LoadedData:
     datasets.disable_progress_bars()  # its per-step bars (casting, filtering) would spam terminals and logs
     # its file readers log why a file failed, then raise: the one error line below says it (with the cause)
     logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)

@@ -3,8 +3,9 @@
     POST /predict   body: ["text", ...]  or  {"texts": ["text", ...], "top_k": 2, "raw": false, "coverage": 0.9}
                     -> {"predictions": [{"text", "label", "probability", "top_k"?} | {"text", "empty": true}, ...]}
                     probabilities are calibrated (the checkpoint's temperature); "raw": true in the body, or
-                    ?raw=true, gives the model's uncalibrated ones (the same labels); "coverage": 0.9 adds
-                    each text's conformal label set ("label_set", evaluation/conformal.py)
+                    ?raw=true, gives the model's uncalibrated ones (the same labels); "coverage": 0.9 (or
+                    ?coverage=0.9) adds each text's conformal label set ("label_set", evaluation/conformal.py);
+                    any other query parameter is a 400
     GET  /labels    -> {"labels": [...]}
     GET  /health    -> {"status": "ok", "runtime", "checkpoint", "requests", "batches", "texts", ...}
 
@@ -36,6 +37,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from ..errors import TformerError
+from ..evaluation import conformal
 from ..safe_text import terminal, valid_unicode
 from ..yesno import parse_bool
 
@@ -281,15 +283,25 @@ def parse_raw(body: bytes, query: str | None) -> bool:
     return bool(given)
 
 
-def parse_coverage(body: bytes, classifier) -> float | None:
-    """The label-set level a /predict request asks for ("coverage": 0.9 in a JSON object body; None: no set), or
-    BadRequest. Called after parse_request, so the body is known to be valid JSON."""
+def parse_coverage(body: bytes, classifier, query: str | None = None) -> float | None:
+    """The label-set level a /predict request asks for ("coverage": 0.9 in a JSON object body, or ?coverage=0.9;
+    both given must agree; None: no set), or BadRequest. Called after parse_request, so the body is valid JSON."""
     data = json.loads(body)
     given = data.get("coverage") if isinstance(data, dict) else None
+    if given is not None and (isinstance(given, bool) or not isinstance(given, (int, float))):
+        raise BadRequest(f"coverage={json.dumps(given)[:80]} must be a number from 0.50 to 0.99")
+    if query is not None:
+        if given is not None and isinstance(conformal.level_of(given), str):
+            raise BadRequest(conformal.level_of(given))
+        asked = conformal.level_of(query, "?coverage")
+        if isinstance(asked, str):
+            raise BadRequest(asked)
+        if given is not None and conformal.level_of(given) != asked:
+            raise BadRequest(f"?coverage={query[:80]} and the body's coverage={json.dumps(given)[:80]} disagree; "
+                             f"give one")
+        given = asked
     if given is None:
         return None
-    if isinstance(given, bool) or not isinstance(given, (int, float)):
-        raise BadRequest(f"coverage={json.dumps(given)[:80]} must be a number from 0.50 to 0.99")
     try:
         return classifier.label_set_cut(given)[0]  # (the predictor's own checks: the level, the saved cuts)
     except TformerError as exc:
@@ -432,8 +444,12 @@ def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: in
             return Response(status_code=400)
         try:
             texts, top_k = parse_request(bytes(body), limits, len(classifier.labels))
+            unknown = sorted(set(request.query_params) - {"raw", "coverage"})
+            if unknown:
+                raise BadRequest(f"unknown query parameter {unknown[0][:40]!r}; /predict takes ?raw= and ?coverage= "
+                                 f"(or the same keys in a JSON body)")
             raw = parse_raw(bytes(body), request.query_params.get("raw"))
-            coverage = parse_coverage(bytes(body), classifier)
+            coverage = parse_coverage(bytes(body), classifier, request.query_params.get("coverage"))
         except BadRequest as exc:
             return error(str(exc), exc.status)
         stats["requests"] += 1

@@ -52,7 +52,7 @@ def fit_rows(n: int, classes: int, seed: int = 0) -> np.ndarray | None:
     return np.sort(np.random.default_rng(seed).choice(n, size=min(keep, n), replace=False))
 
 
-def fit_temperature(logits, labels, multi_label: bool) -> float | list[float]:
+def fit_temperature(logits, labels, multi_label: bool, keep=None) -> float | list[float]:
     """The temperature minimising the NLL of `labels` under `logits / T` (T in [T_MIN, T_MAX]): one float for a
     softmax model, one per label for a multi-label model. logits (N, C); labels (N,) class ids or (N, C) 0/1.
 
@@ -61,11 +61,15 @@ def fit_temperature(logits, labels, multi_label: bool) -> float | list[float]:
     learning rate and no starting point, is deterministic, and its answer is always inside the range (LBFGS on T
     can step to T <= 0 or to NaN on separable data). No examples, or no information in them (a label never on or
     never off has its NLL falling towards T_MIN for no reason), gives T = 1: the model as trained. Every label of a
-    multi-label model is searched at once (one pass over the logits per step, whatever the number of labels)."""
+    multi-label model is searched at once (one pass over the logits per step, whatever the number of labels).
+    keep: a multi-label model's temperatures so far (a refit): a label these texts say nothing about keeps its own
+    instead of going back to 1 (a few hundred texts rarely hold every rare label)."""
     z = np.asarray(logits, dtype=np.float64)
     if multi_label:
         y = np.asarray(labels, dtype=np.float64) > 0.5
         out = np.ones(z.shape[1] if z.ndim == 2 else 0)
+        if isinstance(keep, (list, tuple)) and len(keep) == len(out):
+            out[:] = keep
         if len(z):
             informative = y.any(axis=0) & (~y).any(axis=0) & np.isfinite(z).all(axis=0)
             if informative.any():
@@ -303,11 +307,13 @@ def describe(temperature) -> str:
     return f"{temperature:.3g}"
 
 
-def fitted(logits, labels, multi_label: bool, seed: int = 0, thresholds=None, old_temperature=None) -> dict:
+def fitted(logits, labels, multi_label: bool, seed: int = 0, thresholds=None, old_temperature=None,
+           keep=None) -> dict:
     """What a checkpoint saves after a fit on labelled texts it never trained on (training's validation split, or
     `tformer calibrate`'s texts): the temperature, the label-set cuts on the probabilities at that temperature
-    (conformal.py) and, for a multi-label model, its thresholds moved to the new scale (no decision changes)."""
-    temperature = fit_temperature(logits, labels, multi_label)
+    (conformal.py) and, for a multi-label model, its thresholds moved to the new scale (no decision changes).
+    keep: `fit_temperature`'s (a refit keeps what it cannot fit again)."""
+    temperature = fit_temperature(logits, labels, multi_label, keep=keep)
     changes = {"temperature": temperature,
                "conformal": conformal.fit_cuts(probabilities(logits, temperature, multi_label), labels, multi_label,
                                                seed)}

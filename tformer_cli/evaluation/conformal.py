@@ -63,7 +63,7 @@ def level_of(value, name: str = "coverage") -> float | str:
     except (TypeError, ValueError, OverflowError):  # (a JSON integer of a thousand digits)
         return f"{name}={value!r:.40} must be a number such as 0.9"
     if isinstance(value, bool) or not math.isfinite(level) or key(level) not in KEYS \
-            or abs(round(level, 2) - level) > 1e-9:
+            or abs(round(level, 2) - level) > 1e-6:  # (float32's 0.9 is 2e-8 off)
         return f"{name}={value!r:.40} must be one of 0.50, 0.51, ..., 0.99 (two decimals)"
     return round(level, 2)
 
@@ -162,6 +162,17 @@ def fit_cuts(probs: np.ndarray, labels: np.ndarray, multi_label: bool, seed: int
         return {"method": "crc-fnr", "n": int(len(probs)), "cuts": fnr_cuts(probs, labels)}
     u = draws(seed).random(len(probs))
     return {"method": "aps", "n": int(len(probs)), "cuts": cuts(aps_scores(probs, np.asarray(labels), u))}
+
+
+def too_few(table: dict) -> str | None:
+    """The warning a fitted table deserves when its highest levels have no cut (their sets hold every label): the
+    calibration texts were too few for them. None when every level has a cut."""
+    covered = [x for x in LEVELS if table["cuts"].get(key(x)) is not None]
+    if len(covered) == len(LEVELS):
+        return None
+    top = f"above {covered[-1]:.2f}" if covered else "at every level"
+    return (f"{table['n']:,} calibration text{'s' if table['n'] != 1 else ''} are too few for the highest levels: "
+            f"sets {top} hold every label (a level L needs L / (1 - L) texts; a few hundred make its coverage steady)")
 
 
 def checked(table, multi_label: bool) -> str | None:

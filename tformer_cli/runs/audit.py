@@ -119,7 +119,7 @@ def run_audit(tree: dict, overrides: list[str], run_dir: RunDir) -> AuditResult:
     resume = bool_or_path(tree.get("resume"), "resume")
     train_tree = {k: v for k, v in tree.items() if k not in ("audit", "checkpoint")}
     train_tree["resume"] = None
-    config, train_tree = configure(train_tree)  # every train key checked now, not after a fold's data load
+    config, train_tree = configure(train_tree, overrides)  # every train key checked now, not after a fold's data load
     if resume not in (None, False):
         target = _resumed_audit(resume)
         if target.resolve() != run_dir.root.resolve():

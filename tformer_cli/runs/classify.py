@@ -20,7 +20,7 @@ from ..store.atomic import JsonLines, sha256_file, write_json
 from .config import TrainConfig
 from ..data import sanity, sources, tokenization
 from ..data.tokenization import TokenizedSplit
-from ..errors import TformerError
+from ..errors import ConfigError, TformerError
 from ..evaluation import report
 from ..evaluation.artifacts import training_curves_png
 from ..evaluation import calibration, conformal
@@ -29,7 +29,9 @@ from ..inference import logit_blocks
 from ..model import pretrained
 from ..model.encoder import EncoderConfig, TransformerClassifier
 from ..model.mlm import encoder_state
-from ..store.layout import CheckpointDir, RunDir, SweepDir
+from ..overrides import typed_keys
+from ..store.layout import PRETRAINING, CheckpointDir, RunDir, SweepDir, read_small
+from ..store.locate import locate
 from ..safe_text import markup
 from ..training import distributed
 from ..training.loop import Run
@@ -40,9 +42,12 @@ from .resume import check_same_data, find_resumable, sweep_job_plan
 from .session import Session, Trained, execute
 
 
-def configure(tree: dict) -> tuple[TrainConfig, dict]:
+def configure(tree: dict, overrides: list[str] | None = None) -> tuple[TrainConfig, dict]:
     """The typed config of a composed tree, with data locations made absolute in both (the saved config must
-    find the data from any directory). Shared by the Hydra entry point and the Python API."""
+    find the data from any directory). Shared by the Hydra entry point and the Python API. overrides: the keys
+    typed (a classifier's command, which may start from a pretraining run: `check_init_model`)."""
+    if overrides is not None:
+        check_init_model(tree, overrides)
     config = TrainConfig.from_dict(tree)
     located = sources.absolute_locations(config.data)
     tree["data"].update(located)
@@ -207,7 +212,6 @@ def tokenizer_for(config: TrainConfig, data, resume, console, table=None, studen
         tok = tokenization.load_tokenizer(resume.loaded.tokenizer_file, max_len)
     elif options.init:
         init = checkpoint.load_pretraining(options.init)
-        _same_model(config, init)
         tok = tokenization.load_tokenizer(init.tokenizer_file, max_len)
     elif options.pretrained:
         encoder = pretrained.load_encoder(options.pretrained, options.pretrained_package, max_len)
@@ -279,17 +283,58 @@ def _from_pretraining(config: TrainConfig, init, data, tok, tokenized, fingerpri
     return Prepared(data, tok, tokenized, model, model_cfg, source, fingerprint)
 
 
-def _same_model(config: TrainConfig, init) -> None:
-    """A pretraining run continued from one model, fine-tuned under a preset that names another (model=minilm_l6
-    model.init=<a run continued from roberta-base>): refused, since the run would record a model it never used.
-    Compared by the weights file's sha256 (the same model in another folder or venv passes), where the preset's
-    model is on this machine (never downloaded for the check)."""
-    options, begun, weights = config.model_options, init.meta.get("continued_from"), init.meta.get("continued_sha256")
-    folder = pretrained.local_model(options.pretrained, options.pretrained_package) if options.pretrained else None
-    if isinstance(weights, str) and folder is not None and sha256_file(pretrained.weights_file(folder)) != weights:
-        raise TformerError(f"model.init={init.files.path.parent.parent} was pretrained from the {begun}, but "
-                           f"model.pretrained names another model ({folder}); pass the model= preset (or "
-                           f"model.pretrained=) the pretraining run used")
+def check_init_model(tree: dict, overrides) -> None:
+    """model.init=<pretraining run> typed: the classifier is that run's encoder (its shape, its weights), so what
+    the command line says of the model must not contradict it, or the run would record a model it never built. A
+    typed shape key (model.d_model=128 over a 256-wide run) is refused in one line; so is a typed preset or
+    model.pretrained that names another model than the run began from (roberta-base over a run continued from
+    MiniLM, a from-scratch preset over a continued run, a pretrained one over a from-scratch run). The same model in
+    another folder passes (its weights' sha256). The preset's own shape keys are defaults the run's shape replaces.
+    Not checked on a resume (the run was checked when it began) nor when the run cannot be read (load_pretraining
+    then says what it is)."""
+    typed = typed_keys(overrides)
+    init = (tree.get("model") or {}).get("init")
+    if not init or "model.init" not in typed or tree.get("resume"):
+        return
+    try:
+        ckpt = locate(str(init))
+        encoder, meta = json.loads(read_small(ckpt.model_config)), json.loads(read_small(ckpt.meta))
+        saved = checkpoint.read_config(ckpt) if ckpt.config.is_file() else None
+    except (TformerError, OSError, ValueError):
+        return
+    if not isinstance(encoder, dict) or not isinstance(meta, dict) or meta.get("kind") != PRETRAINING:
+        return
+    model, begun = tree["model"], meta.get("continued_from")
+    what = f"an encoder of {encoder.get('n_layers')} layers, d_model {encoder.get('d_model')}, " + (
+        f"continued from the {begun}" if begun else "pretrained from scratch")
+    for k in [k for k in model if f"model.{k}" in typed and k in encoder and k not in _FROM_CLASSIFIER]:
+        if model[k] != encoder[k]:
+            raise ConfigError(f"model.init={init} is {what} ({k}={encoder[k]}), but model.{k}={model[k]} is typed; "
+                              f"a classifier started from it keeps that encoder: drop model.{k}=")
+    if not {"model", "model.pretrained"} & set(typed):
+        return
+    said = "model.pretrained" if "model.pretrained" in typed else f"model={_typed_value(overrides, 'model')}"
+    mine = model.get("pretrained")
+    theirs = ((saved or {}).get("model") or {}).get("pretrained") if isinstance(saved, dict) else None
+    if not mine and not begun or mine and begun and (mine == theirs or _same_weights(model, meta)):
+        return
+    names = f"names {mine}" if mine else "is a model trained from scratch"
+    raise ConfigError(f"model.init={init} is {what}, but {said} {names}; a classifier started from it keeps that "
+                      f"encoder: pass the model= preset the pretraining run used, or drop {said.split('=')[0]}=")
+
+
+def _same_weights(model: dict, meta: dict) -> bool:
+    """Whether the `pretrained` model named here is the one the pretraining run continued: its weights file's
+    sha256 (the same model in another folder or venv passes), where it is on this machine (never downloaded)."""
+    weights = meta.get("continued_sha256")
+    if not model.get("pretrained") or not isinstance(weights, str):
+        return False
+    folder = pretrained.local_model(model["pretrained"], model.get("pretrained_package"))
+    return folder is not None and sha256_file(pretrained.weights_file(folder)) == weights
+
+
+def _typed_value(overrides, key: str) -> str:
+    return next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), "")
 
 
 def _cut_from_teacher(config: TrainConfig, student: TeacherLayers, data, tok, tokenized, fingerprint) -> Prepared:
@@ -435,6 +480,8 @@ def calibrate(session: Session) -> checkpoint.Loaded:
                   f"{sets['n']:,} validation texts; at 0.90 the cut is "
                   f"{'every label (too few texts)' if at is None else f'{at:.4f}'} (predict --coverage 0.9)",
                   highlight=False)
+    if (few := conformal.too_few(sets)) is not None:
+        console.print(f"[yellow]warning:[/] {few}", highlight=False)
     return checkpoint.load(run_dir.best, session.device)
 
 

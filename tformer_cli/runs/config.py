@@ -226,8 +226,8 @@ class CalibrateConfig(EvaluateConfig):
                                   f"predict and serve will")
         if config.split == "train":
             raise ConfigError("split=train is what the model learned from: its answers there are surer than on new "
-                              "texts, and so would be the calibration; use split=validation (the default) or "
-                              "file=<labelled texts it never saw>")
+                              "texts, and so would be the calibration; use split=validation or file=<labelled "
+                              "texts it never saw>")
         return config
 
 

@@ -45,6 +45,7 @@ from ..errors import ConfigError, TformerError
 from ..console import progress
 from ..inference import logit_blocks, weighted_bce
 from ..model import pretrained
+from ..overrides import typed_keys
 from ..safe_text import markup
 from .. import checkpoint
 from ..store.atomic import sha256_file, write_json, write_with
@@ -109,7 +110,7 @@ def distill(tree: dict, run_dir: RunDir, overrides=()) -> Trained:
     tree = with_teacher_data(tree, list(overrides), teacher)
     if options.layers is not None:
         tree = with_teacher_model(tree, list(overrides), teacher, options.layers)
-    config, located = configure({k: v for k, v in tree.items() if k not in ("teacher", "distill")})
+    config, located = configure({k: v for k, v in tree.items() if k not in ("teacher", "distill")}, list(overrides))
     tree.update(located)
     if options.layers is None:
         teacher_table(options, config)  # (refuses a conflict now, before any data is read)
@@ -143,11 +144,6 @@ def with_teacher_data(tree: dict, overrides: list[str], teacher: CheckpointDir) 
     return tree
 
 
-def typed_keys(overrides: list[str]) -> list[str]:
-    """The keys typed on the command line (`data`, `data.dir`, `model.dropout`, ...)."""
-    return [o.lstrip("+~").split("=", 1)[0] for o in overrides if "=" in o]
-
-
 def with_typed(section: dict, tree: dict, keys: list[str], name: str) -> dict:
     """A section of the teacher's saved config with the `name.<key>=` values typed on this command line on top."""
     typed = {k.split(".", 1)[1]: tree[name][k.split(".", 1)[1]] for k in keys
@@ -173,6 +169,9 @@ def with_teacher_model(tree: dict, overrides: list[str], teacher: CheckpointDir,
         raise ConfigError(f"distill.layers makes the student from the teacher's own tokenizer, token table, blocks and "
                           f"length, so {clash}= cannot apply; drop {clash}=, or drop distill.layers for a student of "
                           f"its own")
+    if "model" in keys and tree["model"].get("n_layers") == 0:
+        raise ConfigError("distill.layers makes the student from the teacher's blocks, and a static model has none; "
+                          "drop distill.layers for a static student (model=static), or drop model=")
     saved = checkpoint.read_config(teacher) if teacher.config.is_file() else None
     if "model" not in keys and isinstance(saved, dict) and isinstance(saved.get("model"), dict):
         tree["model"] = with_typed({**saved["model"], "freeze_epochs": 0, "freeze_layers": 0}, tree, keys, "model")

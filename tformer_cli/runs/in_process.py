@@ -24,7 +24,7 @@ from .session import Trained
 
 
 def _train(tree: dict, run_dir: RunDir, overrides: list[str]) -> Trained:
-    config, tree = configure(tree)
+    config, tree = configure(tree, overrides)
     return train_run(config, run_dir, tree, overrides)
 
 

@@ -38,6 +38,8 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
         data_cfg.max_eval_samples = None  # every text given is fitted on, not the run's evaluation cap
     read = getattr(data_cfg, f"{config.split}_file", None)  # a file given for this split is what is fitted on
     what = Path(read).name if read else f"{data_cfg.name} {config.split}"
+    if config.file and read and not Path(read).is_file():  # (split= files are found as training found them)
+        raise TformerError(f"file={config.file or read}: no such file ({read}); give the labelled texts to calibrate on")
     console.print(f"[bold]checkpoint[/] {markup(loaded.path)}  [bold]texts[/] {markup(what)}  [bold]device[/] "
                   f"{device} ({precision.name})", highlight=False)
     max_len = int(loaded.model_config["max_len"])
@@ -65,7 +67,11 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
         raise TformerError(f"{_texts(len(y))} of {what} are too few to calibrate on: a temperature and label-set cuts "
                            f"fitted on them would be noise; give at least {MIN_TEXTS} labelled texts (a few hundred "
                            f"make the 0.90 level steady)")
-    changes = calibration.fitted(logits, y, multi, seed, loaded.thresholds, loaded.temperature)
+    if multi and len(y) and not np.asarray(y).any():  # (every text would count as covered by an empty set)
+        raise TformerError(f"none of the {_texts(len(y))} of {what} has a label: label sets fitted on them would "
+                           f"always be empty; give texts with their labels in the `{data_cfg.label_column}` column")
+    changes = calibration.fitted(logits, y, multi, seed, loaded.thresholds, loaded.temperature,
+                                 keep=loaded.temperature)
     changes["calibrated_on"] = {"checkpoint": str(loaded.path.resolve()), "data": data_cfg.name, "split": config.split,
                                 "file": Path(read).name if read else None,
                                 "file_sha256": sha256_file(Path(read)) if read else None, "texts": int(len(y))}
@@ -79,6 +85,13 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
                   f"-> {calibration.describe(changes['temperature'])}"
                   f"{calibration.at_the_edge(changes['temperature'])}; ECE on these texts "
                   f"{summary['ece_before']:.4f} -> {summary['ece']:.4f}", highlight=False)
+    if multi:
+        y2 = np.asarray(y) > 0.5
+        silent = int((~(y2.any(axis=0) & (~y2).any(axis=0))).sum())
+        if silent:
+            kept = "keep their temperatures" if isinstance(loaded.temperature, list) else "get temperature 1"
+            console.print(f"{silent:,} of {y2.shape[1]:,} labels are never (or always) on in these texts: they "
+                          f"{kept}", highlight=False)
     before = summary["coverage_before"]
     if before:
         shown = ", ".join(f"{before[conformal.key(x)]:.4f} at {x:.2f}" for x in conformal.REPORTED)
@@ -87,11 +100,8 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     else:
         console.print("label sets: fitted on these texts for the levels 0.50 to 0.99 (the checkpoint had none)",
                       highlight=False)
-    covered = [x for x in conformal.LEVELS if changes["conformal"]["cuts"][conformal.key(x)] is not None]
-    if len(covered) < len(conformal.LEVELS):
-        top = f"above {covered[-1]:.2f}" if covered else "at every level"
-        console.print(f"[yellow]warning:[/] {_texts(len(y))} are too few for the highest levels: sets {top} hold every "
-                      f"label (a level L needs L / (1 - L) texts; a few hundred make its coverage steady)", highlight=False)
+    if (few := conformal.too_few(changes["conformal"])) is not None:
+        console.print(f"[yellow]warning:[/] {few}", highlight=False)
     console.print(f"new checkpoint: {markup(run_dir.best)} (weights unchanged; {markup(loaded.path)} is as it was); "
                   f"use checkpoint={markup(run_dir.root)}", highlight=False)
     return float(summary["ece"])

@@ -10,6 +10,7 @@ from ..store.layout import CheckpointDir, RunDir, newest_checkpoints, resolve_re
 from ..console import output
 from ..data.sources import fingerprint_changes
 from ..safe_text import markup
+from ..tasks import TASKS
 from ..training import recipe
 
 # Keys that may differ between a run and its resumption (where data comes from, how fast, how loud).
@@ -42,6 +43,13 @@ def find_resumable(resume, task: str, outputs_dir: str | Path = "outputs") -> Ch
     if found is None and RunDir(resume).log(task).is_file():
         raise TformerError(f"resume={resume}: that run stopped before its first checkpoint, so there is nothing to "
                            f"continue; start it again with the same overrides (without resume=)")
+    made_by = next((t for t, spec in TASKS.items() if not spec.trains and RunDir(resume).log(t).is_file()), None)
+    if found is None and made_by == "audit":
+        raise TformerError(f"resume={resume}: that is a `tformer audit` run; continue it with tformer audit ... "
+                           f"resume={resume}")
+    if found is None and made_by is not None:
+        raise TformerError(f"resume={resume}: that is a `tformer {made_by}` run, which trains nothing to continue; "
+                           f"resume= takes the run directory of a {task} run (outputs/{task}/<date>/<time>)")
     if found is None:
         raise TformerError(f"resume={resume}: no last checkpoint with training state there; pass the run directory "
                            f"(outputs/{task}/<date>/<time>)")

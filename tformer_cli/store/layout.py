@@ -208,7 +208,8 @@ class RunDir:
     wandb = property(lambda self: self.root / "wandb")  # logger=wandb: W&B's own folder (offline runs to sync)
 
     # what a run dir holds before any result
-    BOOKKEEPING = (".hydra", ".lock", MARKER, *(f"{name}.log" for name, task in TASKS.items() if task.style == "hydra"))
+    BOOKKEEPING = (".hydra", ".lock", MARKER, "data_report.json",  # (the checks' report: a refusal after them)
+                   *(f"{name}.log" for name, task in TASKS.items() if task.style == "hydra"))
 
     def discard_if_empty(self) -> bool:
         """Remove this run dir if it holds nothing but bookkeeping (a refused or failed command's folder, or the
