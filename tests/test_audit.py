@@ -116,6 +116,8 @@ def test_without_cleanlab_the_audit_says_how_to_install(monkeypatch, tmp_path):
 @pytest.mark.parametrize("args,expected", [
     (["audit.folds=1"], "audit.folds"),
     (["data=files", "data.train_file=texts.csv"], "label"),
+    (["audit.splits=[train,train]"], "names a split twice"),
+    (["audit.folds=1000", "data.n_train=200"], "class 'negative' has"),  # (refused after its plan is written)
 ])
 def test_bad_input_is_one_line(tmp_path, args, expected):
     pd.DataFrame({"text": ["one text", "another text", "a third"]}).to_csv(tmp_path / "texts.csv", index=False)
@@ -123,6 +125,7 @@ def test_bad_input_is_one_line(tmp_path, args, expected):
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], done.stderr
+    assert not list(tmp_path.glob("outputs/audit/*/*")), "a refused audit left its folder"
 
 
 def test_a_resumed_audit_with_other_fold_settings_is_refused(tmp_path):
@@ -141,3 +144,21 @@ def test_a_resumed_audit_with_other_fold_settings_is_refused(tmp_path):
         _check_plan(path, {**plan, "training": changed}, resuming=True)
     with pytest.raises(TformerError, match="the data differs"):
         _check_plan(path, {**plan, "data": "other"}, resuming=True)
+
+
+def test_resume_true_continues_the_newest_unfinished_audit(tmp_path, monkeypatch):
+    import os
+
+    from tformer_cli.runs.audit import ISSUES, PLAN, _resumed_audit
+
+    monkeypatch.chdir(tmp_path)
+    stopped, finished = (tmp_path / "outputs" / "audit" / "2026-01-01" / t for t in ("00-00-00", "00-00-01"))
+    for folder in (stopped, finished):
+        folder.mkdir(parents=True)
+        (folder / PLAN).write_text("{}")
+    (finished / ISSUES).write_text("split,row\n")  # (a finished audit: nothing to continue)
+    os.utime(stopped / PLAN, (1, 1))  # the older one
+    assert _resumed_audit(True).resolve() == stopped.resolve()
+    (stopped / ISSUES).write_text("split,row\n")
+    with pytest.raises(TformerError, match="no unfinished audit"):
+        _resumed_audit(True)

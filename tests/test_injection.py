@@ -142,7 +142,8 @@ def test_every_job_passes_values_from_data_to_hydra_as_data(monkeypatch, tmp_pat
     from tformer_cli.runs.config import TrainConfig
 
     monkeypatch.setenv("TFORMER_SECRET_TEST", "leaked")
-    names = ["${oc.env:TFORMER_SECRET_TEST}", "a,b", "x'y", "[x]", 'say "hi"', "${", "plain"]
+    names = ["${oc.env:TFORMER_SECRET_TEST}", "a,b", "x'y", "[x]", 'say "hi"', "${", "plain", "null", "True", "1e3",
+             "-5", "inf", "1_000"]  # (words Hydra would read as None, a bool or a number unquoted)
     data_cfg = TrainConfig.compose(["data=files", "data.train_file=x.csv"]).data
     assert isinstance(data_cfg, DataConfig)
     folder = tmp_path / "odd, ${oc.env:TFORMER_SECRET_TEST} [dir]='x'"

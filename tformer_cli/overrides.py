@@ -21,10 +21,13 @@ from .store.atomic import write_with
 from .store.layout import in_memory_data as in_memory_data_path
 
 
+TEXT_KEYS = ("data.label_names", "data.text_column", "data.label_column")  # names from data: strings, whatever they say
+
+
 def as_overrides(given) -> list[str]:
     """A list of key=value strings, from one (as the CLI takes them) or from a dict {key: value}."""
     if isinstance(given, dict):
-        return [f"{key}={override_value(key, value)}" for key, value in given.items()]
+        return [f"{key}={override_value(key, value, text=key in TEXT_KEYS)}" for key, value in given.items()]
     overrides = [] if isinstance(given, (str, bytes)) else list(given)
     if isinstance(given, (str, bytes)) or not all(isinstance(o, str) for o in overrides):
         raise ArgumentTypeError(f"train() takes a list of key=value strings, e.g. train(['model=small']), or a dict, "
@@ -38,8 +41,10 @@ def typed_keys(overrides) -> list[str]:
     return [o.lstrip("+~").split("=", 1)[0] for o in overrides if "=" in o]
 
 
-def override_value(key, value) -> str:
-    """A Python value as Hydra's override grammar reads it back: true/false, null, [a,b], quoted strings."""
+def override_value(key, value, text: bool = False) -> str:
+    """A Python value as Hydra's override grammar reads it back: true/false, null, [a,b], quoted strings. text: the
+    strings are data (label names), never read as another type: `null`, `true` or `1e3` stay strings (a word
+    given by a user stays unquoted otherwise, so that {"trainer.epochs": "3"} is the 3 it means)."""
     if not isinstance(key, str) or not key:
         raise ArgumentTypeError(f"train()'s dict keys are config keys like 'trainer.epochs', not {key!r:.80}")
     if isinstance(value, bool):
@@ -51,12 +56,24 @@ def override_value(key, value) -> str:
     if isinstance(value, Path):
         value = str(value)
     if isinstance(value, str):
-        plain = value and all(c.isalnum() or c in "._-/+~" for c in value)
+        plain = value and all(c.isalnum() or c in "._-/+~" for c in value) and not (text and _another_type(value))
         return value if plain else quoted(value)
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(override_value(key, v) for v in value) + "]"
+        return "[" + ",".join(override_value(key, v, text) for v in value) + "]"
     raise ArgumentTypeError(f"train({{{key!r}: {value!r:.60}}}): a value must be a string, number, bool, None or "
                             f"list")
+
+
+def _another_type(value: str) -> bool:
+    """Whether Hydra's grammar reads an unquoted word as something else than a string: a bool, null, or a number
+    (1e3, 1_000, inf, nan), as a class named `null` or `1e3` would be read."""
+    if value.lower() in ("true", "false", "null"):
+        return True
+    try:
+        float(value.replace("_", ""))
+    except ValueError:
+        return False
+    return True
 
 
 def quoted(value: str) -> str:

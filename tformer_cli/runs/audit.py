@@ -107,6 +107,8 @@ def options_of(tree: dict) -> AuditOptions:
     wrong = [s for s in options.splits if s not in ("train", "validation", "test")]
     if wrong or not options.splits:
         raise ConfigError(f"audit.splits={options.splits} must list train, validation and/or test")
+    if len(set(options.splits)) < len(options.splits):  # (a row audited twice: its copy could train its fold)
+        raise ConfigError(f"audit.splits={options.splits} names a split twice; list each once")
     return options
 
 
@@ -144,47 +146,59 @@ def run_audit(tree: dict, overrides: list[str], run_dir: RunDir) -> AuditResult:
             # what shapes each fold's model (checked key by key on resume, as train's resume checks its config)
             "training": {k: v for k, v in train_tree.items() if k not in PLAN_UNTRAINED} if mode == "folds" else None,
             "reading": fold_reading(data_cfg) if mode == "folds" else None}
+    fresh = not (run_dir.root / PLAN).is_file()
     _check_plan(run_dir.root / PLAN, plan, resume not in (None, False))
-    console.print(f"[bold]audit[/] {len(rows):,} labelled rows of {markup(data_cfg.name)} "
-                  f"({', '.join(f'{s} {n:,}' for s, n in rows['split'].value_counts(sort=False).items())}), "
-                  f"{len(names)} classes; run dir {markup(run_dir.root)}", highlight=False)
-    if mode == "folds":
-        probs, folds = _out_of_fold(rows, names, options, config, overrides, run_dir)
-    else:
-        probs, folds = _checkpoint_probs(loaded_path, rows, names, options, config), None
-    labels = rows["label"].to_numpy()
-    if len(names) > confident.CLEANLAB_CLASSES:  # cleanlab's K x K matrices: gigabytes at 10,000 classes
-        console.print(f"[bold]label issues[/] of {len(names):,} classes by confident learning's rule, row by row "
-                      f"(audit.filter_by={markup(options.filter_by)} applies up to {confident.CLEANLAB_CLASSES:,} "
-                      f"classes: cleanlab builds {len(names):,} x {len(names):,} matrices)", highlight=False)
-        flagged = confident.confident_learning_issues(labels, probs)
-    else:
-        flagged = cleanlab.filter.find_label_issues(labels, probs, filter_by=options.filter_by, n_jobs=1)
-    quality = cleanlab.rank.get_label_quality_scores(labels, probs, method=options.score)
-    scores = pd.DataFrame({
-        "split": rows["split"], "row": rows["row"], "text": rows["text"],
-        "given_label": [names[i] for i in labels], "suggested_label": [names[i] for i in probs.argmax(1)],
-        "score": np.round(quality, 6), "given_probability": np.round(probs[np.arange(len(labels)), labels], 6),
-        "fold": folds if folds is not None else pd.array([pd.NA] * len(rows), dtype="Int64"), "flagged": flagged})
-    order = np.lexsort((scores["row"].to_numpy(), quality))  # lowest quality first; ties in row order
-    scores = scores.iloc[order].reset_index(drop=True)
-    issues = scores[scores["flagged"]].drop(columns="flagged").reset_index(drop=True)
-    dups = duplicates(data)
-    write_with(run_dir.root / DUPLICATES, lambda tmp: dups.to_csv(tmp, index=False))
-    write_with(run_dir.root / ISSUES, lambda tmp: issues.to_csv(tmp, index=False))
-    console.open_log(run_dir.log("audit"))  # (a fold's training had the log)
-    _report(issues, len(rows), dups, options, mode, loaded_path, run_dir)
-    return AuditResult(run_dir.root, issues, scores, dups, mode,
-                       {"label_issues": run_dir.root / ISSUES, "duplicates": run_dir.root / DUPLICATES,
-                        "plan": run_dir.root / PLAN})
+    try:
+        console.print(f"[bold]audit[/] {len(rows):,} labelled rows of {markup(data_cfg.name)} "
+                      f"({', '.join(f'{s} {n:,}' for s, n in rows['split'].value_counts(sort=False).items())}), "
+                      f"{len(names)} classes; run dir {markup(run_dir.root)}", highlight=False)
+        if mode == "folds":
+            probs, folds = _out_of_fold(rows, names, options, config, overrides, run_dir)
+        else:
+            probs, folds = _checkpoint_probs(loaded_path, rows, names, options, config), None
+        labels = rows["label"].to_numpy()
+        if len(names) > confident.CLEANLAB_CLASSES:  # cleanlab's K x K matrices: gigabytes at 10,000 classes
+            console.print(f"[bold]label issues[/] of {len(names):,} classes by confident learning's rule, row by "
+                          f"row (audit.filter_by={markup(options.filter_by)} applies up to "
+                          f"{confident.CLEANLAB_CLASSES:,} classes: cleanlab builds {len(names):,} x {len(names):,} "
+                          f"matrices)", highlight=False)
+            flagged = confident.confident_learning_issues(labels, probs)
+        else:
+            flagged = cleanlab.filter.find_label_issues(labels, probs, filter_by=options.filter_by, n_jobs=1)
+        quality = cleanlab.rank.get_label_quality_scores(labels, probs, method=options.score)
+        scores = pd.DataFrame({
+            "split": rows["split"], "row": rows["row"], "text": rows["text"],
+            "given_label": [names[i] for i in labels], "suggested_label": [names[i] for i in probs.argmax(1)],
+            "score": np.round(quality, 6),
+            "given_probability": np.round(probs[np.arange(len(labels)), labels], 6),
+            "fold": folds if folds is not None else pd.array([pd.NA] * len(rows), dtype="Int64"),
+            "flagged": flagged})
+        order = np.lexsort((scores["row"].to_numpy(), quality))  # lowest quality first; ties in row order
+        scores = scores.iloc[order].reset_index(drop=True)
+        issues = scores[scores["flagged"]].drop(columns="flagged").reset_index(drop=True)
+        dups = duplicates(data)
+        write_with(run_dir.root / DUPLICATES, lambda tmp: dups.to_csv(tmp, index=False))
+        write_with(run_dir.root / ISSUES, lambda tmp: issues.to_csv(tmp, index=False))
+        console.open_log(run_dir.log("audit"))  # (a fold's training had the log)
+        _report(issues, len(rows), dups, options, mode, loaded_path, run_dir)
+        return AuditResult(run_dir.root, issues, scores, dups, mode,
+                           {"label_issues": run_dir.root / ISSUES, "duplicates": run_dir.root / DUPLICATES,
+                            "plan": run_dir.root / PLAN})
+    except TformerError as exc:  # refused before any fold's answers: the plan goes, and the folder with it
+        stopped = isinstance(exc, Interrupted) or interrupted_by(exc)
+        if fresh and not stopped and not any(run_dir.root.glob(f"fold_*/{OUT_OF_FOLD}")):
+            (run_dir.root / PLAN).unlink(missing_ok=True)
+        raise
 
 
 def _resumed_audit(resume) -> Path:
     """The audit folder resume= names (true: the newest under outputs/audit)."""
     if resume is True:
-        found = sorted((p.parent for p in Path("outputs/audit").glob(f"*/*/{PLAN}")), key=lambda p: p.stat().st_mtime)
+        plans = Path("outputs/audit").glob(f"*/*/{PLAN}")  # (unfinished ones: a finished audit has its issues)
+        found = sorted((p.parent for p in plans if not (p.parent / ISSUES).is_file()), key=lambda p: p.stat().st_mtime)
         if not found:
-            raise TformerError("resume=true: no audit under outputs/audit to continue; pass resume=<audit dir>")
+            raise TformerError("resume=true: no unfinished audit under outputs/audit to continue; pass "
+                               "resume=<audit dir>")
         return found[-1]
     path = Path(str(resume)).expanduser()
     if not (path / PLAN).is_file():
@@ -270,17 +284,18 @@ def fold_overrides(overrides: list[str], data_cfg, names: list[str]) -> list[str
     kept = [o for o in overrides
             if o.lstrip("+~").split("=", 1)[0].split(".", 1)[0].split("/", 1)[0] not in dropped]
     reading = {"label_names": names, **fold_reading(data_cfg)}
-    return [*kept, *[f"data.{k}={override_value(k, v)}" for k, v in reading.items() if v is not None],
+    return [*kept, *[f"data.{k}={override_value(k, v, text=True)}" for k, v in reading.items() if v is not None],
             "trainer.test_after_fit=false"]
 
 
-def assign_folds(labels: np.ndarray, k: int, seed: int) -> np.ndarray:
+def assign_folds(labels: np.ndarray, k: int, seed: int, names=None) -> np.ndarray:
     """Each row's fold, stratified by class and seeded; every class needs k rows (one in each fold)."""
     counts = np.bincount(labels)
     short = [int(c) for c in np.flatnonzero((counts > 0) & (counts < k))]
     if short:
-        raise TformerError(f"audit.folds={k}: class id {short[0]} has {counts[short[0]]} row(s), fewer than the "
-                           f"folds; lower audit.folds or add rows of that class")
+        which = f"class {names[short[0]]!r}" if names is not None else f"class id {short[0]}"
+        raise TformerError(f"audit.folds={k}: {which} has {counts[short[0]]} row(s), fewer than the folds; lower "
+                           f"audit.folds or add rows of that class")
     fold_of = np.empty(len(labels), dtype=np.int64)
     for i, (_, held) in enumerate(StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
                                   .split(np.zeros(len(labels)), labels)):
@@ -314,7 +329,7 @@ def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
     console = output()
     labels = rows["label"].to_numpy()
     k = options.folds
-    fold_of = assign_folds(labels, k, config.seed)
+    fold_of = assign_folds(labels, k, config.seed, names)
     check_fold_splits(labels, fold_of, names, config.data.validation_fraction)
     probs = np.full((len(rows), len(names)), np.nan, dtype=np.float32)
     base = fold_overrides(overrides, config.data, names)

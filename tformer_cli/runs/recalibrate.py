@@ -39,7 +39,8 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     read = getattr(data_cfg, f"{config.split}_file", None)  # a file given for this split is what is fitted on
     what = Path(read).name if read else f"{data_cfg.name} {config.split}"
     if config.file and read and not Path(read).is_file():  # (split= files are found as training found them)
-        raise TformerError(f"file={config.file or read}: no such file ({read}); give the labelled texts to calibrate on")
+        raise TformerError(f"file={config.file or read}: no such file ({read}); give the labelled texts to "
+                           f"calibrate on")
     console.print(f"[bold]checkpoint[/] {markup(loaded.path)}  [bold]texts[/] {markup(what)}  [bold]device[/] "
                   f"{device} ({precision.name})", highlight=False)
     max_len = int(loaded.model_config["max_len"])
