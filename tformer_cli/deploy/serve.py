@@ -291,12 +291,11 @@ def parse_coverage(body: bytes, classifier, query: str | None = None) -> float |
     if given is not None and (isinstance(given, bool) or not isinstance(given, (int, float))):
         raise BadRequest(f"coverage={json.dumps(given)[:80]} must be a number from 0.50 to 0.99")
     if query is not None:
-        if given is not None and isinstance(conformal.level_of(given), str):
-            raise BadRequest(conformal.level_of(given))
-        asked = conformal.level_of(query, "?coverage")
-        if isinstance(asked, str):
-            raise BadRequest(asked)
-        if given is not None and conformal.level_of(given) != asked:
+        said, asked = (None if given is None else conformal.level_of(given)), conformal.level_of(query, "?coverage")
+        for level in (said, asked):
+            if isinstance(level, str):
+                raise BadRequest(level)
+        if said is not None and said != asked:
             raise BadRequest(f"?coverage={query[:80]} and the body's coverage={json.dumps(given)[:80]} disagree; "
                              f"give one")
         given = asked

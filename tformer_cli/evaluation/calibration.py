@@ -52,6 +52,13 @@ def fit_rows(n: int, classes: int, seed: int = 0) -> np.ndarray | None:
     return np.sort(np.random.default_rng(seed).choice(n, size=min(keep, n), replace=False))
 
 
+def told(labels) -> np.ndarray:
+    """Per label of a multi-label model, whether these 0/1 targets say anything about its temperature: it is on for
+    some texts and off for others (a label never on, or always on, has its NLL falling towards T_MIN for no reason)."""
+    y = np.asarray(labels) > 0.5
+    return y.any(axis=0) & (~y).any(axis=0)
+
+
 def fit_temperature(logits, labels, multi_label: bool, keep=None) -> float | list[float]:
     """The temperature minimising the NLL of `labels` under `logits / T` (T in [T_MIN, T_MAX]): one float for a
     softmax model, one per label for a multi-label model. logits (N, C); labels (N,) class ids or (N, C) 0/1.
@@ -71,7 +78,7 @@ def fit_temperature(logits, labels, multi_label: bool, keep=None) -> float | lis
         if isinstance(keep, (list, tuple)) and len(keep) == len(out):
             out[:] = keep
         if len(z):
-            informative = y.any(axis=0) & (~y).any(axis=0) & np.isfinite(z).all(axis=0)
+            informative = told(y) & np.isfinite(z).all(axis=0)
             if informative.any():
                 zi, yi = z[:, informative], y[:, informative]
                 out[informative] = _golden(lambda t: _binary_nll(zi, yi, t[None, :]).mean(axis=0),
@@ -308,12 +315,12 @@ def describe(temperature) -> str:
 
 
 def fitted(logits, labels, multi_label: bool, seed: int = 0, thresholds=None, old_temperature=None,
-           keep=None) -> dict:
+           refit: bool = False) -> dict:
     """What a checkpoint saves after a fit on labelled texts it never trained on (training's validation split, or
     `tformer calibrate`'s texts): the temperature, the label-set cuts on the probabilities at that temperature
     (conformal.py) and, for a multi-label model, its thresholds moved to the new scale (no decision changes).
-    keep: `fit_temperature`'s (a refit keeps what it cannot fit again)."""
-    temperature = fit_temperature(logits, labels, multi_label, keep=keep)
+    refit: old_temperature is kept where these texts cannot fit it again (`fit_temperature`'s keep)."""
+    temperature = fit_temperature(logits, labels, multi_label, keep=old_temperature if refit else None)
     changes = {"temperature": temperature,
                "conformal": conformal.fit_cuts(probabilities(logits, temperature, multi_label), labels, multi_label,
                                                seed)}

@@ -72,7 +72,7 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
         raise TformerError(f"none of the {_texts(len(y))} of {what} has a label: label sets fitted on them would "
                            f"always be empty; give texts with their labels in the `{data_cfg.label_column}` column")
     changes = calibration.fitted(logits, y, multi, seed, loaded.thresholds, loaded.temperature,
-                                 keep=loaded.temperature)
+                                 refit=True)
     changes["calibrated_on"] = {"checkpoint": str(loaded.path.resolve()), "data": data_cfg.name, "split": config.split,
                                 "file": Path(read).name if read else None,
                                 "file_sha256": sha256_file(Path(read)) if read else None, "texts": int(len(y))}
@@ -87,12 +87,11 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
                   f"{calibration.at_the_edge(changes['temperature'])}; ECE on these texts "
                   f"{summary['ece_before']:.4f} -> {summary['ece']:.4f}", highlight=False)
     if multi:
-        y2 = np.asarray(y) > 0.5
-        silent = int((~(y2.any(axis=0) & (~y2).any(axis=0))).sum())
+        silent = int((~calibration.told(y)).sum())
         if silent:
             kept = "keep their temperatures" if isinstance(loaded.temperature, list) else "get temperature 1"
-            console.print(f"{silent:,} of {y2.shape[1]:,} labels are never (or always) on in these texts: they "
-                          f"{kept}", highlight=False)
+            console.print(f"{silent:,} of {len(loaded.label_names):,} labels are never (or always) on in these "
+                          f"texts: they {kept}", highlight=False)
     before = summary["coverage_before"]
     if before:
         shown = ", ".join(f"{before[conformal.key(x)]:.4f} at {x:.2f}" for x in conformal.REPORTED)
