@@ -2,10 +2,12 @@
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import tformer_cli
-from tformer_cli import Classifier, TformerError, train
+from tformer_cli import Classifier, TformerError, audit, distill, train
+from tformer_cli.overrides import as_overrides
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +65,44 @@ def test_errors_are_tformer_errors_with_one_line(tmp_path, monkeypatch):
     with pytest.raises(TformerError, match="only"):
         train(["-m", "trainer.epochs=1,2"])
     assert not list(tmp_path.glob("outputs/train/*/*"))  # refused runs leave no folder
+
+
+def test_wrong_types_are_one_line_errors_naming_the_function_called(tmp_path, monkeypatch):
+    """Each refused before any training, as a TformerError of one line, never a TypeError or Hydra's traceback."""
+    monkeypatch.chdir(tmp_path)
+    df = pd.DataFrame({"text": ["a fine film", "dull"], "label": ["pos", "neg"]})
+    cases = [(lambda: train(None, data=df), "train() takes a list of key=value strings"),
+             (lambda: audit(None, data=df), "audit() takes a list of key=value strings"),
+             (lambda: train({"trainer.epochs=1": 2}, data=df),
+              "put the value in the dict's value: train({'trainer.epochs': ...})"),
+             (lambda: audit({"trainer.epochs=1": 2}, data=df), "audit({'trainer.epochs': ...})"),
+             (lambda: train(["trainer.epochz=1"], data=df), "did you mean trainer.epochs?"),  # Hydra's, in one line
+             (lambda: train(["trainer.epochs"], data=df), "could not read an override"),
+             (lambda: audit(["trainer.epochz=1"], data=df), "audit(): trainer.epochz is not a setting"),
+             (lambda: Classifier.load(5), "checkpoint=5 must be a path (str or pathlib.Path)"),
+             (lambda: train(data=[1, 2]), "(texts, labels) pair, e.g. data=(['a fine film'"),
+             (lambda: audit(data=[1, 2]), "not a list of int"),
+             (lambda: train({"optimizer.lr": float("nan")}, data=df), "nan is not a finite number"),
+             (lambda: audit({"trainer.epochs": object()}, data=df), "audit({'trainer.epochs'"),
+             (lambda: distill({"optimizer.lr": float("inf")}), "distill({'optimizer.lr': inf}): inf is not a finite"),
+             (lambda: audit(["data=files"], data=df), "audit(data=...) reads the data given"),
+             (lambda: train(data=df.iloc[:0]), "data= has no rows"),
+             (lambda: train(data=df, validation_data={"text": [], "label": []}), "validation_data= has no rows")]
+    for call, message in cases:
+        with pytest.raises(TformerError) as caught:
+            call()
+        assert message in str(caught.value) and "\n" not in str(caught.value), (message, str(caught.value))
+    assert not [p for task in ("train", "audit", "distill") for p in tmp_path.glob(f"outputs/{task}/*/*")]
+
+
+def test_numpy_scalars_are_the_numbers_and_bools_they_hold(tmp_path, monkeypatch):
+    given = {"trainer.epochs": np.int64(3), "optimizer.lr": np.float64(0.5), "trainer.test_after_fit": np.bool_(False),
+             "data.label_names": [np.str_("null"), "b"]}
+    assert as_overrides(given) == ["trainer.epochs=3", "optimizer.lr=0.5", "trainer.test_after_fit=false",
+                                   "data.label_names=['null',b]"]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TformerError, match="trainer.epochs=0 must be at least 1"):  # read as 0, past the types
+        train({"trainer.epochs": np.int64(0)}, data=pd.DataFrame({"text": ["a", "b"], "label": ["x", "y"]}))
 
 
 @pytest.mark.slow  # a fresh interpreter

@@ -144,6 +144,10 @@ def test_a_resumed_audit_with_other_fold_settings_is_refused(tmp_path):
         _check_plan(path, {**plan, "training": changed}, resuming=True)
     with pytest.raises(TformerError, match="the data differs"):
         _check_plan(path, {**plan, "data": "other"}, resuming=True)
+    with pytest.raises(TformerError, match=r": folds \(3 -> 5\) differs from the audit being resumed"):
+        _check_plan(path, {**plan, "folds": 5}, resuming=True)
+    with pytest.raises(TformerError, match=r": folds \(3 -> 5\), seed \(0 -> 1\) differ from"):
+        _check_plan(path, {**plan, "folds": 5, "seed": 1}, resuming=True)
 
 
 def test_resume_true_continues_the_newest_unfinished_audit(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ generated from them, not written out per job."""
 import json
 import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -134,6 +135,22 @@ def test_lone_surrogates_are_replaced_in_every_job(tiny_run, tmp_path, monkeypat
     assert Classifier.load(tiny_run.run_dir).predict([LONE])[0]["label"] in Classifier.load(tiny_run.run_dir).labels
     texts, _ = parse_request(json.dumps([LONE]).encode(), ServeLimits(), 2)
     assert texts == ["a \ufffd review"]
+
+
+@pytest.mark.slow  # the shared tiny run, loaded
+def test_a_batch_size_torch_cannot_index_is_refused_from_python(tiny_run):
+    """10**20 overflowed torch's split: a traceback from predict and suggest, a 500 from every request served."""
+    from tformer_cli.deploy.serve import create_app
+
+    clf = Classifier.load(tiny_run.run_dir)
+    for call in (lambda: clf.predict(["a text"], batch_size=10 ** 20),
+                 lambda: clf.embed(["a text"], batch_size=10 ** 20),
+                 lambda: suggest(tiny_run.run_dir, ["a", "b"], n=1, quiet=True, labelled=None, batch_size=10 ** 20),
+                 lambda: create_app(clf, max_batch=10 ** 20)):
+        with pytest.raises(TformerError, match="must be at most 1048576"):
+            call()
+    answer = clf.predict(["a text"], top_k=np.int64(2), batch_size=np.int32(8))[0]  # (a count from numpy arithmetic)
+    assert len(answer["top_k"]) == 2
 
 
 def test_a_bad_top_k_is_shown_safely():

@@ -111,6 +111,20 @@ def test_tsv_jsonl_and_parquet(tmp_path):
         assert data.label_names == ["0", "1", "2"] and len(data.splits["test"]) == 30
 
 
+def test_a_binary_text_column_is_read_as_utf8_text_not_as_its_repr(tmp_path):
+    """str(b"caf\xc3\xa9") is "b'caf\\xc3\\xa9'": a model trained on that would never see the texts predict reads."""
+    texts = [f"caf\u00e9 {i}" for i in range(30)]
+    pd.DataFrame({"text": [t.encode() for t in texts], "title": [b"t"] * 30, "label": [i % 3 for i in range(30)]}
+                 ).to_parquet(tmp_path / "b.parquet")
+    for columns, want in (("text", texts), (["title", "text"], [f"t {t}" for t in texts])):
+        data = sources.load(files_cfg(train_file=str(tmp_path / "b.parquet"), test_file=str(tmp_path / "b.parquet"),
+                                      text_column=columns))
+        assert data.splits["test"]["text"] == want
+    pd.DataFrame({"text": [b"caf\xe9"] * 30, "label": [i % 3 for i in range(30)]}).to_parquet(tmp_path / "l.parquet")
+    with pytest.raises(TformerError, match="the train split: its texts are bytes that are not UTF-8 .*byte 0xe9"):
+        sources.load(files_cfg(train_file=str(tmp_path / "l.parquet")))
+
+
 def test_unknown_column_lists_the_columns(tmp_path):
     p = tmp_path / "train.csv"
     p.write_text("review,label\nhello,0\nbye,1\n")

@@ -50,6 +50,22 @@ def test_labels_with_a_gap_are_not_told_to_shift(tmp_path):
     assert "label_offset" not in str(refused.value)
 
 
+def test_a_resume_hint_pastes_back_into_a_shell(tmp_path):
+    """A run dir or an override with a space or a quote, joined with spaces, split into other words when pasted."""
+    import shlex
+    from types import SimpleNamespace
+
+    from tformer_cli.runs.session import resume_hint
+    from tformer_cli.store.layout import RunDir
+
+    run = RunDir(tmp_path / "my runs" / "it's")
+    typed = ["data.train_file=my data.csv", "trainer.epochs=3", "resume=true"]
+    session = SimpleNamespace(run_dir=run, overrides=typed, job=SimpleNamespace(resumes_sweeps=False, task="train"),
+                              dist=SimpleNamespace(enabled=False, world=1))
+    hint = resume_hint(session)
+    assert shlex.split(hint.removeprefix("resume with: ")) == ["tformer", "train", *typed[:2], f"resume={run}"]
+
+
 @pytest.mark.parametrize("stop", [cli.Stopped(), Interrupted("interrupted at epoch 1, step 3; the last checkpoint "
                                                               "is saved; resume with: tformer train resume=x")])
 def test_ctrl_c_is_a_plain_line_with_exit_code_130(stop, capsys):

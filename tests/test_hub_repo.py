@@ -69,6 +69,20 @@ def test_the_staged_repository_holds_the_checkpoint_export_and_card(run, cache):
     assert "library_name: tformer" in card and "`negative`" in card and "hf://<this repo>" in card
 
 
+def test_a_run_exported_only_as_int8_stages_that_export(tiny_run, tmp_path):
+    """predict --runtime onnx of a run with only onnx-int8/ uses it; a push that left it out published a repository
+    whose --runtime onnx fails."""
+    from tformer_cli.deploy.export import export_onnx
+    from tformer_cli.deploy.hub_repo import stage
+
+    run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
+    export_onnx(run_dir, quantize="int8")
+    staged = stage(run_dir, tmp_path / "repo")
+    info = json.loads((staged / "onnx" / "export.json").read_text())
+    assert (staged / "onnx" / "model.onnx").is_file() and "int8" in json.dumps(info)
+    assert ", onnx]" in (staged / "README.md").read_text()
+
+
 def test_predict_loads_hf_references_from_the_hub_cache(run, cache, tmp_path):
     expected = Classifier.load(run).predict(["never boring"])[0]
     for runtime in ("torch", "onnx"):
@@ -94,6 +108,9 @@ def test_missing_or_malformed_references_and_offline_push_are_one_line(run, cach
     for ref, words in ((f"hf://{REPO}-nope", "not in the local Hub cache"), ("hf://just-a-name", "hf://<owner>")):
         r = run_tformer("predict", f"--checkpoint={ref}", "hello", cwd=tmp_path, env=hub_env(cache))
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
+        assert r.stderr.count("cache") == (words != "hf://<owner>")  # (said once, not "... cache ... no cached copy")
+    r = run_tformer("push", f"checkpoint={run}", "repo=me/mo..del", cwd=tmp_path, env=hub_env(cache))
+    assert r.returncode == 2 and "error: repo=me/mo..del is not a Hub repository; use <owner>/<name>" in r.stderr
     r = run_tformer("push", f"checkpoint={run}", f"repo={REPO}", cwd=tmp_path, env=hub_env(cache))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot push" in r.stderr, r.stderr
 

@@ -4,7 +4,7 @@ looks like an old `key=value` option is refused rather than guessed); export, se
 import pytest
 
 from helpers import run_tformer
-from tformer_cli.commands import export, predict, push, serve
+from tformer_cli.commands import export, predict, push, serve, suggest
 from tformer_cli.errors import TformerError
 
 
@@ -23,6 +23,19 @@ def test_predict_refuses_a_text_that_looks_like_an_option(arg):
         predict.parse_args(["a real text", arg])
     opts, texts = predict.parse_args(["a real text", "--", arg, "--json"])  # after --: texts, all of them
     assert texts == ["a real text", arg, "--json"] and opts == predict.DEFAULTS
+
+
+def test_a_batch_size_past_what_torch_can_index_is_refused_at_start_up():
+    """1e20 texts per batch overflowed torch's split (a 500 on every request, a traceback in predict and suggest)."""
+    huge = str(10 ** 20)
+    with pytest.raises(TformerError, match=f"--batch-size={huge} must be at most 1048576"):
+        predict.parse_args([f"--batch-size={huge}", "a text"])
+    with pytest.raises(TformerError, match=rf"max_batch={huge} is out of range \(1-1048576\)"):
+        serve.parse_args([f"max_batch={huge}"])
+    with pytest.raises(TformerError, match=f"batch_size={huge} must be at most 1048576"):
+        suggest.parse_args(["file=pool.txt", f"batch_size={huge}"])
+    assert predict.parse_args(["--batch-size=1048576", "a text"])[0]["batch_size"] == 1 << 20
+    assert serve.parse_args(["max_batch=1048576"])["max_batch"] == 1 << 20
 
 
 def test_predict_keeps_other_equals_signs_as_text_and_refuses_unknown_flags():
@@ -59,6 +72,29 @@ def test_the_other_commands_take_key_value_and_dashed_flags():
         export.parse_args(["--colour=red"])
     with pytest.raises(TformerError, match="unknown argument 'repo'; push takes checkpoint="):
         push.main(["repo"])
+
+
+def test_export_reads_quantize_in_any_case_and_refuses_others_before_saying_what_it_exports(tmp_path):
+    from tformer_cli.deploy.export import quantization
+
+    assert [quantization(v) for v in ("INT8", " int8", "None", "", None)] == ["int8", "int8", None, None, None]
+    r = run_tformer("export", "quantize=int4", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr == "error: quantize='int4' is not one of none, int8\n" and not r.stdout
+
+
+def test_suggest_reads_labelled_as_yes_no_or_a_path_and_refuses_a_folder_as_out(tmp_path, monkeypatch):
+    """labelled=no was read as a file named no; out=<folder> failed only after the whole pool was scored."""
+    monkeypatch.chdir(tmp_path)
+    read = {v: suggest.parse_args(["file=pool.txt", f"labelled={v}"])["labelled"]
+            for v in ("no", "OFF", "false", "none", "", "yes", "auto", "seen.csv")}
+    assert read == {"no": None, "OFF": None, "false": None, "none": None, "": None, "yes": "auto", "auto": "auto",
+                    "seen.csv": "seen.csv"}
+    (tmp_path / "no").write_text("text\nseen\n")
+    with pytest.raises(TformerError, match="labelled=no is ambiguous"):
+        suggest.parse_args(["file=pool.txt", "labelled=no"])
+    (tmp_path / "pool.txt").write_text("a text\n")
+    with pytest.raises(TformerError, match=f"out={tmp_path} is a folder; pass the path of the CSV"):
+        suggest.out_path(suggest.parse_args(["file=pool.txt", f"out={tmp_path}", "overwrite=true"]))
 
 
 def test_a_text_shaped_like_an_option_is_refused_in_one_line(tmp_path):

@@ -1,11 +1,13 @@
-"""Reports people look at: PNG plots, the per-class report, errors.csv, explanations, `tformer report`."""
+"""Reports people look at: PNG plots, the per-class report, errors.csv, explanations, `tformer report` (of a run,
+an evaluate run, an audit and its folds)."""
 import csv
 import json
+import random
 
 import pytest
 import torch
 
-from helpers import copy_run, run_tformer
+from helpers import TINY_TRAINING, copy_run, run_tformer
 from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -246,3 +248,49 @@ def test_the_settings_table_names_where_the_token_table_came_from():
     assert _embeddings({}, {}, {"name": "minilm", "freeze_epochs": 1}) == "minilm, frozen 1 epoch(s)"
     assert _embeddings({"distill": {"embeddings": "auto"}}, {}, {"name": "minilm", "freeze_epochs": 1}) == \
         "minilm, frozen 1 epoch(s)"  # (a student with a table of its own)
+
+
+@pytest.mark.slow
+def test_report_reads_an_evaluate_run_and_points_from_a_checkpoint_or_a_file_to_its_run(run, tmp_path):
+    work, run_dir = run
+    evaluated = tmp_path / "evaluated"
+    r = run_tformer("evaluate", f"checkpoint={run_dir}", f"hydra.run.dir={evaluated}", cwd=work)
+    assert r.returncode == 0, r.stderr[-2000:]
+    metrics = json.loads((evaluated / "metrics.json").read_text())
+    r = run_tformer("report", str(evaluated), cwd=work)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"{metrics['accuracy']:.4f}" in r.stdout and "per class" in r.stdout
+    assert str(evaluated / "metrics.json") in r.stdout and str(evaluated / "confusion_matrix.png") in r.stdout
+    for inside in (run_dir / "checkpoints" / "best", run_dir / "history.json"):  # the run to pass instead
+        r = run_tformer("report", str(inside), cwd=work)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"`tformer report {run_dir}`" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_report_reads_an_audit_and_its_folds(tmp_path):
+    rng = random.Random(0)
+    words = {"sports": "goal match team score player coach".split(), "cooking": "oven flour sugar bake pan".split()}
+    labelled = tmp_path / "labelled.csv"
+    with open(labelled, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        for i in range(80):
+            label = "sports" if i % 2 else "cooking"
+            w.writerow([" ".join(rng.choice(words[label]) for _ in range(6)), label])
+    audited = run_tformer("audit", "data=files", f"data.train_file={labelled}", "audit.folds=2", *TINY_TRAINING,
+                          cwd=tmp_path)
+    assert audited.returncode == 0, audited.stderr[-2000:]
+    (audit_dir,) = (tmp_path / "outputs" / "audit").glob("*/*")
+    flagged = len(list(csv.DictReader(open(audit_dir / "label_issues.csv"))))
+    said = f"label issues {flagged:,} of 80 rows"
+    assert said in " ".join(audited.stdout.split())  # what the audit itself said at its end
+    r = run_tformer("report", str(audit_dir), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = " ".join(r.stdout.split())
+    assert said in out and str(audit_dir / "label_issues.csv") in out and "duplicates" in out, out
+    r = run_tformer("report", str(audit_dir / "fold_1"), cwd=tmp_path)  # its checkpoint is gone, its history kept
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = " ".join(r.stdout.split())
+    assert "training summary" in out and f"the audit's results: `tformer report {audit_dir}`" in out, out
+
+

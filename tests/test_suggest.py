@@ -3,6 +3,7 @@ math on hand-made matrices; the rest with the shared tiny run)."""
 import csv
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from tformer_cli.errors import TformerError
@@ -69,6 +70,26 @@ def test_labelled_features_keep_picks_away_from_what_is_labelled():
     labelled = feats[cluster == 0][:3] + 0.001
     picks = selection.select(probs, 1, features=feats, labelled_features=labelled, pool_factor=20)
     assert cluster[picks[0]] == 1
+
+
+def test_a_runs_own_files_are_found_as_its_training_found_them(tmp_path):
+    """labelled=auto of a named dataset read from its folder (data=trec data.dir=...) excluded nothing."""
+    from dataclasses import asdict
+
+    from tformer_cli.evaluation.suggestions import run_files
+    from tformer_cli.runs.config import data_config
+
+    saved = lambda **keys: asdict(data_config({}, **keys))  # (a checkpoint's config.yaml holds the whole tree)
+    for name in ("train.parquet", "test.csv", "labels.txt"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "extra.csv").write_text("")
+    assert run_files(saved(name="trec", dir=str(tmp_path))) == [tmp_path / "train.parquet", tmp_path / "test.csv"]
+    assert run_files(saved(name="files", train_file=str(tmp_path / "extra.csv"), test_file=str(tmp_path / "test.csv"))
+                     ) == [tmp_path / "extra.csv", tmp_path / "test.csv"]
+    assert run_files(saved(name="demo")) == [] and run_files({}) == []
+    assert run_files({"name": "trec", "dir": str(tmp_path)}) == [tmp_path / "train.parquet", tmp_path / "test.csv"]
+    # (a config saved by an older version, without keys added since: its files are still found)
+    assert run_files(saved(name="trec", dir=str(tmp_path / "moved"))) == []  # (a folder gone: nothing, no error)
 
 
 def test_eligible_drops_duplicates_empty_and_labelled():
@@ -142,6 +163,7 @@ def test_cli_writes_a_csv_to_label(tiny_run, tmp_path):
     assert {r["guess"] for r in rows} <= set(tiny_run.classifier().labels)
     assert all(0 <= float(r["uncertainty"]) <= 1 and 0 < float(r["probability"]) <= 1 for r in rows)
     assert "most worth labelling" in done.stdout and "pool.to_label.csv" in done.stdout
+    assert "labelled=auto: the run's training data (demo)" in done.stdout  # (generated: nothing to exclude, said)
     # a second run keeps the file (labels may be filled in already)
     again = run_tformer("suggest", f"checkpoint={tiny_run.run_dir}", f"file={pool}", "n=4", "text_column=review",
                         cwd=tmp_path)
@@ -152,15 +174,18 @@ def test_cli_writes_a_csv_to_label(tiny_run, tmp_path):
 def test_cli_bad_input_is_one_line(tiny_run, tmp_path):
     (tmp_path / "pool.csv").write_text("text\nfirst review\nsecond review\n")
     (tmp_path / "empty.csv").write_text("text\n")
+    (tmp_path / "notes.dat").write_text("a note\n")
     run = f"checkpoint={tiny_run.run_dir}"
     cases = {("file=pool.csv", "text_column=review"): "column 'review' not found",
              ("file=pool.csv", "n=5"): "n=5 is more than the 2 texts",
              ("file=empty.csv",): "the pool is empty",
              ("file=missing.csv",): "no such file",
+             ("file=.",): ". is a folder; pass one file of texts",
+             ("file=pool.csv", "labelled=notes.dat"): "notes.dat: tformer reads texts from .parquet, .csv",
              ("file=pool.csv", "n=two"): "must be a whole number",
              ("n=2",): "needs file=PATH"}
     for args, message in cases.items():
-        done = run_tformer("suggest", run, *args, "out=picked.csv", cwd=tmp_path)
+        done = run_tformer("suggest", run, *args, *(["out=picked.csv"] if args != ("file=.",) else []), cwd=tmp_path)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], \
             (args, done.stderr)
@@ -173,3 +198,29 @@ def test_a_pool_with_nothing_new_says_so_and_not_n_1(tiny_run):
 
     with pytest.raises(TformerError, match="none of the 2 texts in the pool can be suggested"):
         suggest(tiny_run.run_dir, ["seen one", "seen two"], n=1, labelled=["seen one", "seen two"], quiet=True)
+
+
+@pytest.mark.slow
+def test_pandas_missing_texts_dicts_of_columns_and_numpy_counts(tiny_run):
+    """A `string` column's pd.NA is an empty text, as None and NaN of an object column are; a dict is read as
+    columns (as train(data=) reads it), never as its keys; n may be the np.int64 an array's arithmetic gives."""
+    import pandas as pd
+
+    from tformer_cli import suggest
+
+    texts = ["a gripping film", None, "dull from start to end", "", "i laughed and cried"]
+    frame = pd.DataFrame({"text": pd.array(texts, dtype="string")})
+    assert frame["text"].isna().sum() == 1
+    picks = suggest(tiny_run.run_dir, frame, n=3, quiet=True)
+    assert sorted(picks.index) == [0, 2, 4]
+    with pytest.raises(TformerError, match="n=4 is more than the 3 texts"):  # the missing one counted as empty
+        suggest(tiny_run.run_dir, frame, n=4, quiet=True)
+    from_dict = suggest(tiny_run.run_dir, {"review": texts[2:], "id": [1, 2, 3]}, n=2, text_column="review",
+                        quiet=True)
+    assert sorted(from_dict["text"]) == ["dull from start to end", "i laughed and cried"]
+    assert len(suggest(tiny_run.run_dir, texts[2:], n=np.int64(2), pool_factor=np.int64(1), quiet=True)) == 2
+    column = pd.Series(["a gripping film", np.nan, "dull from start to end"])  # a column taken alone
+    assert sorted(suggest(tiny_run.run_dir, column, n=2, quiet=True).index) == [0, 2]
+    encoded = pd.DataFrame({"text": [t.encode() for t in texts[2:]]})  # bytes: read as the texts they encode
+    assert sorted(suggest(tiny_run.run_dir, encoded, n=2, quiet=True, pool_factor=1)["text"]) == [
+        "dull from start to end", "i laughed and cried"]

@@ -1,5 +1,6 @@
 """A -m sweep reads as a sweep: each job shows its epoch lines and one final line (its train.log keeps the rest),
-job folders get short names that a resumed sweep finds again, and floats are rounded where people read them."""
+job folders get short names that a resumed sweep finds again (a resume must give the sweep's own overrides), and
+floats are rounded where people read them."""
 import csv
 import hashlib
 import re
@@ -10,6 +11,7 @@ from omegaconf import OmegaConf
 
 from helpers import TINY, run_tformer
 from tformer_cli.sweeps.naming import job_dirname, round_floats
+from tformer_cli.sweeps.plan import planned_jobs, resume_changes
 
 OPTUNA_LR = "0.00031415926535897931"  # a value as an Optuna trial gives it
 
@@ -100,3 +102,52 @@ def test_a_job_folder_name_is_one_folder_that_hydra_reads_as_a_plain_value(tmp_p
     # a sweeper that writes no multirun.yaml: the job's overrides, cut to fit
     name = job_dirname("x", ["trainer.epochs=2", "data.n_train=300", "model.d_model=48"], str(tmp_path / "none"))
     assert name.startswith("300_48_2_"), name
+
+
+def test_a_resume_must_give_the_jobs_the_sweep_began_with():
+    ran = ["seed=1,2,3", "optimizer.lr=0.001,0.003", "data.dir=/data/a", "trainer.epochs=2"]
+    # the same jobs, spelled otherwise or with the data moved: nothing to say
+    assert resume_changes(ran, ["-m", "trainer.epochs=2", "seed=range(1,4)", "optimizer.lr=1e-3,3e-3",
+                                "data.dir=/data/b", "resume=x", "hydra.sweep.dir=y"]) == []
+    assert resume_changes(ran, ["seed=3,4", "optimizer.lr=0.001,0.003", "trainer.epochs=2"]) == [
+        "seed=3,4 (the sweep ran seed=1,2,3)"]
+    assert resume_changes(ran, ["seed=1,2,3", "optimizer.lr=0.001,0.003", "trainer.epochs=3", "+trainer.x=1"]) == [
+        "trainer.epochs=3 (the sweep ran trainer.epochs=2)", "+trainer.x=1 (not in the sweep)"]
+    assert resume_changes(ran, ["seed=1,2,3", "optimizer.lr=0.001,0.003"]) == ["trainer.epochs=2 left out"]
+    # the same values in another order: other jobs under each number of a grid (an Optuna search numbers none)
+    reordered = ["optimizer.lr=0.001,0.003", "seed=1,2,3", "trainer.epochs=2"]
+    assert resume_changes(ran, reordered)[0].startswith("the swept keys in another order")
+    assert resume_changes(ran, reordered, grid=False) == []
+    # what a job's resume advises, and spellings Hydra reads alike, pass; a value is shown as it was typed
+    assert resume_changes(ran, [*ran, "resume_ignore_data_change=true"]) == []
+    search = ["hparams_search=small_optuna", "model.dropout=interval(0, 0.2)", "seed=shuffle(1,2,3)", "x=true"]
+    assert resume_changes(search, ["seed=shuffle(1,2,3)", "model.dropout=interval(0,0.2)", "x=true",
+                                   "hparams_search=small_optuna"], grid=False) == []
+    assert resume_changes(search, [*search[:3], "x=false"], grid=False) == ["x=false (the sweep ran x=true)"]
+
+
+def test_the_plan_of_a_grid_sweep_lists_each_jobs_overrides(tmp_path):
+    OmegaConf.save(OmegaConf.create({"hydra": {
+        "overrides": {"task": ["seed=1,2", "model=tiny", "optimizer.lr=0.1,0.2", f"resume={tmp_path}"]},
+        "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "params": None}}}),
+        tmp_path / "multirun.yaml")
+    assert planned_jobs(tmp_path) == [["seed=1", "model=tiny", "optimizer.lr=0.1"],
+                                      ["seed=1", "model=tiny", "optimizer.lr=0.2"],
+                                      ["seed=2", "model=tiny", "optimizer.lr=0.1"],
+                                      ["seed=2", "model=tiny", "optimizer.lr=0.2"]]
+    OmegaConf.save(OmegaConf.create({"hydra": {  # an Optuna search picks its values as it goes
+        "overrides": {"task": ["hparams_search=small_optuna", "seed=1,2"]},
+        "sweeper": {"_target_": "hydra_plugins.tformer_sweepers.resumable_optuna.ResumableOptunaSweeper",
+                    "params": {"optimizer.lr": "tag(log, interval(1e-4, 1e-2))"}}}}), tmp_path / "multirun.yaml")
+    assert planned_jobs(tmp_path) is None
+
+
+def test_the_keys_a_resume_may_change_are_the_ones_job_folder_names_leave_out():
+    """A key free to change on resume but in the folder's hash would send each job to a new folder."""
+    import yaml
+
+    from helpers import ROOT
+    from tformer_cli.sweeps.plan import FREE
+
+    train = yaml.safe_load((ROOT / "configs" / "train.yaml").read_text())
+    assert set(train["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"]) == set(FREE)

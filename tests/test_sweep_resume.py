@@ -1,6 +1,8 @@
 """A grid sweep killed half-way and resumed with resume=<sweep dir>: every job listed once, finished jobs read
-back (not retrained), the interrupted job resumed from its checkpoint, the missing ones run."""
+back (not retrained), the interrupted job resumed from its checkpoint, the missing ones run; a resume that would
+run other jobs under the same numbers is refused, and the report of a sweep that died counts only finished jobs."""
 import csv
+import statistics
 
 import pytest
 
@@ -45,3 +47,46 @@ def test_resume_with_m_must_name_a_sweep(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "sweep directory" in r.stderr
     r = run_tformer("train", "-m", "seed=1,2", "resume=true", cwd=tmp_path)
     assert r.returncode == 2 and "no sweep" in r.stderr
+
+
+# a sweep that dies in job 2: 20 epochs leave time to stop it after its first best epoch, before it ends
+DIED = ["train", "-m", "seed=1,2,3,4", *tiny("trainer.epochs=20", "trainer.early_stopping.patience=100")]
+
+
+@pytest.fixture(scope="module")
+def died_sweep(tmp_path_factory):
+    """Ctrl-C once job 2 has a best epoch: jobs 0 and 1 done, job 2 interrupted (a best so far), job 3 never
+    started."""
+    work = tmp_path_factory.mktemp("died_sweep")
+    code, out = interrupted_when("outputs/multirun/*/*/2_*/checkpoints/best", *DIED, cwd=work)
+    assert code == 130, out[-2000:]
+    (sweep,) = [p for p in (work / "outputs" / "multirun").glob("*/*") if p.is_dir()]
+    return work, sweep
+
+
+def test_a_died_sweep_reports_its_interrupted_job_apart_and_its_unstarted_job(died_sweep):
+    work, sweep = died_sweep
+    r = run_tformer("report", str(sweep), cwd=work)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [(row["job"], row["overrides"], row["status"]) for row in rows] == [
+        ("0", "seed=1", "done"), ("1", "seed=2", "done"), ("2", "seed=3", "interrupted"),
+        ("3", "seed=4", "not started")]
+    assert rows[2]["best"] and not rows[2]["best_job"]  # its best so far: shown, never the sweep's best
+    done = [float(row["best"]) for row in rows[:2]]
+    line = next(line for line in (sweep / "summary.md").read_text().splitlines() if line.startswith("(defaults)"))
+    assert line.startswith(f"(defaults): val_accuracy {statistics.fmean(done):.4f} ± {statistics.stdev(done):.4f} "
+                           f"over 2 seeds"), line
+    assert line.endswith("; left out: job 2 interrupted, job 3 not started"), line
+    assert "over 2 seeds" in r.stdout and "not started" in r.stdout
+
+
+def test_a_resume_with_other_swept_values_is_refused_in_one_line(died_sweep):
+    work, sweep = died_sweep
+    before = sorted(p.name for p in sweep.iterdir())
+    other = [a if a != "seed=1,2,3,4" else "seed=4,5" for a in DIED]
+    r = run_tformer(*other, f"resume={sweep}", cwd=work)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-2000:]
+    assert "seed=4,5 (the sweep ran seed=1,2,3,4)" in r.stderr
+    assert f"`tformer {' '.join(DIED)} resume={sweep}`" in r.stderr  # the command that continues it
+    assert sorted(p.name for p in sweep.iterdir()) == before  # no job started, no folder made

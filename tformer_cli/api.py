@@ -20,7 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .errors import ArgumentTypeError, TformerError
+from hydra.errors import ConfigCompositionException, OverrideParseException
+
+from .errors import ArgumentTypeError, ConfigError, TformerError, hydra_error_line
 from .overrides import as_overrides, in_memory_data
 from .runs.in_process import TrainResult, train_overrides
 
@@ -29,7 +31,7 @@ __all__ = ["TrainResult", "distill", "train"]
 
 def checked_arguments(name: str, overrides, run_dir, quiet) -> list[str]:
     """The overrides as key=value strings, and the other arguments of train() / distill() checked: one line each."""
-    overrides = as_overrides(overrides)
+    overrides = as_overrides(overrides, name)
     if run_dir is not None and not isinstance(run_dir, (str, Path)):
         raise ArgumentTypeError(f"run_dir={run_dir!r:.80} must be a path (str or pathlib.Path)")
     if any(o.startswith("-") for o in overrides):
@@ -44,8 +46,9 @@ def train(overrides: list[str] | tuple[str, ...] | dict = (), *, run_dir: str | 
           validation_data: Any = None, test_data: Any = None, quiet: bool = False) -> TrainResult:
     """Train (or with `resume=...` continue) one run; raises TformerError with the CLI's one-line messages."""
     overrides = checked_arguments("train", overrides, run_dir, quiet)
-    overrides += in_memory_data(overrides, {"train": data, "validation": validation_data, "test": test_data})
-    return train_overrides(overrides, run_dir, quiet)
+    overrides += in_memory_data(overrides, {"train": data, "validation": validation_data, "test": test_data},
+                                "train")
+    return composed(overrides, run_dir, quiet, "train")
 
 
 def distill(overrides: list[str] | tuple[str, ...] | dict = (), *, run_dir: str | Path | None = None,
@@ -57,4 +60,13 @@ def distill(overrides: list[str] | tuple[str, ...] | dict = (), *, run_dir: str 
         student = distill({"teacher": "outputs/train/<date>/<time>", "distill.unlabeled": ["unlabeled.csv"]})
     """
     overrides = checked_arguments("distill", overrides, run_dir, quiet)
-    return train_overrides(overrides, run_dir, quiet, task="distill")
+    return composed(overrides, run_dir, quiet, "distill")
+
+
+def composed(overrides: list[str], run_dir, quiet: bool, task: str) -> TrainResult:
+    """The run of these overrides, with an override Hydra cannot parse or apply (a typo in a key, a missing
+    config, `trainer.epochs` without a value) in the CLI's one line, not Hydra's traceback."""
+    try:
+        return train_overrides(overrides, run_dir, quiet, task=task)
+    except (ConfigCompositionException, OverrideParseException) as exc:
+        raise ConfigError(f"{task}(): {hydra_error_line(task, exc)}") from None

@@ -17,6 +17,7 @@ A temperature never changes which label wins, so `calibrated=False` changes the 
 """
 from __future__ import annotations
 
+import numbers
 import re
 from pathlib import Path
 
@@ -26,12 +27,19 @@ from .errors import ArgumentTypeError, ConfigError, TformerError
 from .safe_text import valid_unicode
 
 
-def whole_number(value, name: str, low: int = 1) -> int:
-    """A caller's count (top_k, batch_size): an int >= low. 1.5, "2" and True are refused, not rounded or read as 1."""
-    if isinstance(value, bool) or not isinstance(value, int):
+MAX_BATCH = 1 << 20  # texts in one forward pass: past this a batch size is a typo (1e20), as in trainer.batch_size
+
+
+def whole_number(value, name: str, low: int = 1, high: int | None = None) -> int:
+    """A caller's count (top_k, batch_size): an int in [low, high]. 1.5, "2" and True are refused, not rounded or
+    read as 1; a batch size past MAX_BATCH would overflow torch's index arithmetic, so it is refused here."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # (np.int64 is one; np.bool_ is not)
         raise ArgumentTypeError(f"{name}={value!r} must be a whole number (an int), not {type(value).__name__}")
+    value = int(value)
     if value < low:
         raise ConfigError(f"{name}={value} must be at least {low}")
+    if high is not None and value > high:
+        raise ConfigError(f"{name}={value} must be at most {high}")
     return value
 
 
@@ -105,7 +113,7 @@ class TextPredictor:
         Calibrated (the checkpoint's temperature) unless calibrated=False (None: `self.calibrated`)."""
         import numpy as np
 
-        whole_number(batch_size, "batch_size")
+        batch_size = whole_number(batch_size, "batch_size", high=MAX_BATCH)
         self._calibrated(calibrated)
         texts, filled, windows = self._encode(texts)
         out = np.full((len(texts), len(self.labels)), np.nan, dtype=np.float32)
@@ -144,8 +152,8 @@ class TextPredictor:
         from .evaluation import conformal  # (numpy only)
 
         cut = self.label_set_cut(coverage) if coverage is not None else None
-        whole_number(top_k, "top_k")
-        whole_number(batch_size, "batch_size")
+        top_k = whole_number(top_k, "top_k")
+        batch_size = whole_number(batch_size, "batch_size", high=MAX_BATCH)
         self._calibrated(calibrated)
         method = explain_method(explain)
         if method == "rollout" and not hasattr(self, "_attention"):
@@ -292,7 +300,7 @@ class Classifier(TextPredictor):
         from .store.locate import locate
 
         path = locate(checkpoint, outputs_dir)
-        dev = pick_device(device)
+        dev = pick_device(device, "device")
         loaded = ckpt.load(path, dev)
         long_text = LongText.from_meta(loaded.meta)
         tok = load_tokenizer(loaded.tokenizer_file, int(loaded.model_config["max_len"]), long_text)
@@ -334,7 +342,7 @@ class Classifier(TextPredictor):
         from .hardware import pick_precision
         from .inference import document_logits
 
-        whole_number(batch_size, "batch_size")
+        batch_size = whole_number(batch_size, "batch_size", high=MAX_BATCH)
         model = self._loaded.model
         texts, filled, windows = self._encode(texts)
         out = np.full((len(texts), model.cfg.d_model), np.nan, dtype=np.float32)

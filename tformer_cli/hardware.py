@@ -13,7 +13,9 @@ import torch
 from .errors import TformerError
 
 
-def pick_device(name: str) -> torch.device:
+def pick_device(name: str, key: str = "trainer.device") -> torch.device:
+    """`key`: the option the user typed (trainer.device; device= of evaluate, suggest and Classifier.load), named in
+    refusals."""
     name = str(name)
     if name == "auto":
         if torch.cuda.is_available():
@@ -22,14 +24,13 @@ def pick_device(name: str) -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise TformerError(f"trainer.device={name} but CUDA is not available on this machine; use trainer.device=auto "
-                           f"or trainer.device=cpu")
+        raise TformerError(f"{key}={name} but CUDA is not available on this machine; use {key}=auto or {key}=cpu")
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise TformerError("trainer.device=mps but MPS is not available; use trainer.device=auto or cpu")
+        raise TformerError(f"{key}=mps but MPS is not available; use {key}=auto or cpu")
     try:
         return torch.device(name)
     except RuntimeError as exc:
-        raise TformerError(f"trainer.device={name} is not a device torch knows; use auto, cpu, cuda or mps") from exc
+        raise TformerError(f"{key}={name} is not a device torch knows; use auto, cpu, cuda or mps") from exc
 
 
 class _HostAllocator:

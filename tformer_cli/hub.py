@@ -51,8 +51,11 @@ def _set_offline() -> None:
         datasets.config.HF_HUB_OFFLINE = True
 
 
+def unreachable() -> str:
+    """For error messages: why the Hub could not serve the request, where the message says what the cache lacked."""
+    return "the Hub is unreachable or HF_HUB_OFFLINE is set" if _offline_set() else "the Hub did not serve it"
+
+
 def why_unavailable() -> str:
-    """For error messages: why the Hub could not serve the request."""
-    if _offline_set():
-        return "the Hub is unreachable or HF_HUB_OFFLINE is set, and there is no cached copy"
-    return "the Hub did not serve it"
+    """For error messages: why the Hub could not serve the request, the cache included."""
+    return f"{unreachable()}, and there is no cached copy" if _offline_set() else unreachable()

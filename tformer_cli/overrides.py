@@ -13,9 +13,10 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from .errors import ArgumentTypeError, TformerError
+from .errors import ArgumentTypeError, ConfigError, TformerError
 from .safe_text import valid_unicode
 from .store.atomic import write_with
 from .store.layout import in_memory_data as in_memory_data_path
@@ -24,14 +25,18 @@ from .store.layout import in_memory_data as in_memory_data_path
 TEXT_KEYS = ("data.label_names", "data.text_column", "data.label_column")  # names from data: strings, whatever they say
 
 
-def as_overrides(given) -> list[str]:
-    """A list of key=value strings, from one (as the CLI takes them) or from a dict {key: value}."""
+def as_overrides(given, name: str = "train") -> list[str]:
+    """A list of key=value strings, from one (as the CLI takes them) or from a dict {key: value}. name: the API
+    function the user called, as its errors name it."""
     if isinstance(given, dict):
-        return [f"{key}={override_value(key, value, text=key in TEXT_KEYS)}" for key, value in given.items()]
-    overrides = [] if isinstance(given, (str, bytes)) else list(given)
-    if isinstance(given, (str, bytes)) or not all(isinstance(o, str) for o in overrides):
-        raise ArgumentTypeError(f"train() takes a list of key=value strings, e.g. train(['model=small']), or a dict, "
-                                f"e.g. train({{'model': 'small'}}), not {given!r:.80}")
+        return [f"{key}={override_value(key, value, text=key in TEXT_KEYS, name=name)}" for key, value in given.items()]
+    try:
+        overrides = [] if isinstance(given, (str, bytes)) else list(given)
+    except TypeError:  # None, a number: not a list at all
+        overrides = None
+    if overrides is None or isinstance(given, (str, bytes)) or not all(isinstance(o, str) for o in overrides):
+        raise ArgumentTypeError(f"{name}() takes a list of key=value strings, e.g. {name}(['model=small']), or a "
+                                f"dict, e.g. {name}({{'model': 'small'}}), not {given!r:.80}")
     return overrides
 
 
@@ -41,17 +46,25 @@ def typed_keys(overrides) -> list[str]:
     return [o.lstrip("+~").split("=", 1)[0] for o in overrides if "=" in o]
 
 
-def override_value(key, value, text: bool = False) -> str:
+def override_value(key, value, text: bool = False, name: str = "train") -> str:
     """A Python value as Hydra's override grammar reads it back: true/false, null, [a,b], quoted strings. text: the
     strings are data (label names), never read as another type: `null`, `true` or `1e3` stay strings (a word
-    given by a user stays unquoted otherwise, so that {"trainer.epochs": "3"} is the 3 it means)."""
-    if not isinstance(key, str) or not key:
-        raise ArgumentTypeError(f"train()'s dict keys are config keys like 'trainer.epochs', not {key!r:.80}")
+    given by a user stays unquoted otherwise, so that {"trainer.epochs": "3"} is the 3 it means). A numpy scalar
+    (a count from a DataFrame, np.int64) is the number or bool it holds."""
+    if not isinstance(key, str) or not key or any(c.isspace() for c in key):
+        raise ArgumentTypeError(f"{name}()'s dict keys are config keys like 'trainer.epochs', not {key!r:.80}")
+    if "=" in key:  # (Hydra would fail to parse it, with a traceback)
+        raise ArgumentTypeError(f"{name}()'s dict keys are config keys like 'trainer.epochs', not {key!r:.80}; put "
+                                f"the value in the dict's value: {name}({{{key.split('=')[0]!r}: ...}})")
+    if isinstance(value, np.generic):
+        value = value.item()  # np.int64 -> int, np.float64 -> float, np.bool_ -> bool
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}({{{key!r}: {value!r}}}): {value!r} is not a finite number; give a finite number")
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
         return "null"
-    if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
+    if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, Path):
         value = str(value)
@@ -59,8 +72,8 @@ def override_value(key, value, text: bool = False) -> str:
         plain = value and all(c.isalnum() or c in "._-/+~" for c in value) and not (text and _another_type(value))
         return value if plain else quoted(value)
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(override_value(key, v, text) for v in value) + "]"
-    raise ArgumentTypeError(f"train({{{key!r}: {value!r:.60}}}): a value must be a string, number, bool, None or "
+        return "[" + ",".join(override_value(key, v, text, name) for v in value) + "]"
+    raise ArgumentTypeError(f"{name}({{{key!r}: {value!r:.60}}}): a value must be a string, number, bool, None or "
                             f"list")
 
 
@@ -87,8 +100,9 @@ def quoted(value: str) -> str:
     return "'" + value + "'"
 
 
-def in_memory_data(overrides: list[str], splits: dict) -> list[str]:
-    """data=files overrides naming parquet files of the in-memory splits (none given: none)."""
+def in_memory_data(overrides: list[str], splits: dict, name: str = "train") -> list[str]:
+    """data=files overrides naming parquet files of the in-memory splits (none given: none). name: the API function
+    the user called, as its errors name it."""
     given = {split: frame for split, frame in splits.items() if frame is not None}
     if not given:
         return []
@@ -97,14 +111,23 @@ def in_memory_data(overrides: list[str], splits: dict) -> list[str]:
     clash = [o for o in overrides if o.split("=", 1)[0] in ("data", "data.train_file", "data.validation_file",
                                                             "data.test_file")]
     if clash:
-        raise TformerError(f"train(data=...) trains on the data given; drop {clash[0]} (or drop data=)")
+        raise TformerError(f"{name}(data=...) reads the data given; drop {clash[0]} (or drop data=)")
     return ["data=files", *[f"data.{split}_file={override_value('data', str(stored(frame_of(frame, split), split)))}"
                             for split, frame in given.items()]]  # (quoted: a path may hold , = or spaces)
 
 
 def frame_of(data, split: str) -> pd.DataFrame:
-    """A DataFrame of a DataFrame, a dict of columns, or a (texts, labels) pair."""
+    """A DataFrame of a DataFrame, a dict of columns, or a (texts, labels) pair; one of no rows is refused here,
+    where the argument can be named (parquet of no rows fails later, as an unreadable file)."""
     name = "data" if split == "train" else f"{split}_data"
+    frame = _frame_of(data, name)
+    if not len(frame):
+        raise ConfigError(f"{name}= has no rows; give it labelled texts" + ("" if split == "train" else
+                                                                              f", or leave {name}= out"))
+    return frame
+
+
+def _frame_of(data, name: str) -> pd.DataFrame:
     if isinstance(data, pd.DataFrame):
         frame = data
         for c in data.columns:  # (by the column's own key: names need not be strings)
@@ -120,14 +143,22 @@ def frame_of(data, split: str) -> pd.DataFrame:
             return pd.DataFrame({k: _valid(list(v)) if isinstance(v, (list, tuple)) else v for k, v in data.items()})
         except ValueError as exc:
             raise ArgumentTypeError(f"{name}= as a dict of columns: {exc}") from None
-    if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], str):
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(_column(part) for part in data):
         texts, labels = (_valid(list(part)) for part in data)
         if len(texts) != len(labels):
             raise ArgumentTypeError(f"{name}=(texts, labels) has {len(texts)} texts and {len(labels)} labels; give "
                                     f"one label per text")
         return pd.DataFrame({"text": texts, "label": labels})
-    raise ArgumentTypeError(f"{name}= takes a pandas DataFrame, a dict of columns or a (texts, labels) pair, not "
-                            f"{type(data).__name__}")
+    shown = (f"a {type(data).__name__} of {', '.join(sorted({type(v).__name__ for v in data}))}"
+             if isinstance(data, (tuple, list)) and len(data) else type(data).__name__)
+    raise ArgumentTypeError(f"{name}= takes a pandas DataFrame, a dict of columns or a (texts, labels) pair, e.g. "
+                            f"{name}=(['a fine film', 'dull'], ['pos', 'neg']), not {shown}")
+
+
+def _column(part) -> bool:
+    """Whether one half of a (texts, labels) pair is a column of values (a list, an array, a Series), not a
+    single text or number: [1, 2] or ['a', 'b'] is no pair."""
+    return hasattr(part, "__iter__") and not isinstance(part, (str, bytes, dict))
 
 
 def _valid(values: list) -> list:

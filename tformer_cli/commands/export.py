@@ -18,8 +18,6 @@ def parse_args(argv: list[str]) -> dict:
     opts = parse_key_values(argv, DEFAULTS, USAGE, "export")
     if opts["format"] != "onnx":
         raise TformerError(f"format={opts['format']!r} is not supported; the one export format is onnx")
-    if opts["quantize"] in ("none", "null", ""):
-        opts["quantize"] = None
     try:
         opts["opset"] = int(opts["opset"])
     except ValueError:
@@ -32,10 +30,11 @@ def parse_args(argv: list[str]) -> dict:
 def main(argv: list[str]) -> int:
     opts = parse_args(argv)
     from ..console import output
-    from ..deploy.export import PARITY_TOLERANCE, export_onnx
+    from ..deploy.export import PARITY_TOLERANCE, export_onnx, quantization
     from ..safe_text import markup
     from ..store.locate import newest
 
+    opts["quantize"] = quantization(opts["quantize"])  # (checked before the line saying what is exported)
     source = opts["checkpoint"] or newest(opts["outputs_dir"]).path
     console = output()
     console.print(f"exporting [bold]{markup(source)}[/] to ONNX (opset {opts['opset']}"

@@ -6,7 +6,7 @@ import codecs
 import sys
 
 from ..data.visible import has_visible
-from ..classifier import EXPLAIN_METHODS
+from ..classifier import EXPLAIN_METHODS, MAX_BATCH
 from ..errors import TformerError
 from ..evaluation import answers, conformal
 from ..safe_text import terminal
@@ -47,9 +47,10 @@ def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
                            f"({terminal(exc)})") from exc
     opts.update({key: parse_bool(opts[key], flag_name(key)) for key in ("json", "raw") if isinstance(opts[key], str)},
                 explain=switch_or_word(opts["explain"], EXPLAIN_METHODS, "--explain", argv))
-    for key in counts:
-        if opts[key] < 1:
-            raise TformerError(f"{flag_name(key)}={opts[key]} must be at least 1")
+    for key in counts:  # (a batch past MAX_BATCH is a typo that would overflow torch's split)
+        bound = "at least 1" if opts[key] < 1 else f"at most {MAX_BATCH}" if key == "batch_size" else None
+        if bound and (opts[key] < 1 or opts[key] > MAX_BATCH):
+            raise TformerError(f"{flag_name(key)}={opts[key]} must be {bound}")
     opts["coverage"] = None if opts["coverage"] is None else conformal.level(opts["coverage"], "--coverage")
     if opts["runtime"] not in ("torch", "onnx"):
         raise TformerError(f"--runtime={terminal(opts['runtime'])!r} must be torch (the checkpoint) or onnx (its "
@@ -135,7 +136,6 @@ def main(argv: list[str]) -> int:
     if truncated:
         print(f"[tformer] {truncated} text(s) longer than --max-chars={opts['max_chars']} were cut", file=sys.stderr)
         texts = [t[: opts["max_chars"]] for t in texts]
-
     clf = load_predictor(opts, own_process=True)
     blank = sum(not has_visible(t) for t in texts)
     if blank:

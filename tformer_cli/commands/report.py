@@ -1,37 +1,19 @@
-"""`tformer report <run dir>`: what a finished (or interrupted) run did, from the files it left."""
+"""`tformer report <run dir>`: what a finished (or interrupted) run did, from the files it left; also a sweep, an
+audit or an evaluate run (evaluation/folders.py)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..console import screen_console
 from ..errors import TformerError
 from ..evaluation import artifacts
 from ..evaluation.calibration import describe
+from ..evaluation.folders import read_run_json, refuse_other_paths, report_other, shown
 from ..evaluation.report import print_history, print_metrics, settings_table
 from ..safe_text import markup
 from ..store import manifest
-from ..store.layout import OWN_FILE_CAP, RunDir, SweepDir, newest_checkpoints
+from ..store.layout import RunDir, SweepDir, newest_checkpoints
 from ..sweeps.summary import summarize
-
-PER_CLASS_BYTES = 4096  # test_metrics.json grows by a per-class entry (its name and four numbers) per class
-
-
-def read_run_json(path: Path, kind: type, classes: int = 0):
-    """A run's JSON file, its size bounded before it is read (above anything tformer writes for `classes`
-    classes: layout.OWN_FILE_CAP plus PER_CLASS_BYTES a class) and its shape checked: one line naming it
-    otherwise."""
-    try:
-        if path.stat().st_size > OWN_FILE_CAP + PER_CLASS_BYTES * classes:
-            raise ValueError(f"{path.stat().st_size:,} bytes")
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise TformerError(f"{path} is damaged ({str(exc).splitlines()[0][:100]}); the run's other files are "
-                           f"intact, retrain or evaluate its checkpoint again to rewrite it") from None
-    if not isinstance(value, kind) or (kind is list and not all(isinstance(v, dict) for v in value)):
-        raise TformerError(f"{path} is damaged (not a {'list of epoch records' if kind is list else 'mapping'}); "
-                           f"retrain or evaluate its checkpoint again to rewrite it")
-    return value
 
 
 def saved_history(state) -> list:
@@ -55,40 +37,35 @@ def print_refit(fit: dict, console) -> None:
     """A `tformer calibrate` run: what it refitted, on which texts, and what the old calibration did on them."""
     before = fit.get("coverage_before") or {}
     console.print(f"calibrated {markup(str(fit['checkpoint']))} on {fit['texts']:,} texts of "
-                  f"{markup(str(fit.get('file') or fit.get('split')))}: temperature {describe(fit['temperature_before'])}"
+                  f"{markup(str(fit.get('file') or fit.get('split')))}: temperature "
+                  f"{describe(fit['temperature_before'])}"
                   f" -> {describe(fit['temperature'])}, ECE {fit['ece_before']:.4f} -> {fit['ece']:.4f}"
                   + ("; the old label sets covered " + ", ".join(f"{float(v):.4f} at {k}" for k, v in before.items())
                      if before else ""), highlight=False)
 
 
-def shown(path: Path, show, *args) -> None:
-    """`show(*args)` of a file's values, a value of the wrong type or a missing key being one line naming it."""
-    try:
-        show(*args)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise TformerError(f"{path} is damaged ({type(exc).__name__}: {str(exc)[:80]}); retrain or evaluate its "
-                           f"checkpoint again to rewrite it") from None
-
-
 def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
-        print("usage: tformer report [RUN_DIR | SWEEP_DIR]   (default: the newest run under outputs/)")
+        print("usage: tformer report [RUN_DIR | SWEEP_DIR | AUDIT_DIR | EVALUATE_DIR]   (default: the newest run "
+              "under outputs/)")
         return 0
     if argv:
+        refuse_other_paths(Path(argv[0]).expanduser())  # nothing there, a file, a checkpoint: what to pass instead
         run_dir = RunDir(Path(argv[0]).expanduser())
     else:
         runs = newest_checkpoints("outputs", "best") or newest_checkpoints("outputs", "last")
         if not runs:
             raise TformerError(f"no run under {Path('outputs').resolve()}/; pass a run directory")
         run_dir = RunDir.of_checkpoint(runs[-1])
-    if not run_dir.root.is_dir():
-        raise TformerError(f"run directory {run_dir} does not exist; pass outputs/train/<date>/<time>")
     if SweepDir(run_dir.root).is_sweep():  # a -m sweep: one row per job (running, finished or died)
         summarize(run_dir.root, screen_console())
         return 0
+    if report_other(run_dir.root, screen_console()):  # an audit, one of its folds, an evaluate run
+        return 0
     ckpts = [c for c in (run_dir.best.existing(), run_dir.last.existing()) if c is not None and c.config.is_file()]
     if not ckpts:
-        raise TformerError(f"{run_dir} has no best or last checkpoint; is it a `tformer train` run dir?")
+        raise TformerError(f"{run_dir} has no best or last checkpoint and is no sweep, audit or evaluate run: "
+                           f"nothing to report (a run stopped before its first checkpoint has none yet)")
 
     console = screen_console()
     console.print(settings_table(run_dir, ckpts[0]))

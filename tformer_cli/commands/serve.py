@@ -5,6 +5,7 @@ import contextlib
 import sys
 
 from .. import cores
+from ..classifier import MAX_BATCH
 from ..errors import TformerError
 from ..safe_text import terminal
 from ..yesno import parse_bool
@@ -30,6 +31,7 @@ DEFAULTS = {"checkpoint": None, "runtime": "torch", "host": "127.0.0.1", "port":
             "device": "auto", "access_log": "false", "outputs_dir": "outputs", "header_timeout_s": "10",
             "body_timeout_s": "30", "keep_alive_s": "5", "max_connections": "512"}
 INTEGERS = ("port", "max_batch", "max_texts", "max_chars", "max_body_bytes", "max_connections")
+HIGHEST = {"port": (0, 65535), "max_batch": (1, MAX_BATCH)}  # (least, most); the others: at least 1
 SECONDS = ("header_timeout_s", "body_timeout_s", "keep_alive_s")
 
 
@@ -40,9 +42,10 @@ def parse_args(argv: list[str]) -> dict:
             opts[key] = int(opts[key])
         except ValueError:
             raise TformerError(f"{key}={opts[key]!r} must be an integer") from None
-        if opts[key] < (0 if key == "port" else 1) or (key == "port" and opts[key] > 65535):
-            raise TformerError(f"{key}={opts[key]} is out of range" + (" (0-65535)" if key == "port" else
-                                                                       " (at least 1)"))
+        low, high = HIGHEST.get(key, (1, None))
+        if opts[key] < low or (high is not None and opts[key] > high):
+            raise TformerError(f"{key}={opts[key]} is out of range ({low}-{high})" if high is not None else
+                               f"{key}={opts[key]} is out of range (at least {low})")
     try:
         opts["max_wait_ms"] = float(opts["max_wait_ms"])
     except ValueError:

@@ -10,11 +10,12 @@ from pathlib import Path
 from rich.table import Table
 
 from ..console import output
+from ..classifier import MAX_BATCH
 from ..errors import TformerError
-from ..evaluation.suggestions import suggest
+from ..evaluation.suggestions import readable, suggest
 from ..safe_text import csv_cell, markup, rich, terminal
 from ..store.atomic import write_with
-from ..yesno import parse_bool
+from ..yesno import bool_or_path, parse_bool
 from .options import parse_key_values
 
 USAGE = """usage: tformer suggest file=PATH [checkpoint=PATH] [n=100] [out=PATH] [text_column=NAME]
@@ -44,20 +45,27 @@ def parse_args(argv: list[str]) -> dict:
             raise TformerError(f"{key}={terminal(opts[key])!r} must be a whole number") from None
         if opts[key] < low:
             raise TformerError(f"{key}={opts[key]} must be at least {low}")
+    if opts["batch_size"] > MAX_BATCH:
+        raise TformerError(f"batch_size={opts['batch_size']} must be at most {MAX_BATCH}")
     opts["overwrite"] = parse_bool(opts["overwrite"], "overwrite")
     if not opts["file"]:
         raise TformerError("suggest needs file=PATH: the unlabelled texts to choose from (csv, tsv, json, jsonl, "
                            "parquet or txt)")
-    if opts["labelled"] in ("none", "null", "false", ""):
+    if opts["labelled"].strip().lower() in ("none", "null", ""):
         opts["labelled"] = None
+    else:  # the yes/no words too (labelled=no, off; yes is auto), refused where a file of that name exists
+        meant = bool_or_path(opts["labelled"], "labelled")
+        opts["labelled"] = None if meant is False else "auto" if meant is True else meant
     return opts
 
 
 def out_path(opts: dict) -> Path:
     """Where the CSV goes: out=, else beside the input as <name>.to_label.csv. An existing file is kept (it may
     hold labels already typed in) unless overwrite=true."""
-    source = Path(opts["file"])
+    source = readable(opts["file"])  # (a folder has no name to put beside: `file=.`)
     path = Path(opts["out"]) if opts["out"] else source.with_name(f"{source.stem}.to_label.csv")
+    if path.is_dir():
+        raise TformerError(f"out={terminal(path)} is a folder; pass the path of the CSV to write")
     if path.exists() and not opts["overwrite"]:
         raise TformerError(f"{terminal(path)} exists (it may hold labels already filled in); pass out=<new path> or "
                            f"overwrite=true")

@@ -312,14 +312,32 @@ def _local_files(cfg: DataConfig, folder: Path | None) -> dict[str, Path]:
     return {s: f for s in SPLIT_ALIASES if (f := _find_split_file(folder, s, cfg)) is not None}
 
 
+LOCATION_KEYS = ("name", "dir", "train_file", "validation_file", "test_file", "split_names")  # what local_files reads
+
+
+def local_files(cfg: DataConfig) -> dict[str, Path]:
+    """{split: file} of the local files a data config reads, found as loading finds them (a named dataset's
+    folder included) but not read: what a run trained on, for `tformer suggest labelled=auto`. Generated,
+    fetched and Hub data have none. cfg may be any object with the LOCATION_KEYS (a saved config of an older
+    version lacks keys a DataConfig needs)."""
+    if not cfg.name:
+        return {}
+    folder = None if cfg.name in LOADERS else resolve_dir(cfg)
+    return {**_local_files(cfg, folder), **_listed(cfg, folder)}
+
+
+def _listed(cfg: DataConfig, folder: Path | None) -> dict[str, Path]:
+    """data.validation_file / data.test_file, where given."""
+    return {s: _located(getattr(cfg, f"{s}_file"), folder) for s in ("validation", "test") if getattr(cfg, f"{s}_file")}
+
+
 def _raw_splits(cfg: DataConfig) -> tuple[dict, list[str] | None, str, dict]:
     """{split: Dataset} with the configured columns, label names if known, a description of the source, and
     {split: file} of the local files read."""
     folder = None if cfg.name in LOADERS else resolve_dir(cfg)
     raw, names, source = (LOADERS[cfg.name](cfg) if cfg.name in LOADERS else _load_folder(cfg, folder)
                           if folder is not None else FETCHERS.get(cfg.name, _load_from_hub)(cfg))
-    listed = {s: _located(getattr(cfg, f"{s}_file"), folder)
-              for s in ("validation", "test") if getattr(cfg, f"{s}_file")}
+    listed = _listed(cfg, folder)
     if listed and _from_hub(source):
         raise TformerError(f"data.validation_file / data.test_file replace splits of local data only; {cfg.name} "
                            f"came from the Hub: download it and pass data.dir=<folder>")
@@ -406,9 +424,10 @@ def _to_text_label(ds, cfg, split: str, from_hub: bool = False):
             f"column {missing[0]!r} not found in the {split} split; it has columns {', '.join(ds.column_names)}; "
             f"set data.text_column / data.label_column"
         )
-    separator = cfg.text_separator
+    separator, where = cfg.text_separator, f"the {split} split"
     if text_columns != ["text"]:
-        ds = ds.map(lambda b: {"__text": [separator.join(str(v) for v in vals if v is not None and str(v).strip())
+        ds = ds.map(lambda b: {"__text": [separator.join(t for t in (as_text(v, where) for v in vals if v is not None)
+                                                         if t.strip())
                                           for vals in zip(*(b[c] for c in text_columns))]},
                     batched=True, desc=f"joining text columns ({split})")
     else:
@@ -417,10 +436,23 @@ def _to_text_label(ds, cfg, split: str, from_hub: bool = False):
         ds = ds.rename_column(label_column, "__label")
     ds = ds.select_columns(["__text", "__label"]).rename_columns({"__text": "text", "__label": "label"})
     if getattr(ds.features["text"], "dtype", "string") not in ("string", "large_string"):  # e.g. parquet numbers
-        ds = ds.map(lambda b: {"text": [None if t is None else str(t) for t in b["text"]]}, batched=True,
+        ds = ds.map(lambda b: {"text": [None if t is None else as_text(t, where) for t in b["text"]]}, batched=True,
                     features=datasets.Features({**ds.features, "text": datasets.Value("string")}),
                     desc=f"reading texts as strings ({split})")
     return ds
+
+
+def as_text(value, where: str) -> str:
+    """A cell of a text column as a string (`where`: the split or file, for the error). Bytes (a parquet `binary`
+    column, a DataFrame of encoded texts) are decoded as UTF-8: str() would train on "b'...'" while predict reads
+    the plain text."""
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TformerError(f"{where}: its texts are bytes that are not UTF-8 ({exc}); decode them to "
+                               f"strings with their encoding first") from None
+    return str(value)
 
 
 def _unlabelled(ds, multi_label: bool = False) -> bool:

@@ -78,6 +78,16 @@ def quantize_int8(model: Path) -> None:
     fp32.unlink()
 
 
+def quantization(value) -> str | None:
+    """quantize= as a user may write it (INT8, none, null, an empty value) -> None or "int8"; anything else is
+    refused before the command says what it is exporting."""
+    name = value.strip().lower() if isinstance(value, str) else value
+    name = None if name in ("none", "null", "") else name
+    if name not in QUANTIZATIONS:
+        raise TformerError(f"quantize={value!r} is not one of none, int8")
+    return name
+
+
 def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quantize: str | None = None,
                 opset: int = 17) -> Exported:
     """Write an export dir (default: <run dir>/export/onnx, or onnx-int8) and check it against PyTorch."""
@@ -87,8 +97,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path | None = None, *, quanti
     from .onnx_classifier import EXPORT_FORMAT_VERSION, session
     from .. import checkpoint as ckpt
 
-    if quantize not in QUANTIZATIONS:
-        raise TformerError(f"quantize={quantize!r} is not one of none, int8")
+    quantize = quantization(quantize)
     try:
         import onnx  # noqa: F401  (the exporter and the quantizer need it)
         import onnxruntime  # noqa: F401

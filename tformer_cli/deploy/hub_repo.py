@@ -5,7 +5,8 @@ The repository's layout (written here; its names are in store/layout.py):
     <checkpoint files>      model.safetensors model.json tokenizer.json labels.json meta.json metrics.json
                             config.yaml manifest.json, exactly as in checkpoints/best (the manifest is checked
                             on load like any local checkpoint's)
-    onnx/                   the run's ONNX export, when it has one (`predict --runtime onnx --checkpoint hf://...`)
+    onnx/                   the run's ONNX export, when it has one (`predict --runtime onnx --checkpoint hf://...`):
+                            its fp32 export, else its int8 one
     README.md               a model card: labels, test metrics, how to use it
 
 A downloaded repository is just a checkpoint dir in the Hub's cache, so everything a local checkpoint gets
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from .. import hub
 from ..errors import TformerError
+from ..safe_text import terminal
 from ..store import manifest, ownership
 from ..store.atomic import write_json
 from ..store.layout import HUB_ONNX_FOLDER, MARKER, CheckpointDir, ExportDir, RunDir
@@ -27,14 +29,14 @@ from ..store.locate import PREFIX, locate, parse_ref
 
 
 def stage(checkpoint: str | Path, folder: Path) -> Path:
-    """Write into `folder` exactly what `push` uploads: the run's best checkpoint (no training state), its ONNX
-    export if it has one, and a model card."""
+    """Write into `folder` exactly what `push` uploads: the run's best checkpoint (no training state), the ONNX
+    export predict would use (fp32, else int8) if it has one, and a model card."""
     source = locate(checkpoint)
     if source.is_pretraining():
         raise TformerError(f"{source} is a pretraining (masked-LM) checkpoint, not a classifier; push a run trained "
                            f"with tformer train (model.init=<this run> fine-tunes one from it)")
     manifest.verify_checkpoint(source)  # never publish a damaged checkpoint
-    export = RunDir.of_checkpoint(source).export_of(source)
+    export = RunDir.of_checkpoint(source).served_export(source)  # (onnx-int8/ when it is the only export)
     stale = manifest.stale_export(export, source) if export.is_export() else None
     if stale:
         raise TformerError(f"{stale} (before pushing)")
@@ -99,11 +101,11 @@ def push(checkpoint: str | Path, repo: str, *, private: bool = False, message: s
     """Upload the staged folder as one commit; returns the repository URL."""
     import tempfile
 
-    parse_ref(PREFIX + repo)  # the same checks as a reference
+    parse_ref(PREFIX + repo, f"repo={terminal(repo)}")  # the same checks as a reference
     with tempfile.TemporaryDirectory(prefix="tformer-push-") as tmp:
         folder = stage(checkpoint, Path(tmp) / "repo")
         if hub.offline():
-            raise TformerError(f"cannot push to {repo}: {hub.why_unavailable().split(', and')[0]}; push from a "
+            raise TformerError(f"cannot push to {repo}: {hub.unreachable()}; push from a "
                                f"machine with network access (stage=<folder> writes what would be uploaded)")
         from huggingface_hub import HfApi
         from huggingface_hub.errors import HfHubHTTPError, HFValidationError

@@ -43,7 +43,7 @@ class OnnxClassifier(TextPredictor):
         """threads: onnxruntime's intra-op threads (0: one per core)."""
         from ..data.tokenization import load_tokenizer
 
-        whole_number(threads, "threads", low=0)
+        threads = whole_number(threads, "threads", low=0)
         export = locate_export(path, outputs_dir)
         verify_export(export)
         info = read_json(export, export.info, allow_nan=True)  # (its measured parity may be NaN)

@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from ..classifier import MAX_BATCH, whole_number
 from ..errors import TformerError
 from ..evaluation import conformal
 from ..safe_text import terminal, valid_unicode
@@ -311,6 +312,7 @@ class MicroBatcher:
     """Gathers the texts of concurrent requests into batches for one model worker."""
 
     def __init__(self, classifier, max_batch: int, max_wait_ms: float):
+        max_batch = whole_number(max_batch, "max_batch", high=MAX_BATCH)  # (an app built from Python)
         self.classifier, self.max_batch, self.max_wait = classifier, max_batch, max_wait_ms / 1000
         self.queue: asyncio.Queue | None = None
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tformer-model")

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import datasets
 import numpy as np
 import pandas as pd
 
-from ..classifier import Classifier, whole_number
-from ..console import progress
+from ..classifier import MAX_BATCH, Classifier, whole_number
+from ..console import output, progress
 from ..data import sources
 from ..data.visible import has_visible
 from ..errors import ArgumentTypeError, ConfigError, TformerError
@@ -31,14 +32,13 @@ from . import selection
 POOL_CHUNK = 512  # texts per predict_proba call: the progress bar moves, and memory holds one chunk of windows
 MAX_SEEDS = 5000  # labelled texts whose features seed the spread (a seeded sample of more): enough to cover them
 TEXT_FORMATS = (".txt",)  # one text per line, besides sources.FORMATS (csv, tsv, json, jsonl, parquet)
+READABLE = (*sources.FORMATS, *TEXT_FORMATS)
 
 
 def read_texts(path: str | Path, text_column: str = "text") -> list[str]:
     """The texts of a CSV / TSV / JSON(L) / parquet file's text column, or of a .txt file's lines. A missing cell
     is an empty text (never suggested); a non-string one (a number) is read as its string."""
-    path = Path(os.path.expanduser(str(path)))
-    if not path.is_file():
-        raise TformerError(f"no such file: {terminal(path)}; check the path")
+    path = readable(path)
     if path.suffix.lower() in TEXT_FORMATS:
         try:
             return path.read_text(encoding="utf-8").splitlines()
@@ -52,7 +52,20 @@ def read_texts(path: str | Path, text_column: str = "text") -> list[str]:
     if text_column not in ds.column_names:
         raise TformerError(f"column {text_column!r} not found in {terminal(path)}; it has columns "
                            f"{', '.join(map(terminal, ds.column_names))}; pass text_column=<name>")
-    return ["" if t is None else str(t) for t in ds[text_column][:]]
+    return ["" if t is None else sources.as_text(t, terminal(path)) for t in ds[text_column][:]]
+
+
+def readable(path: str | Path) -> Path:
+    """A file of texts that exists and is of a format read here, checked before the model loads."""
+    path = Path(os.path.expanduser(str(path)))
+    if path.is_dir():
+        raise TformerError(f"{terminal(path)} is a folder; pass one file of texts ({', '.join(READABLE)})")
+    if not path.is_file():
+        raise TformerError(f"no such file: {terminal(path)}; check the path")
+    if path.suffix.lower() not in READABLE:
+        raise TformerError(f"{terminal(path)}: tformer reads texts from {', '.join(READABLE)} files, not "
+                           f"{terminal(path.suffix) or 'a file without an extension'}")
+    return path
 
 
 def _header_only(path: Path) -> bool:
@@ -63,22 +76,36 @@ def _header_only(path: Path) -> bool:
 
 
 def _as_texts(given, text_column: str, what: str) -> list[str]:
-    """Texts from a list of strings, a pandas DataFrame's text column, or a file path."""
+    """Texts from a list of strings, a pandas DataFrame's text column (or a dict of columns, read as train(data=)
+    reads one, not as its keys), or a file path."""
     if isinstance(given, (str, Path)):
         return read_texts(given, text_column)
+    if isinstance(given, dict):
+        try:
+            given = pd.DataFrame(given)
+        except ValueError as exc:
+            raise ArgumentTypeError(f"{what}= as a dict of columns: {exc}") from None
     if hasattr(given, "columns"):  # a pandas DataFrame
         if text_column not in given.columns:
             raise TformerError(f"column {text_column!r} not in the {what} DataFrame; it has "
                                f"{', '.join(map(str, given.columns))}; pass text_column=<name>")
-        return ["" if t is None or t != t else valid_unicode(str(t)) for t in given[text_column]]  # (t != t: NaN)
+        given = given[text_column]
+    if isinstance(given, pd.Series):  # a column: its missing cells are empty texts, as in a DataFrame
+        return ["" if _missing(t) else valid_unicode(sources.as_text(t, what)) for t in given]
     try:
         texts = list(given)
     except TypeError:
-        raise ArgumentTypeError(f"{what} must be a list of strings, a DataFrame or a file path, not "
-                                f"{type(given).__name__}") from None
+        raise ArgumentTypeError(f"{what} must be a list of strings, a DataFrame, a dict of columns or a file path, "
+                                f"not {type(given).__name__}") from None
     if not all(isinstance(t, str) for t in texts):
         raise ArgumentTypeError(f"{what} must be strings")
     return [valid_unicode(t) for t in texts]  # (a lone surrogate: U+FFFD, as predict reads it)
+
+
+def _missing(cell) -> bool:
+    """A DataFrame cell with no text: None, NaN, or pandas' NA of a `string` column (convert_dtypes() makes them),
+    which refuses to be compared as a bool."""
+    return pd.api.types.is_scalar(cell) and bool(pd.isna(cell))
 
 
 def run_data(clf) -> dict:
@@ -88,20 +115,18 @@ def run_data(clf) -> dict:
 
 
 def run_files(data: dict) -> list[Path]:
-    """The run's own labelled local files that still exist (train / validation / test, under data.dir if set)."""
-    folder = data.get("dir")
-    out = []
-    for key in ("train_file", "validation_file", "test_file"):
-        name = data.get(key)
-        if not name:
-            continue
-        path = Path(os.path.expanduser(str(folder))) / str(name) if folder else Path(os.path.expanduser(str(name)))
-        if path.is_file() and path.suffix.lower() in (".csv", ".tsv", ".json", ".jsonl", ".parquet"):
-            out.append(path)
-    return out
+    """The run's own labelled local files that still exist (train / validation / test), found as its training
+    found them: data=files' paths, or a named dataset's folder (data.dir or $TFORMER_DATA_ROOT/<name>)."""
+    if not data:
+        return []
+    try:  # (only the keys that locate files: a config saved by an older version lacks others)
+        files = sources.local_files(SimpleNamespace(**{key: data.get(key) for key in sources.LOCATION_KEYS}))
+    except TformerError:  # (its folder moved, a file was renamed: nothing of it can be read here)
+        return []
+    return [path for path in files.values() if path.is_file() and path.suffix.lower() in sources.FORMATS]
 
 
-def labelled_texts(labelled, clf, text_column: str) -> list[str]:
+def labelled_texts(labelled, clf, text_column: str, quiet: bool = True) -> list[str]:
     """labelled='auto': the run's own files' texts (none for a run that read a named or Hub dataset); None or
     False: none; else texts, a DataFrame or a file, as for the pool."""
     if labelled is None or labelled is False:
@@ -109,12 +134,16 @@ def labelled_texts(labelled, clf, text_column: str) -> list[str]:
     if isinstance(labelled, str) and labelled == "auto":
         data = run_data(clf)
         column = data.get("text_column") if isinstance(data.get("text_column"), str) else "text"
-        texts = []
-        for path in run_files(data):
+        texts, files = [], run_files(data)
+        for path in files:
             try:
                 texts += read_texts(path, column)
             except TformerError:  # a run's file that changed shape since: it only seeds, so it is skipped
                 continue
+        if not files and not quiet:  # (said, so that no one takes "auto" for "the run's texts are excluded")
+            output().print(f"labelled=auto: the run's training data ({terminal(data.get('name') or 'unknown')}) is not "
+                           f"in local files here, so no text is excluded as labelled; pass labelled=<its file> to "
+                           f"exclude them", highlight=False, markup=False)
         return texts
     return _as_texts(labelled, text_column, "labelled")
 
@@ -158,17 +187,21 @@ def suggest(run=None, texts=None, *, n: int = 100, text_column: str | None = Non
     the run's label separator, and `closest_label` / `probability` name the label nearest its threshold).
 
     run: a run dir or checkpoint dir (None: the newest under outputs_dir); classifier: an already loaded
-    Classifier instead. texts: a file (csv, tsv, json, jsonl, parquet, txt), a list of strings or a DataFrame.
+    Classifier instead. texts: a file (csv, tsv, json, jsonl, parquet, txt), a list of strings, a DataFrame or a
+    dict of columns (read as train(data=) reads one).
     uncertainty: margin | entropy (selection.py). pool_factor: uncertain candidates per pick that diversity
     chooses among (1: uncertainty only). labelled: 'auto' (the run's own data files), None, or texts / a file:
     never suggested, and the picks keep away from them."""
-    whole_number(n, "n")
-    whole_number(pool_factor, "pool_factor")
-    whole_number(batch_size, "batch_size")
+    n = whole_number(n, "n")
+    pool_factor = whole_number(pool_factor, "pool_factor")
+    batch_size = whole_number(batch_size, "batch_size", high=MAX_BATCH)
     if uncertainty not in selection.UNCERTAINTY:
         raise ConfigError(f"uncertainty={uncertainty!r} is not one of {', '.join(selection.UNCERTAINTY)}")
     if texts is None:
         raise ArgumentTypeError("suggest() needs texts: a file path, a list of strings or a DataFrame")
+    for given in (texts, labelled):  # (files: checked before the model loads)
+        if isinstance(given, Path) or (isinstance(given, str) and given != "auto"):
+            readable(given)
     clf = classifier or Classifier.load(run, device=device, outputs_dir=outputs_dir)
     data = run_data(clf)
     own_text = data.get("text_column") if isinstance(data.get("text_column"), str) else "text"
@@ -177,12 +210,12 @@ def suggest(run=None, texts=None, *, n: int = 100, text_column: str | None = Non
     pool = _as_texts(texts, column, "texts")
     if not pool:
         raise TformerError("no texts to choose from: the pool is empty")
-    seen = labelled_texts(labelled, clf, column)
+    seen = labelled_texts(labelled, clf, column, quiet)
     keep = selection.eligible([_key(t) for t in pool], [_key(t) for t in seen], has_visible)
     if not len(keep) and seen and isinstance(labelled, str) and labelled == "auto":
         raise ConfigError(f"none of the {len(pool):,} texts in the pool can be suggested: each is empty, repeated or "
-                          f"already in the run's labelled data; add new texts, or pass labelled=none (None from Python) to choose "
-                          f"among the labelled ones too")
+                          f"already in the run's labelled data; add new texts, or pass labelled=none (None from "
+                          f"Python) to choose among the labelled ones too")
     if not len(keep):
         raise ConfigError(f"none of the {len(pool):,} texts in the pool can be suggested (each is empty, repeated or "
                           f"in labelled=); add texts")

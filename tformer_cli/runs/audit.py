@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import shutil
 import time
 from collections import defaultdict
@@ -29,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException, OverrideParseException
 from rich.table import Table
 from sklearn.model_selection import StratifiedKFold
 
@@ -36,13 +38,13 @@ from ..classifier import Classifier
 from ..console import output, progress
 from ..data import sanity, sources
 from ..evaluation import confident
-from ..errors import ArgumentTypeError, ConfigError, TformerError, interrupted_by
+from ..errors import ArgumentTypeError, ConfigError, TformerError, hydra_error_line, interrupted_by
 from ..hydra_setup import compose_tree
 from ..overrides import as_overrides, in_memory_data, override_value
 from ..safe_text import markup, rich
 from .. import checkpoint as ckpt
 from ..store.atomic import write_json, write_with
-from ..store.layout import RunDir, resolve_checkpoint, resolve_resumable
+from ..store.layout import AuditDir, RunDir, resolve_checkpoint, resolve_resumable
 from ..store.locate import locate
 from ..store.ownership import is_ours, new_run_dir
 from ..training.loop import Interrupted
@@ -54,10 +56,9 @@ from .in_process import train_overrides
 from .resume import config_diff, get
 from .session import log_header
 
-PLAN = "audit.json"  # what the audit is of (data fingerprint, folds, seed): a resume must match it
-ISSUES = "label_issues.csv"  # written last: an audit folder holding it is finished
-DUPLICATES = "duplicates.csv"
-OUT_OF_FOLD = "out_of_fold.npz"  # in fold_<k>/: the rows it held out and their probabilities (no pickle)
+# the audit folder's files, named in store/layout.py (AuditDir): what it is of (a resume must match it), the issues
+# (written last: an audit holding them is finished), copies found, each fold's held-out probabilities (no pickle)
+PLAN, ISSUES, DUPLICATES, OUT_OF_FOLD = AuditDir.PLAN, AuditDir.ISSUES, AuditDir.DUPLICATES, AuditDir.OUT_OF_FOLD
 FILTERS = ("prune_by_noise_rate", "prune_by_class", "both", "confident_learning", "predicted_neq_given",
            "low_normalized_margin", "low_self_confidence")
 SCORES = ("self_confidence", "normalized_margin", "confidence_weighted_entropy")
@@ -256,8 +257,9 @@ def _check_plan(path: Path, plan: dict, resuming: bool) -> None:
                     return
                 what = "the fold models' settings differ in " + ", ".join(
                     f"{k} ({get(before['training'], k)!r} -> {get(plan['training'], k)!r})" for k in keys[:4])
-            else:
-                what = f"{', '.join(changed)} differ(s)"
+            else:  # (a sub-tree is named, not printed; a value with both sides)
+                what = ", ".join(k if isinstance(plan[k], (dict, list)) else f"{k} ({before[k]!r} -> {plan[k]!r})"
+                                 for k in changed) + (" differ" if len(changed) > 1 else " differs")
             raise TformerError(f"resume={path.parent}: {what} from the audit being resumed; resume with the same "
                                f"overrides, or start a new audit (drop resume=)")
         return
@@ -334,8 +336,8 @@ def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
     probs = np.full((len(rows), len(names)), np.nan, dtype=np.float32)
     base = fold_overrides(overrides, config.data, names)
     first = 0 if (run_dir.root / "fold_0").is_dir() else 1  # (an audit begun by an older tformer counted from 0)
-    hint = " ".join(["tformer audit", *[o for o in overrides if not o.startswith("resume=")],
-                     f"resume={run_dir.root}"])
+    hint = shlex.join(["tformer", "audit", *[o for o in overrides if not o.startswith("resume=")],
+                       f"resume={run_dir.root}"])  # (quoted: a path with a space pastes back into a shell)
     i = 0
     try:
         for i in range(k):
@@ -486,12 +488,15 @@ def _report(issues, n_rows, dups, options, mode, checkpoint, run_dir: RunDir) ->
 def audit(overrides=(), *, run_dir: str | Path | None = None, data=None, quiet: bool = True) -> AuditResult:
     """`tformer audit` from Python: the same overrides (a list of key=value strings or a dict); data= a DataFrame
     (text, label columns), a dict of columns or a (texts, labels) pair to audit instead of a configured dataset."""
-    overrides = as_overrides(overrides)
+    overrides = as_overrides(overrides, "audit")
     if not isinstance(quiet, bool):
         raise ArgumentTypeError(f"quiet={quiet!r:.80} must be True or False")
-    overrides += in_memory_data(overrides, {"train": data, "validation": None, "test": None})
+    overrides += in_memory_data(overrides, {"train": data, "validation": None, "test": None}, "audit")
     _cleanlab()
-    tree = compose_tree("audit", overrides)
+    try:  # (a typo in a key, a missing config: the CLI's one line, not Hydra's traceback)
+        tree = compose_tree("audit", overrides)
+    except (ConfigCompositionException, OverrideParseException) as exc:
+        raise ConfigError(f"audit(): {hydra_error_line('audit', exc)}") from None
     if run_dir is None:
         stamp = time.strftime("%Y-%m-%d/%H-%M-%S") + f"-{time.time_ns() // 1000 % 1_000_000:06d}"
         run_dir = Path("outputs") / "audit" / stamp

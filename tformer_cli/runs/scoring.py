@@ -19,7 +19,7 @@ def scoring(task: str, work, config: EvaluateConfig, run_dir: RunDir, tree: dict
     precision, with its share of the CPU threads."""
     console = output()
     console.open_log(run_dir.log(task), log_header(task, overrides, tree))
-    device = pick_device(config.device)
+    device = pick_device(config.device, "device")
     keep_freed_host_memory(device)
     precision = pick_precision(config.precision, device)
     with cores.claimed(config.threads, "threads", device.type, console.print):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import shlex
 import shutil
 import signal
 import sys
@@ -227,10 +228,11 @@ def resume_hint(session: Session) -> str:
     """How to pick an interrupted run up: the whole sweep for a job of a `-m` sweep, else the same command."""
     sweep = session.run_dir.sweep() if session.job.resumes_sweeps else None
     if sweep is not None:
-        return f"resume the sweep with the same `tformer {session.job.task} -m ...` command plus resume={sweep}"
-    command = " ".join(["tformer", session.job.task, *[o for o in session.overrides if not o.startswith("resume=")],
-                        *([f"trainer.devices={session.dist.world}"] if session.dist.enabled else []),
-                        f"resume={session.run_dir}"])
+        return (f"resume the sweep with the same `tformer {session.job.task} -m ...` command plus "
+                f"{shlex.quote(f'resume={sweep}')}")
+    command = shlex.join(["tformer", session.job.task, *[o for o in session.overrides if not o.startswith("resume=")],
+                          *([f"trainer.devices={session.dist.world}"] if session.dist.enabled else []),
+                          f"resume={session.run_dir}"])  # (quoted: a path with a space pastes back into a shell)
     return f"resume with: {command}"
 
 

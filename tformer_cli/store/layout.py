@@ -258,6 +258,13 @@ class RunDir:
         name = "onnx" if ckpt.path.name == "best" else f"onnx-{ckpt.path.name}"
         return self.export(name + ("-int8" if quantized else ""))
 
+    def served_export(self, ckpt: "CheckpointDir") -> ExportDir:
+        """The export that stands for `ckpt` (predict --runtime onnx, serve, push): its fp32 export, else its int8
+        one when only `export quantize=int8` was run (not existing when it has neither)."""
+        fp32 = self.export_of(ckpt)
+        return fp32 if fp32.is_export() or not self.export_of(ckpt, quantized=True).is_export() else \
+            self.export_of(ckpt, quantized=True)
+
     def checkpoint(self, which: str) -> CheckpointDir:
         """`best` or `last`, as written (not necessarily existing)."""
         return CheckpointDir(self.checkpoints / which)
@@ -344,15 +351,58 @@ class SweepDir:
 
     summary_csv = property(lambda self: self.root / "summary.csv")
     summary_md = property(lambda self: self.root / "summary.md")
+    plan = property(lambda self: self.root / "multirun.yaml")  # the sweep's config and overrides (sweeps/plan.py)
 
     def is_sweep(self) -> bool:
-        return (self.root / "multirun.yaml").is_file()
+        return self.plan.is_file()
 
     def job_dirs(self) -> list[Path]:
         """Job folders (`<n>_<overrides>`, each with Hydra's record), in job-number order."""
         found = [p for p in self.root.iterdir() if RunDir(p).hydra_record.is_dir()] if self.root.is_dir() else []
         number = lambda p: int(p.name.split("_")[0]) if p.name.split("_")[0].isdigit() else 1 << 30
         return sorted(found, key=lambda p: (number(p), p.name))
+
+
+class AuditDir:
+    """A `tformer audit` folder (runs/audit.py): what it audits, what it found, and one training run per fold
+    (fold_<k>/, k from 1; an audit begun by an older tformer counted from 0), whose checkpoint is dropped once its
+    held-out rows are scored."""
+
+    PLAN = "audit.json"  # what the audit is of (data fingerprint, folds, seed): a resume must match it
+    ISSUES = "label_issues.csv"  # written last: an audit folder holding it is finished
+    DUPLICATES = "duplicates.csv"
+    OUT_OF_FOLD = "out_of_fold.npz"  # in fold_<k>/: the rows it held out and their probabilities
+    FOLD = "fold_"
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    plan = property(lambda self: self.root / self.PLAN)
+    issues = property(lambda self: self.root / self.ISSUES)
+    duplicates = property(lambda self: self.root / self.DUPLICATES)
+
+    def is_audit(self) -> bool:
+        return self.plan.is_file()
+
+    def folds(self) -> list[RunDir]:
+        """The folds' run folders, in fold order."""
+        found = [p for p in self.root.glob(f"{self.FOLD}*") if p.is_dir() and p.name[len(self.FOLD):].isdigit()]
+        return [RunDir(p) for p in sorted(found, key=lambda p: int(p.name[len(self.FOLD):]))]
+
+    def scored(self, fold: RunDir) -> bool:
+        """The fold's held-out rows are scored (what an interrupted audit keeps)."""
+        return (fold.root / self.OUT_OF_FOLD).is_file()
+
+    @classmethod
+    def of_fold(cls, path: str | Path) -> "AuditDir | None":
+        """The audit a fold folder belongs to, else None."""
+        path = Path(path)
+        audit = cls(path.parent)
+        return audit if path.name[len(cls.FOLD):].isdigit() and path.name.startswith(cls.FOLD) and \
+            audit.is_audit() else None
 
 
 class TeacherCache:

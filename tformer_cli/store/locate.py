@@ -12,11 +12,12 @@ runtime's start imports this module.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
 from .. import hub
-from ..errors import TformerError
+from ..errors import ArgumentTypeError, TformerError
 from ..safe_text import terminal
 from .layout import HUB_ONNX_FOLDER, CheckpointDir, ExportDir, RunDir, newest_best, resolve_checkpoint
 from .manifest import MANIFEST_CAP, stale_export
@@ -36,19 +37,21 @@ _REPO_PART = re.compile(r"^(?!.*(--|\.\.))(?![-.])[A-Za-z0-9_.-]{1,96}(?<![-.])$
 _REVISION = re.compile(r"^(?!.*\.\.)(?![-/])(?!.*//)[A-Za-z0-9_.+-]+(/[A-Za-z0-9_+-][A-Za-z0-9_.+-]*)*$")
 
 
-def parse_ref(ref: str) -> tuple[str, str | None]:
+def parse_ref(ref: str, typed: str | None = None) -> tuple[str, str | None]:
     """hf://owner/name[@revision] -> (repo id, revision or None); refused in one line unless the Hub would take
-    the owner, the name and the revision (a checkpoint=hf://a/b@../../x must not open a local folder)."""
+    the owner, the name and the revision (a checkpoint=hf://a/b@../../x must not open a local folder). `typed`:
+    what the user wrote, when it was not checkpoint=<ref> (push's repo=owner/name)."""
     body = ref[len(PREFIX):].strip("/")
     repo, _, revision = body.partition("@")
     parts = repo.split("/")
-    shown = terminal(ref)
+    shown = typed or f"checkpoint={terminal(ref)}"
     if len(parts) != 2 or not all(_REPO_PART.match(p) for p in parts) or repo.endswith(".git"):
-        raise TformerError(f"checkpoint={shown} is not a Hub reference; use hf://<owner>/<name> or "
-                           f"hf://<owner>/<name>@<revision> (names of A-Z a-z 0-9 - _ ., at most 96 characters)")
+        use = "<owner>/<name>" if typed else "hf://<owner>/<name> or hf://<owner>/<name>@<revision>"
+        raise TformerError(f"{shown} is not a Hub {'repository' if typed else 'reference'}; use {use} (names of "
+                           f"A-Z a-z 0-9 - _ ., at most 96 characters)")
     if revision and (len(revision) > 255 or not _REVISION.match(revision) or revision.endswith((".", ".lock", "/"))
                      or "/." in revision):
-        raise TformerError(f"checkpoint={shown}: {terminal(revision)!r} is not a revision; use a branch or tag "
+        raise TformerError(f"{shown}: {terminal(revision)!r} is not a revision; use a branch or tag "
                            f"name (main, v1.0, refs/pr/1) or a 40-hex commit")
     return repo, revision or None
 
@@ -66,7 +69,7 @@ def download(ref: str, *, onnx: bool = False) -> Path:
                                         ignore_patterns=None if onnx else [f"{HUB_ONNX_FOLDER}/*"],
                                         local_files_only=offline))
     except (LocalEntryNotFoundError, FileNotFoundError):
-        raise TformerError(f"{ref} is not in the local Hub cache and {hub.why_unavailable()}; connect to the "
+        raise TformerError(f"{ref} is not in the local Hub cache, and {hub.unreachable()}; connect to the "
                            f"network once, or copy the repository into a folder and pass checkpoint=<folder>") from None
     except RepositoryNotFoundError:
         raise TformerError(f"{ref}: no such model repository on the Hub (or it is private: log in with `hf auth "
@@ -97,6 +100,7 @@ def locate(checkpoint: str | Path | CheckpointDir | None = None, outputs_dir: st
         return checkpoint
     if checkpoint is None:
         return newest(outputs_dir)
+    _a_path(checkpoint)
     if is_ref(str(checkpoint)):
         return CheckpointDir(download(str(checkpoint)))
     found = resolve_checkpoint(checkpoint)
@@ -105,6 +109,15 @@ def locate(checkpoint: str | Path | CheckpointDir | None = None, outputs_dir: st
     if ExportDir(found.path).is_export():
         raise TformerError(an_export(checkpoint, ExportDir(found.path)))
     return found
+
+
+def _a_path(checkpoint) -> bool:
+    """A checkpoint= from Python is a path or an hf:// reference: Classifier.load(5) is refused by name, not with
+    pathlib's TypeError."""
+    if not isinstance(checkpoint, (str, os.PathLike)):
+        raise ArgumentTypeError(f"checkpoint={checkpoint!r:.80} must be a path (str or pathlib.Path) to a run or "
+                                f"checkpoint dir, or hf://<owner>/<name>")
+    return True
 
 
 def exported_from(export: ExportDir) -> Path | None:
@@ -148,7 +161,7 @@ def locate_export(checkpoint: str | Path | None = None, outputs_dir: str | Path 
     `tformer export` is refused, not served as the old model."""
     if checkpoint is None:
         ckpt = newest(outputs_dir, instead="<export dir>")
-    elif is_ref(str(checkpoint)):
+    elif _a_path(checkpoint) and is_ref(str(checkpoint)):
         return ExportDir(download(str(checkpoint), onnx=True))
     else:
         p = Path(checkpoint).expanduser()
@@ -165,9 +178,7 @@ def locate_export(checkpoint: str | Path | None = None, outputs_dir: str | Path 
             raise TformerError(f"checkpoint={checkpoint} is neither an export dir nor a run dir; pass the folder "
                                f"`tformer export` wrote (<run dir>/export/onnx) or its run dir")
     run = RunDir.of_checkpoint(ckpt)
-    found = run.export_of(ckpt)
-    if not found.is_export() and run.export_of(ckpt, quantized=True).is_export():
-        found = run.export_of(ckpt, quantized=True)  # only `export quantize=int8` was run: that is the export
+    found = run.served_export(ckpt)
     if not found.is_export():
         raise TformerError(f"{ckpt} has no ONNX export; run `tformer export checkpoint={ckpt.path}` first (or "
                            f"predict with the torch runtime)")

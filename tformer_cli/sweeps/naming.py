@@ -14,9 +14,10 @@ import hashlib
 import re
 from pathlib import Path
 
-import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import ListConfig, OmegaConf
+
+from . import plan
 
 SIGNIFICANT = 4  # digits of the floats shown in job folder names, job lines and the summary
 LABEL_CHARS = 28  # of a job folder name's readable part: `<n>_` + this + `_` + 6 hex digits stays within 40
@@ -54,13 +55,14 @@ def swept_keys(sweep_dir: str | Path) -> set[str] | None:
     """The keys a sweep varies, from the multirun.yaml its sweeper wrote before the first job: its comma lists and
     sweep functions (`optimizer.lr=1e-4,3e-4`, `seed=range(3)`) and its `hydra.sweeper.params` (an Optuna search
     space). None when the file cannot be read (a sweeper that writes none)."""
+    hydra = plan.saved_hydra(sweep_dir)
+    if hydra is None:
+        return None
     try:
-        saved = yaml.safe_load((Path(sweep_dir) / "multirun.yaml").read_text()) or {}
-        hydra = saved.get("hydra") or {}
         given = [str(o) for o in (hydra.get("overrides") or {}).get("task") or []]
         params = (hydra.get("sweeper") or {}).get("params") or {}
         given += [f"{k}={v}" for k, v in params.items()]
-    except (OSError, yaml.YAMLError, AttributeError, TypeError):
+    except (AttributeError, TypeError):
         return None
     parser, found = OverridesParser.create(), set()
     for override in given:

@@ -3,16 +3,18 @@ wall time, read back from the files each job left (so it works for a sweep that 
 
 At the end of every `tformer train -m ...` (Hydra callback `SummaryCallback`, in configs/train.yaml) the summary is
 written as summary.csv and summary.md in the sweep dir and shown as a table; `tformer report <sweep dir>` shows it
-again. Jobs that differ only in `seed` are also aggregated (mean ± std over seeds). Each row names its job by number
-and every override that sets it apart, whatever its folder is called (naming.py: short folder names), with floats
-rounded to 4 significant digits (an Optuna trial's 0.00031415926535897931 is 0.0003142; the exact value is in the
-job's .hydra/overrides.yaml).
+again. Jobs that differ only in `seed` are also aggregated (mean ± std over the seeds whose job finished). A
+grid's jobs that never started (the sweep died first) are listed too, from the sweep's plan (plan.py). Each row
+names its job by number and every override that sets it apart, whatever its folder is called (naming.py: short
+folder names), with floats rounded to 4 significant digits (an Optuna trial's 0.00031415926535897931 is 0.0003142;
+the exact value is in the job's .hydra/overrides.yaml).
 """
 from __future__ import annotations
 
 import csv
 import io
 import json
+import shlex
 import shutil
 import statistics
 from dataclasses import dataclass, field
@@ -21,7 +23,7 @@ from pathlib import Path
 import yaml
 from rich.table import Table
 
-from . import job_status, naming
+from . import job_status, naming, plan
 from .naming import round_floats
 from ..store.atomic import write_text
 from ..console import output
@@ -36,11 +38,14 @@ except ImportError:  # hydra is a dependency; this only keeps `report` importabl
     Callback = object
 
 
+NOT_STARTED = "not started"  # a job of the sweep's plan that has no folder: the sweep died before it
+
+
 @dataclass
 class Job:
     name: str
     overrides: list[str]
-    status: str  # done | interrupted | failed | running
+    status: str  # done | interrupted | failed | running | not started
     monitor: str | None = None
     mode: str = "max"  # of the monitored metric: max (accuracy, F1) or min (loss)
     best: float | None = None
@@ -52,23 +57,32 @@ class Job:
     varying: list[str] = field(default_factory=list)  # the overrides that tell this job from the others
 
     @property
+    def number(self) -> str:
+        return self.name.split("_")[0]
+
+    @property
     def setting(self) -> tuple[str, ...]:
         """The varying overrides without the seed: jobs with the same setting are repeats over seeds."""
         return tuple(o for o in self.varying if not o.startswith("seed="))
 
 
 def jobs(sweep_dir: Path) -> list[Job]:
-    """Every job of the sweep, in job-number order, the best one marked."""
+    """Every job of the sweep, in job-number order, the best finished one marked; a grid's jobs that never
+    started (the sweep died first) too, from its plan (plan.py)."""
     found = []
     for job_dir in SweepDir(sweep_dir).job_dirs():
         run = RunDir(job_dir)
         overrides = yaml.safe_load(run.hydra_overrides.read_text()) if run.hydra_overrides.is_file() else None
         # (resume=<sweep dir> is how the sweep was continued, not a setting)
         found.append(read_job(run, [str(o) for o in overrides or [] if not str(o).startswith("resume=")]))
+    numbers = {j.number for j in found}
+    unstarted = [Job(str(n), planned, NOT_STARTED) for n, planned in enumerate(plan.planned_jobs(sweep_dir) or [])
+                 if str(n) not in numbers]
+    found = sorted(found + unstarted, key=lambda j: int(j.number) if j.number.isdigit() else 1 << 30)
     shared = set.intersection(*(set(j.overrides) for j in found)) if found else set()
     for j in found:
         j.varying = [o for o in j.overrides if o not in shared]
-    scored = [j for j in found if j.best is not None]
+    scored = [j for j in found if j.best is not None and j.status == "done"]  # (a partial best is no result)
     if scored:
         best = (min if scored[0].mode == "min" else max)(scored, key=lambda j: j.best)
         best.is_best = True
@@ -103,13 +117,19 @@ def read_job(run: RunDir, overrides: list[str]) -> Job:
 
 
 def by_seed(found: list[Job]) -> list[dict]:
-    """Settings run with more than one seed: mean ± std of the monitored metric and test accuracy."""
-    groups: dict[tuple, list[Job]] = {}
+    """Settings run with more than one seed: mean ± std of the monitored metric and test accuracy, over the jobs
+    that finished (an interrupted job's best is that of the epochs it ran: no result yet), each configuration once
+    (a sweep resumed with other values by an earlier tformer ran some twice, under two job numbers)."""
+    groups: dict[tuple, dict[tuple, Job]] = {}
+    left_out: dict[tuple, list[str]] = {}
     for j in found:
-        if j.best is not None:
-            groups.setdefault(j.setting, []).append(j)
+        if j.best is not None and j.status == "done":
+            groups.setdefault(j.setting, {}).setdefault(tuple(sorted(j.overrides)), j)
+        else:
+            left_out.setdefault(j.setting, []).append(f"job {j.number} {j.status}")
     out = []
-    for setting, members in groups.items():
+    for setting, unique in groups.items():
+        members = list(unique.values())
         if len(members) < 2:
             continue
         best = [j.best for j in members]
@@ -118,8 +138,18 @@ def by_seed(found: list[Job]) -> list[dict]:
                     "monitor": members[0].monitor,
                     "mean": statistics.fmean(best), "std": statistics.stdev(best),
                     "test_mean": statistics.fmean(test) if test else None,
-                    "test_std": statistics.stdev(test) if len(test) > 1 else None})
+                    "test_std": statistics.stdev(test) if len(test) > 1 else None,
+                    "left_out": left_out.get(setting, [])})
     return out
+
+
+def seed_line(g: dict, test_std: bool = True) -> str:
+    """`<setting>: <monitor> <mean> ± <std> over <n> seeds; test accuracy <mean> ± <std>; left out: job 3
+    interrupted`."""
+    test = "" if g["test_mean"] is None else f"; test accuracy {g['test_mean']:.4f}" + (
+        f" ± {g['test_std']:.4f}" if test_std and g["test_std"] is not None else "")
+    left = f"; left out: {', '.join(g['left_out'])}" if g["left_out"] else ""
+    return f"{g['setting']}: {g['monitor']} {g['mean']:.4f} ± {g['std']:.4f} over {g['seeds']} seeds{test}{left}"
 
 
 COLUMNS = ["job", "overrides", "status", "monitor", "best", "best_epoch", "test_accuracy", "test_f1", "seconds",
@@ -128,7 +158,7 @@ COLUMNS = ["job", "overrides", "status", "monitor", "best", "best_epoch", "test_
 
 def _row(j: Job) -> dict:
     fmt = lambda v, spec: "" if v is None else format(v, spec)
-    return {"job": j.name.split("_")[0], "overrides": round_floats(" ".join(j.varying)) or "(none)", "status": j.status,
+    return {"job": j.number, "overrides": round_floats(" ".join(j.varying)) or "(none)", "status": j.status,
             "monitor": j.monitor or "", "best": fmt(j.best, ".4f"), "best_epoch": fmt(j.best_epoch, "d"),
             "test_accuracy": fmt(j.test.get("accuracy"), ".4f"), "test_f1": fmt(j.test.get("f1"), ".4f"),
             "seconds": fmt(j.seconds, ".0f"), "error": j.error or "", "best_job": "*" if j.is_best else ""}
@@ -148,9 +178,7 @@ def write(sweep_dir: Path, found: list[Job]) -> tuple[Path, Path]:
     md += ["| " + " | ".join(("**" + r[c] + "**" if r["best_job"] and c == "best" else r[c].replace("|", "\\|"))
                              for c in COLUMNS[:-2]) + " |" for r in rows]
     for g in by_seed(found):
-        md.append(f"\n{g['setting']}: {g['monitor']} {g['mean']:.4f} ± {g['std']:.4f} over {g['seeds']} seeds"
-                  + (f"; test accuracy {g['test_mean']:.4f}" + (f" ± {g['test_std']:.4f}" if g["test_std"] is not None
-                                                                else "") if g["test_mean"] is not None else ""))
+        md.append("\n" + seed_line(g))
     errors = [f"- job {r['job']}: {r['error']}" for r in rows if r["error"]]
     if errors:
         md += ["", "Errors:", *errors]
@@ -163,7 +191,7 @@ def show(sweep_dir: Path, found: list[Job], console) -> None:
     for c in COLUMNS[:-2]:
         table.add_column(c, justify="right" if c in ("best", "best_epoch", "test_accuracy", "test_f1", "seconds")
                          else "left", overflow="fold")
-    colour = {"done": "green", "failed": "red", "interrupted": "yellow", "running": "cyan"}
+    colour = {"done": "green", "failed": "red", "interrupted": "yellow", "running": "cyan", NOT_STARTED: "dim"}
     for j in found:
         r = _row(j)
         cells = [rich(r[c]) for c in COLUMNS[:-2]]
@@ -173,8 +201,7 @@ def show(sweep_dir: Path, found: list[Job], console) -> None:
         table.add_row(*cells)
     console.print(table)
     for g in by_seed(found):
-        console.print(rich(f"{g['setting']}: {g['monitor']} {g['mean']:.4f} ± {g['std']:.4f} over {g['seeds']} seeds"
-                           + (f"; test accuracy {g['test_mean']:.4f}" if g["test_mean"] is not None else "")))
+        console.print(rich(seed_line(g, test_std=False)))
 
 
 def summarize(sweep_dir: str | Path, console=None) -> list[Job]:
@@ -262,4 +289,16 @@ def resume_args(args: list[str]) -> list[str]:
         raise TformerError(f"sweep {sweep} was started by an earlier tformer (job folders such as {earlier[0]!r}); "
                            f"resuming it here would train its jobs again: finish it with that version, or start a "
                            f"new sweep")
+    ran = plan.saved_overrides(sweep)  # (None: a sweeper that records none; nothing to compare)
+    saved = [o for o in ran or [] if not o.startswith("resume=")]
+    changes = plan.resume_changes(saved, args, plan.is_grid(sweep)) if ran is not None else []
+    if changes:  # other values would get other jobs under the same numbers, and a job done twice counted twice
+        moved = [a for a in args if a.lstrip("+").startswith("data.dir=")]  # (where the data is now: the user's)
+        kept = [o for o in saved if not (moved and o.lstrip("+").startswith("data.dir="))]
+        again = shlex.join(["tformer", "train", "-m", *kept, *moved, *plan.saved_hydra_overrides(sweep),
+                            f"resume={sweep}"])
+        free = " and ".join(f"{k}=" for k in plan.FREE if k != "resume")
+        raise TformerError(f"resume={value} changes the sweep's overrides: {', '.join(changes)}; a resumed sweep "
+                           f"runs the jobs it began with (only {free} may change): continue it with `{again}`, "
+                           f"or drop resume= to run the new values as a sweep of their own")
     return [a for a in args if not a.startswith("resume=")] + [f"resume={sweep}", f"hydra.sweep.dir={sweep}"]
