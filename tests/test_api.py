@@ -80,6 +80,8 @@ def test_wrong_types_are_one_line_errors_naming_the_function_called(tmp_path, mo
              (lambda: train(["trainer.epochs"], data=df), "could not read an override"),
              (lambda: audit(["trainer.epochz=1"], data=df), "audit(): trainer.epochz is not a setting"),
              (lambda: Classifier.load(5), "checkpoint=5 must be a path (str or pathlib.Path)"),
+             (lambda: train(["trainer.devices=2"], data=df), "start it from a shell, `tformer train ... trainer.dev"),
+             (lambda: train([f"resume={tmp_path / 'gone'}"], data=df), "gone does not exist; pass the run directory"),
              (lambda: train(data=[1, 2]), "(texts, labels) pair, e.g. data=(['a fine film'"),
              (lambda: audit(data=[1, 2]), "not a list of int"),
              (lambda: train({"optimizer.lr": float("nan")}, data=df), "nan is not a finite number"),
@@ -93,6 +95,12 @@ def test_wrong_types_are_one_line_errors_naming_the_function_called(tmp_path, mo
             call()
         assert message in str(caught.value) and "\n" not in str(caught.value), (message, str(caught.value))
     assert not [p for task in ("train", "audit", "distill") for p in tmp_path.glob(f"outputs/{task}/*/*")]
+
+
+def test_a_word_beyond_ascii_is_quoted_for_hydra():
+    """Hydra's grammar reads no unquoted é or ü: a class named café failed as an unparsable override."""
+    assert as_overrides({"data.label_names": ["café", "tea"], "data.text_column": "Überschrift"}) == [
+        "data.label_names=['café',tea]", "data.text_column='Überschrift'"]
 
 
 def test_numpy_scalars_are_the_numbers_and_bools_they_hold(tmp_path, monkeypatch):

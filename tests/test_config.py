@@ -123,12 +123,26 @@ def test_evaluate_config_composes_with_and_without_data():
     ("model.dropout=1.5", "model.dropout=1.5 must be between 0 and 1 (1 excluded)"),
     ("loss.label_smoothing=1", "loss.label_smoothing=1.0 must be between 0 and 1 (1 excluded)"),
     ("loss.class_weights=inverse", "loss.class_weights='inverse' must be auto, null or balanced"),
-    ("trainer.early_stopping.mode=up", "trainer.early_stopping.mode='up' must be min or max"),
+    ("trainer.early_stopping.mode=up", "trainer.early_stopping.mode='up' must be auto, min or max"),
     ("schedule.warmup_ratio=2", "schedule.warmup_ratio=2.0 must be between 0 and 1 (1 excluded)"),
 ])
 def test_wrong_keys_and_types_fail_at_the_boundary(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         train_config(override)
+
+
+def test_early_stopping_keeps_the_best_epoch_of_any_metric():
+    """monitor=val_loss with the default mode (max) kept the worst epoch as the best, silently."""
+    stopping = lambda *o: train_config(*o).trainer.early_stopping
+    assert stopping("trainer.early_stopping.monitor=val_loss").mode == "min"
+    assert stopping("trainer.early_stopping.monitor=val_f1").mode == "max"
+    assert stopping("trainer.early_stopping.monitor=my_score").mode == "max"  # (a name that does not say)
+    assert stopping("trainer.early_stopping.monitor=my_score", "trainer.early_stopping.mode=min").mode == "min"
+    with pytest.raises(ConfigError, match=r"mode=max with monitor=val_loss would keep its worst epoch as the best "
+                                          r"\(val_loss is better when lower\); drop mode= \(auto\) or pass mode=min"):
+        train_config("trainer.early_stopping.monitor=val_loss", "trainer.early_stopping.mode=max")
+    with pytest.raises(ConfigError, match="mode=min with monitor=val_accuracy"):
+        train_config("trainer.early_stopping.monitor=val_accuracy", "trainer.early_stopping.mode=min")
 
 
 def test_unknown_names_fail_loudly_in_every_registry():
@@ -191,8 +205,9 @@ def test_code_fallbacks_are_the_yaml_defaults(tmp_path):
     from tformer_cli.training.config import TrainerConfig
 
     from tformer_cli.runs.classify import AUTO_MONITOR, monitor_for
+    from tformer_cli.training.early_stopping import mode_for
 
     stopping = compose_config("train").trainer.early_stopping
     monitor = monitor_for(False) if stopping.monitor == AUTO_MONITOR else stopping.monitor  # (what auto means then)
-    assert CheckpointDir(tmp_path / "nothing").early_stopping() == (monitor, stopping.mode)
+    assert CheckpointDir(tmp_path / "nothing").early_stopping() == (monitor, mode_for(monitor, stopping.mode))
     assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(TrainerConfig))

@@ -126,6 +126,11 @@ def test_pretraining_a_loaded_encoder_changes_it_keeps_its_tokenizer_resumes_and
     with pytest.raises(TformerError, match="continued from the BERT model .* but model.pretrained names "):
         train([*tiny("model=pretrained", f"model.pretrained={other}"), f"model.init={whole.root}"],
               run_dir=tmp_path / "mixed")
+    # no model=: the default preset's from-scratch recipe (lr 1e-3) would undo the pretraining; the fix is named
+    with pytest.raises(TformerError, match=f"without a model= preset .* add model=pretrained "
+                                           f"model.pretrained={folder}, the preset it was pretrained with"):
+        train([*tiny(), f"model.init={whole.root}"], run_dir=tmp_path / "default")
+    assert not (tmp_path / "default").exists()
 
 
 def test_head_warmup_moves_the_new_head_and_nothing_of_the_encoder(tmp_path, monkeypatch):

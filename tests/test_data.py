@@ -139,6 +139,9 @@ def test_unseen_test_labels_and_missing_file_are_clear(tmp_path):
         sources.load(files_cfg(train_file=str(tmp_path / "train.csv"), test_file=str(tmp_path / "test.csv")))
     with pytest.raises(TformerError, match="data file not found"):
         sources.load(files_cfg(train_file=str(tmp_path / "nope.csv")))
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(TformerError, match=r"data.test_file=.*folder is a folder .*; name one file of it"):
+        sources.load(data_config("trec", dir=str(tmp_path), test_file="folder"))
     (tmp_path / "header.csv").write_text("text,label\n\n")
     (tmp_path / "empty.jsonl").write_text("")
     for name, words in (("header.csv", r"has no rows \(a header at most\)"), ("empty.jsonl", "has no rows;")):

@@ -370,6 +370,22 @@ def test_an_interrupted_distillation_resumes_to_the_same_student(teacher, tmp_pa
 
 
 @pytest.mark.slow
+def test_a_resume_on_rewritten_unlabeled_files_is_refused_unless_asked(teacher, topic_files, tmp_path):
+    """distill.unlabeled names files: one rewritten since the run began taught its remaining epochs other texts."""
+    unlabeled = tmp_path / "unlabeled.csv"
+    unlabeled.write_bytes((topic_files / "unlabeled.csv").read_bytes())
+    given = [f"teacher={teacher.run_dir}", "trainer.epochs=1", f"distill.unlabeled=[{unlabeled}]"]
+    run = run_distill(tmp_path, "run", *given)
+    topic_rows(90, 7)[["text"]].to_csv(unlabeled, index=False)  # other texts, as many
+    again = [*given, "trainer.epochs=2", f"resume={run.root}"]
+    with pytest.raises(TformerError, match=r"the unlabeled texts changed since the distillation began \(unlabeled: "
+                                           r"same 90 rows, different texts.*resume_ignore_data_change=true"):
+        run_distill(tmp_path, "unused", *again)
+    run_distill(tmp_path, "unused", *again, "resume_ignore_data_change=true")
+    assert "resuming on changed unlabeled texts" in (run.root / "distill.log").read_text()
+
+
+@pytest.mark.slow
 def test_the_teachers_logits_are_kept_reused_and_recomputed_for_a_changed_teacher(teacher, topic_files, tmp_path,
                                                                                    monkeypatch):
     calls = []

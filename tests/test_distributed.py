@@ -36,6 +36,20 @@ def test_shards_cover_every_row_once_with_equal_step_counts():
     assert all(len(whole) == len(a) + len(b) for (a, whole), (b, _) in zip(*parts))
 
 
+@pytest.mark.slow  # three `tformer` processes, each refused before any data is read
+def test_ranks_are_refused_where_they_cannot_run(tiny_run, tmp_path):
+    """trainer.devices=2000 started 2000 processes (a Ctrl-C did not stop the starting); distill and pretrain,
+    which run in one process, recorded devices=2 and trained on one."""
+    r = run_tformer("train", "trainer.devices=2000", cwd=tmp_path)
+    assert r.returncode == 2 and "trainer.devices=2000 is more processes than this machine can run" in r.stderr
+    assert "starting" not in r.stdout
+    for task, args in (("pretrain", []), ("distill", [f"teacher={tiny_run.run_dir}"])):
+        r = run_tformer(task, *args, "trainer.devices=2", *TINY_TRAINING, cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert f"tformer {task} runs in one process (DDP is for tformer train): drop trainer.devices=" in r.stderr
+    assert not list(tmp_path.glob("outputs/*/*/*"))
+
+
 def history(run):
     return json.loads((run / "history.json").read_text())
 

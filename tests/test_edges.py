@@ -58,12 +58,15 @@ def test_a_resume_hint_pastes_back_into_a_shell(tmp_path):
     from tformer_cli.runs.session import resume_hint
     from tformer_cli.store.layout import RunDir
 
-    run = RunDir(tmp_path / "my runs" / "it's")
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    run = RunDir(tmp_path / "my runs, café" / "it's")  # (a space for the shell; a comma and an accent for Hydra)
     typed = ["data.train_file=my data.csv", "trainer.epochs=3", "resume=true"]
     session = SimpleNamespace(run_dir=run, overrides=typed, job=SimpleNamespace(resumes_sweeps=False, task="train"),
                               dist=SimpleNamespace(enabled=False, world=1))
-    hint = resume_hint(session)
-    assert shlex.split(hint.removeprefix("resume with: ")) == ["tformer", "train", *typed[:2], f"resume={run}"]
+    *words, resume = shlex.split(resume_hint(session).removeprefix("resume with: "))
+    assert words == ["tformer", "train", *typed[:2]]
+    assert OverridesParser.create().parse_override(resume).value() == str(run)
 
 
 @pytest.mark.parametrize("stop", [cli.Stopped(), Interrupted("interrupted at epoch 1, step 3; the last checkpoint "

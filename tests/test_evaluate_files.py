@@ -48,6 +48,19 @@ def test_typed_data_keys_win_over_the_runs():
     assert (cfg.text_column, cfg.label_column, cfg.train_file) == ("review", "y", "t.csv")
 
 
+def test_both_spellings_name_the_same_file_and_score_it_whole(tmp_path, monkeypatch):
+    """data.test_file=rel.csv was looked up in the run's data.dir first (test_file= in the working directory), and
+    the run's max_eval_samples scored a seeded part of the new file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "new.csv").write_text("review,sentiment\n")
+    saved = {**SAVED, "dir": "/data", "max_eval_samples": 100}
+    for key in ("test_file", "data.test_file"):
+        cfg = typed(f"{key}=new.csv").data_config(saved, "run")
+        assert (cfg.test_file, cfg.max_eval_samples) == (str(tmp_path / "new.csv"), None)
+    assert typed("test_file=new.csv", "max_samples=50").data_config(saved, "run").max_eval_samples == 50
+    assert typed("data.dir=/data").data_config(saved, "run").max_eval_samples == 100  # (the run's own test split)
+
+
 def test_another_dataset_is_read_as_its_own_config_says():
     cfg = typed("data=ag_news").data_config(SAVED, "run")
     assert cfg.name == "ag_news" and cfg.text_column != "review"

@@ -170,6 +170,16 @@ def test_a_missing_logger_package_or_name_is_one_line(tmp_path):
     assert json.dumps(LOGGERS["csv"].__name__)
 
 
+def test_a_tensorboard_folder_that_cannot_be_made_is_one_line_before_the_data_is_read(tmp_path):
+    from tformer_cli import TformerError
+
+    (tmp_path / "a_file").write_text("")
+    for where, why in ((tmp_path / "a_file", "File exists"), (tmp_path / "a_file" / "x", "Not a directory")):
+        with pytest.raises(TformerError, match=f"logger.log_dir={where} cannot be a folder of event files .{why}"):
+            train(TINY + ["logger=tensorboard", f"logger.log_dir={where}"], run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # (a traceback left the run folder: its rerun was then refused)
+
+
 def test_run_names_are_the_overrides_cut_whole():
     run_dir = RunDir("/x/outputs/2024-01-01/12-00-00")
     assert run_name(["model=small", "optimizer.lr=0.0003", "logger=mlflow", "logger.experiment=a"], run_dir) \

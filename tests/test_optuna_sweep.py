@@ -14,6 +14,27 @@ SEARCH = ["train", "-m", "hparams_search=small_optuna", "model=tiny", "hydra.swe
           *tiny("data.n_train=1000", "trainer.epochs=2", "trainer.checkpoint_every_steps=10")]
 
 
+def test_the_study_direction_follows_the_runs_early_stopping_metric():
+    """direction: maximize with monitor=val_loss kept the trial of the highest loss as the best."""
+    from omegaconf import OmegaConf
+
+    from tformer_cli.errors import ConfigError
+    from tformer_cli.sweeps.optuna_sweep import resumable_impl
+
+    def directions(direction, monitor, mode="auto"):
+        sweeper = resumable_impl(sampler=None, direction=direction, storage=None, study_name="s", n_trials=1,
+                                 n_jobs=1)
+        sweeper.config = OmegaConf.create({"trainer": {"early_stopping": {"monitor": monitor, "mode": mode}}})
+        return sweeper._get_directions()
+
+    assert directions("auto", "auto") == ["maximize"] and directions("auto", "val_loss") == ["minimize"]
+    assert directions("minimize", "my_score", "min") == ["minimize"]
+    with pytest.raises(ConfigError, match="direction=maximize with trainer.early_stopping.monitor=val_loss would "
+                                          "keep the worst trial as the best; drop it .auto. or pass "
+                                          "direction=minimize"):
+        directions("maximize", "val_loss")
+
+
 def test_hparams_search_configs_compose_with_the_resumable_sweeper():
     from hydra import compose, initialize_config_dir
 

@@ -167,6 +167,35 @@ def test_a_resume_with_other_settings_and_a_seed_that_would_leak_are_refused(pre
         hub_repo.stage(pretrained.root, tmp_path / "stage")
 
 
+def test_a_file_given_where_a_list_of_files_is_asked_is_refused_not_read_a_letter_at_a_time(tmp_path):
+    from tformer_cli.runs.distill import distill
+
+    with pytest.raises(TformerError, match=r"mlm.extra_files='more.csv' must be a list, e.g. mlm.extra_files=\[a,b\]"):
+        pretrain(plain(compose_config("pretrain", "mlm.extra_files=more.csv")), RunDir(tmp_path / "p"))
+    args = ["teacher=x", "distill.unlabeled=more.csv"]
+    with pytest.raises(TformerError, match=r"distill.unlabeled='more.csv' must be a list"):
+        distill(plain(compose_config("distill", *args)), RunDir(tmp_path / "d"), args)
+    assert not (tmp_path / "p").exists() and not (tmp_path / "d").exists()
+
+
+@pytest.mark.slow  # pretrains twice, briefly
+def test_a_resume_on_other_texts_is_refused_unless_asked(tmp_path):
+    """Texts are not config: an mlm.extra_files file rewritten (or data.dir at another corpus) went on pretraining
+    the same run on them, unsaid."""
+    extra = tmp_path / "extra.csv"
+    extra.write_text("text\n" + "".join(f"an unlabeled review number {i}\n" for i in range(40)))
+    run = RunDir(tmp_path / "run")
+    given = tiny("trainer.epochs=1", f"mlm.extra_files=[{extra}]", "data.n_train=200", base=PRETRAIN)
+    pretrain(plain(compose_config("pretrain", *given)), run)
+    extra.write_text("text\n" + "".join(f"another text entirely, {i}\n" for i in range(40)))
+    again = [*given, "trainer.epochs=2", f"resume={run.root}"]
+    with pytest.raises(TformerError, match=r"the texts changed since the pretraining began \(train: same 240 rows, "
+                                           r"different texts.*pass resume_ignore_data_change=true"):
+        pretrain(plain(compose_config("pretrain", *again)), RunDir(tmp_path / "unused"))
+    pretrain(plain(compose_config("pretrain", *again, "resume_ignore_data_change=true")), RunDir(tmp_path / "unused"))
+    assert "resuming on changed texts" in run.log("pretrain").read_text()
+
+
 def test_long_texts_are_pretrained_on_as_windows_that_cover_every_token_once(monkeypatch):
     from tokenizers import Tokenizer
 

@@ -264,6 +264,9 @@ def test_report_reads_an_evaluate_run_and_points_from_a_checkpoint_or_a_file_to_
     for inside in (run_dir / "checkpoints" / "best", run_dir / "history.json"):  # the run to pass instead
         r = run_tformer("report", str(inside), cwd=work)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"`tformer report {run_dir}`" in r.stderr, r.stderr
+    # the evaluate run where a checkpoint is asked for: said, not "no saved config" or "incomplete"
+    r = run_tformer("predict", f"--checkpoint={evaluated}", "a text", cwd=work)
+    assert r.returncode == 2 and "is a `tformer evaluate` run, not a checkpoint; pass the run it evaluated" in r.stderr
 
 
 @pytest.mark.slow

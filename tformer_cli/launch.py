@@ -60,6 +60,11 @@ def distributed_args(args: list[str]) -> list[str]:
         raise TformerError(f"trainer.devices={given[-1]} must be a whole number of processes (1 = no DDP)") from None
     if n <= 1:
         return args
+    most = max(2, 2 * cores.usable_cores()[0])  # (each rank is a process with its own threads and model copy)
+    if n > most:
+        raise TformerError(f"trainer.devices={n} is more processes than this machine can run side by side "
+                           f"({cores.usable_cores()[1]}: at most {most}); one rank per GPU or per core or two "
+                           f"is the most that helps")
     if multirun:
         raise TformerError("trainer.devices>1 with -m is not supported yet; run the sweep's jobs one at a time "
                            "(or launch each with torchrun)")
@@ -95,8 +100,11 @@ def launch_ranks(n: int, args: list[str]) -> int:
     the failed one forever). The ranks read no input (stdin is /dev/null: a prompt fails at once instead of
     stopping a background rank). Returns rank 0's exit code, or the failed rank's."""
     procs: list[subprocess.Popen] = []
+    stopped: list[int] = []  # a Ctrl-C or SIGTERM while the ranks are being started: no more are started
 
     def forward(signum, frame):  # the ranks' only way to get it (their own process groups)
+        if signum in (signal.SIGINT, signal.SIGTERM):
+            stopped.append(signum)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
@@ -118,6 +126,8 @@ def launch_ranks(n: int, args: list[str]) -> int:
     print(f"[tformer] starting {n} processes (DistributedDataParallel on this machine)", flush=True)
     threads = str(max(1, cores.usable_cores()[0] // n))  # the usable cores shared, not oversubscribed
     for rank in range(n):
+        if stopped:  # (the started ranks got the signal; the rest would only wait for peers that stop)
+            break
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
                "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "TFORMER_RANKS": str(n), LAUNCHER_PID: str(os.getpid())}  # (this process reports a rank that dies)

@@ -69,7 +69,8 @@ def override_value(key, value, text: bool = False, name: str = "train") -> str:
     if isinstance(value, Path):
         value = str(value)
     if isinstance(value, str):
-        plain = value and all(c.isalnum() or c in "._-/+~" for c in value) and not (text and _another_type(value))
+        plain = value and all((c.isascii() and c.isalnum()) or c in "._-/+~" for c in value) and \
+            not (text and _another_type(value))  # (Hydra's grammar reads no unquoted é)
         return value if plain else quoted(value)
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(override_value(key, v, text, name) for v in value) + "]"

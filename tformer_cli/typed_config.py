@@ -134,7 +134,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 raise ConfigError(f"{key} must be a mapping of keys, got {value!r}")
             return tp.from_mapping(value, key)
         return build(tp, value, key)
-    if origin in (list, tuple):
+    if origin in (list, tuple) or tp in (list, tuple):  # (a bare `list` too: a string would be read a letter a time)
+        origin = origin or tp
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}={value!r} must be a list, e.g. {key}=[a,b]")
         item = args[0] if args else Any

@@ -13,7 +13,7 @@ class TformerOptunaSweeperConf:
     _target_: str = "hydra_plugins.tformer_sweepers.resumable_optuna.ResumableOptunaSweeper"
     # any optuna.samplers class (GridSampler aside: sweep a grid with -m and comma lists)
     sampler: Any = field(default_factory=lambda: {"_target_": "optuna.samplers.TPESampler", "seed": None})
-    direction: Any = "maximize"  # train returns the monitored metric; minimize for a *_loss monitor
+    direction: Any = "auto"  # train returns the monitored metric: auto maximizes an accuracy, minimizes a loss
     storage: Optional[Any] = None  # sqlite:///... keeps the study (and makes the sweep resumable)
     study_name: Optional[str] = None
     n_trials: int = 20

@@ -75,6 +75,8 @@ def _find_split_file(folder: Path, split: str, cfg: DataConfig) -> Path | None:
     explicit = getattr(cfg, f"{split}_file")
     if explicit:
         path = folder / str(explicit)
+        if path.is_dir():
+            raise TformerError(f"data.{split}_file={explicit} is a folder ({path}); name one file of it")
         if not path.is_file():
             raise TformerError(f"data file not found: {path} (data.{split}_file); check the path, or put the file "
                                f"there")
@@ -191,6 +193,16 @@ def fingerprint(data: LoadedData, splits=("train", "validation")) -> dict:
             h.update(arrow.numbers(ds, "label").tobytes())
         out[split] = {"rows": len(ds), "sha256": h.hexdigest()}
     return out
+
+
+def texts_fingerprint(texts: list[str]) -> dict:
+    """The count and SHA-256 of texts held as a list (pretraining's, distillation's unlabeled ones), each then a
+    NUL, as `fingerprint` hashes a split's texts: resumes compare it."""
+    h = hashlib.sha256()
+    for text in texts:
+        h.update(text.encode("utf-8", "surrogatepass"))
+        h.update(b"\0")
+    return {"rows": len(texts), "sha256": h.hexdigest()}
 
 
 def _is_label_sets(ds) -> bool:

@@ -337,7 +337,7 @@ def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
     base = fold_overrides(overrides, config.data, names)
     first = 0 if (run_dir.root / "fold_0").is_dir() else 1  # (an audit begun by an older tformer counted from 0)
     hint = shlex.join(["tformer", "audit", *[o for o in overrides if not o.startswith("resume=")],
-                       f"resume={run_dir.root}"])  # (quoted: a path with a space pastes back into a shell)
+                       f"resume={override_value('resume', str(run_dir.root))}"])  # (quoted for Hydra, then the shell)
     i = 0
     try:
         for i in range(k):

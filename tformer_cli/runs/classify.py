@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from ..data.tokenization import TokenizedSplit
 from ..errors import ConfigError, TformerError
 from ..evaluation import report
 from ..evaluation.artifacts import training_curves_png
+from ..hydra_setup import config_dir, group_defaults
 from ..evaluation import calibration, conformal
 from ..evaluation.evaluate import count, score_split, write_reports
 from ..inference import logit_blocks
@@ -36,6 +38,7 @@ from ..safe_text import markup
 from ..training import distributed
 from ..training.loop import Run
 from ..training import recipe
+from ..training.early_stopping import mode_for
 from ..training.objectives import Classification
 from ..training.state import TrainingState
 from .resume import check_same_data, find_resumable, sweep_job_plan
@@ -52,9 +55,10 @@ def configure(tree: dict, overrides: list[str] | None = None) -> tuple[TrainConf
     located = sources.absolute_locations(config.data)
     tree["data"].update(located)
     config.data = dataclasses.replace(config.data, **located)
-    stopping = config.trainer.early_stopping
+    stopping, saved = config.trainer.early_stopping, tree["trainer"]["early_stopping"]
     if stopping.monitor == AUTO_MONITOR:  # (resolved in the saved tree too: a resume compares the metric chosen)
-        stopping.monitor = tree["trainer"]["early_stopping"]["monitor"] = monitor_for(config.data.multi_label)
+        stopping.monitor = saved["monitor"] = monitor_for(config.data.multi_label)
+    stopping.mode = saved["mode"] = mode_for(stopping.monitor, stopping.mode)  # (auto: the metric's direction)
     return config, tree
 
 
@@ -311,16 +315,30 @@ def check_init_model(tree: dict, overrides) -> None:
         if model[k] != encoder[k]:
             raise ConfigError(f"model.init={init} is {what} ({k}={encoder[k]}), but model.{k}={model[k]} is typed; "
                               f"a classifier started from it keeps that encoder: drop model.{k}=")
-    if not {"model", "model.pretrained"} & set(typed):
-        return
-    said = "model.pretrained" if "model.pretrained" in typed else f"model={_typed_value(overrides, 'model')}"
     mine = model.get("pretrained")
     theirs = ((saved or {}).get("model") or {}).get("pretrained") if isinstance(saved, dict) else None
+    if not {"model", "model.pretrained"} & set(typed):
+        if begun and not mine:  # (the default preset: a from-scratch recipe, lr 1e-3, would undo the pretraining)
+            raise ConfigError(f"model.init={init} is {what}; without a model= preset it would be fine-tuned with the "
+                              f"default from-scratch recipe: add {_preset_of(theirs)}, the preset it was pretrained "
+                              f"with")
+        return
+    said = "model.pretrained" if "model.pretrained" in typed else f"model={_typed_value(overrides, 'model')}"
     if not mine and not begun or mine and begun and (mine == theirs or _same_weights(model, meta)):
         return
     names = f"names {mine}" if mine else "is a model trained from scratch"
     raise ConfigError(f"model.init={init} is {what}, but {said} {names}; a classifier started from it keeps that "
                       f"encoder: pass the model= preset the pretraining run used, or drop {said.split('=')[0]}=")
+
+
+def _preset_of(name) -> str:
+    """The model= preset of a pretrained model's name (model=minilm_l6 for all-MiniLM-L6-v2), else the generic
+    preset with the name."""
+    folder = Path(config_dir()) / "model"
+    for option in sorted(p.stem for p in folder.glob("*.yaml") if not p.stem.startswith("_")):
+        if name and group_defaults("model", option).get("pretrained") == name:
+            return f"model={option}"
+    return f"model=pretrained model.pretrained={name}"
 
 
 def _same_weights(model: dict, meta: dict) -> bool:

@@ -185,9 +185,15 @@ class EvaluateConfig:
             tree = {**saved, **own}
         else:
             tree = dict(self.data)
+        typed = dict(self.data_typed)
         if self.test_file:  # (absolute: the metrics and the log say which file was scored)
             aliases["test_file"] = str(Path(self.test_file).expanduser().resolve())
-        return data_config(tree, **{**self.data_typed, **{k: v for k, v in aliases.items() if v is not None}})
+        elif typed.get("test_file") and Path(str(typed["test_file"])).expanduser().is_file():  # (the same file as
+            typed["test_file"] = str(Path(str(typed["test_file"])).expanduser().resolve())  # test_file= names)
+        if (self.test_file or typed.get("test_file")) and self.max_samples is None and \
+                "max_eval_samples" not in typed:  # a new file is scored whole: the run's sample size was its own
+            typed["max_eval_samples"] = None
+        return data_config(tree, **{**typed, **{k: v for k, v in aliases.items() if v is not None}})
 
 
 @dataclass

@@ -367,6 +367,9 @@ class DistillJob(ClassifierJob):
         loaded = checkpoint.load(self.teacher, session.device) if options.attention else None  # (loaded once)
         online, heads = online_teacher(self.teacher, loaded, options, prepared) if loaded else (None, 1)
         unlabeled = unlabeled_texts(config, options, prepared.data, console)
+        texts_of_files = {"unlabeled": sources.texts_fingerprint(unlabeled)}
+        if resume is not None:
+            self.check_same_unlabeled(resume, texts_of_files, config.resume_ignore_data_change, console)
         labelled = prepared.tokenized["train"]
         train = labelled if not unlabeled else TokenizedSplit.concat(
             [labelled, tokenize_unlabeled(unlabeled, prepared, config)])
@@ -383,13 +386,33 @@ class DistillJob(ClassifierJob):
                                  relations=options.relations, online=online, attention=options.attention,
                                  attention_heads=heads)
         run = build_run(session, prepared, objective, train,
-                        meta={DISTILLED_FROM: str(self.teacher.path), TEACHER_WEIGHTS: weights})
+                        meta={DISTILLED_FROM: str(self.teacher.path), TEACHER_WEIGHTS: weights,
+                              UNLABELED: texts_of_files})
         how = f"temperature {options.temperature:g}, alpha {options.alpha:g}" + (
             f", relations {options.relations:g}" if options.relations else "") + (
             f", attention {options.attention:g} over {heads} relation heads" if options.attention else "")
         return run, (f"[bold]student[/] {prepared.describe(config)}; [bold]teacher[/] {markup(self.teacher.path)} "
                      f"({how}), {labelled.n_docs:,} labelled "
                      f"+ {len(unlabeled):,} unlabeled texts")
+
+    @staticmethod
+    def check_same_unlabeled(resume, texts: dict, ignore: bool, console) -> None:
+        """distill.unlabeled's files rewritten since the run began would teach the remaining epochs other texts
+        (the config names the files, not what is in them): refused unless resume_ignore_data_change=true, as
+        changed labelled data is. A run saved before they were fingerprinted has nothing to compare."""
+        try:
+            meta = json.loads(read_small(resume.run_dir.last.meta))  # (the checkpoint being continued)
+        except (OSError, ValueError):
+            meta = {}
+        before = meta.get(UNLABELED) if isinstance(meta, dict) else None
+        changes = sources.fingerprint_changes(before, texts) if isinstance(before, dict) else []
+        if changes and not ignore:
+            raise TformerError(f"cannot resume {resume.run_dir}: the unlabeled texts changed since the "
+                               f"distillation began ({'; '.join(changes)}); resume on the same files, start a new "
+                               f"run, or pass resume_ignore_data_change=true to go on anyway")
+        if changes:
+            console.print(f"[yellow]warning[/]: resuming on changed unlabeled texts ({markup('; '.join(changes))})",
+                          highlight=False)
 
     def check_same_teacher(self, resume, weights: str) -> None:
         """A student resumed from the teacher it began with: a teacher trained further since (its best checkpoint
@@ -515,6 +538,9 @@ def check_cut(cfg: dict, layers: list[int], teacher: str) -> None:
         raise ConfigError(f"distill.layers={layers}: block {i} attends {kind}ly, but as the student's block {j} it "
                           f"would not (every {every}th block from 0 is global); keep blocks whose kind stays, e.g. "
                           f"distill.layers=[{', '.join(map(str, range(min(n, every + 1))))}]")
+
+
+UNLABELED = "unlabeled_texts"  # meta.json: the count and SHA-256 of distill.unlabeled's texts, compared on resume
 
 
 def unlabeled_texts(config, options: DistillOptions, data, console) -> list[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import random
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,9 +137,10 @@ def pretrain(tree: dict, run_dir: RunDir, overrides=(), model_name: str | None =
     """Pretrain into run_dir (or continue the run named by resume=); returns the best validation MLM loss.
     model_name: the `model=` preset, named in the closing fine-tune command."""
     tree = copy.deepcopy(tree)
-    if isinstance(tree.get("mlm"), dict) and tree["mlm"].get("extra_files"):  # found again from any directory
-        tree["mlm"]["extra_files"] = [str(Path(f).expanduser().resolve()) for f in tree["mlm"]["extra_files"]]
-    options = build(MlmOptions, tree.get("mlm") or {}, "mlm")
+    options = build(MlmOptions, tree.get("mlm") or {}, "mlm")  # (typed first: a bare path is no list of files)
+    if options.extra_files:  # found again from any directory
+        tree["mlm"]["extra_files"] = [str(Path(f).expanduser().resolve()) for f in options.extra_files]
+        options = build(MlmOptions, tree["mlm"], "mlm")
     config, located = configure({k: v for k, v in tree.items() if k != "mlm"})  # (data paths made absolute)
     tree.update(located)
     if config.model_options.init:
@@ -176,6 +178,9 @@ class PretrainJob:
         if session.dist.enabled:
             raise TformerError("tformer pretrain runs in one process; pass trainer.devices=1")
         train_texts, val_texts = pretraining_texts(config, self.options, console)
+        texts = {"train": sources.texts_fingerprint(train_texts), "validation": sources.texts_fingerprint(val_texts)}
+        if resume is not None:
+            check_same_texts(resume, texts, config.resume_ignore_data_change, console)
         options, encoder = config.model_options, None
         max_len = window_length(config, tree, resume, console)
         if resume is not None:
@@ -231,7 +236,7 @@ class PretrainJob:
         run = Run(model=model, train=train_split, validation=val_split, objective=objective, pad_id=pad,
                   device=session.device, precision=session.precision, trainer=config.trainer,
                   optimizer=config.optimizer, schedule=config.schedule,
-                  save_checkpoint=self._saver(session, model, model_cfg, tok, chain),
+                  save_checkpoint=self._saver(session, model, model_cfg, tok, {**chain, TEXTS: texts}),
                   resume=(resume.tensors, resume.state) if resume is not None else None, log_metrics=metrics_log)
         head = (encoder.mlm_head_note if encoder is not None else "the MLM head the run saved" if continued_from else
                 "MLM head (output layer tied to the token table)")
@@ -258,8 +263,9 @@ class PretrainJob:
 
     @staticmethod
     def _saver(session: Session, model: MaskedLM, model_cfg: EncoderConfig, tok, chain: dict):
-        """chain: where a continued encoder came from (`continued_from`) and its weights' sha256, in every
-        checkpoint's meta (a fine-tune from this run names the chain, and refuses a preset of another model)."""
+        """chain: where a continued encoder came from (`continued_from`) and its weights' sha256 (a fine-tune from
+        this run names the chain, and refuses a preset of another model), and the texts' fingerprint (TEXTS), in
+        every checkpoint's meta."""
         config_yaml, tokenizer_json = OmegaConf.to_yaml(OmegaConf.create(session.tree)), tok.to_str()
 
         def save(which: str, metrics: dict, training_state=None) -> None:
@@ -285,9 +291,10 @@ class PretrainJob:
             same.append(f"model={self.model_name}")  # (pretrain's default preset may not be train's)
         if not any(o.startswith("data=") for o in same):
             same.append(f"data={config.data.name}")
+        command = shlex.join(["tformer", "train", f"model.init={run_dir}", *same])  # (pastes back: paths quoted)
         console.print(f"best checkpoint: {markup(run_dir.best)} (epoch {best.get('epoch')}, val_mlm_loss "
-                      f"{best.get('val_mlm_loss', float('nan')):.4f}); fine-tune it with: tformer train "
-                      f"model.init={markup(run_dir)} {markup(' '.join(same))}", highlight=False)
+                      f"{best.get('val_mlm_loss', float('nan')):.4f}); fine-tune it with: {markup(command)}",
+                      highlight=False)
         return float(best.get("val_mlm_loss", float("nan")))
 
 
@@ -306,6 +313,24 @@ def window_length(config, tree: dict, resume, console) -> int:
                           f"max_len_limit within its positions; give model.max_len=<n> for another)", highlight=False)
         tree["model"]["max_len"] = model["max_len"]
     return int(model["max_len"])
+
+
+TEXTS = "texts"  # meta.json: per split the count and SHA-256 of the texts pretrained on, compared on resume
+
+
+def check_same_texts(resume, texts: dict, ignore: bool, console) -> None:
+    """A resume on other texts (data.dir at another corpus, an mlm.extra_files file rewritten) would go on
+    pretraining the encoder on them under the same run: refused unless resume_ignore_data_change=true. A run saved
+    before its texts were fingerprinted has nothing to compare."""
+    before = resume.loaded.meta.get(TEXTS)
+    changes = sources.fingerprint_changes(before, texts) if isinstance(before, dict) else []
+    if changes and not ignore:
+        raise TformerError(f"cannot resume {resume.run_dir}: the texts changed since the pretraining began "
+                           f"({'; '.join(changes)}); resume on the same texts, start a new run, or pass "
+                           f"resume_ignore_data_change=true to go on anyway")
+    if changes:
+        console.print(f"[yellow]warning[/]: resuming on changed texts ({markup('; '.join(changes))})",
+                      highlight=False)
 
 
 def pretraining_texts(config, options: MlmOptions, console) -> tuple[list[str], list[str]]:

@@ -50,6 +50,9 @@ def find_resumable(resume, task: str, outputs_dir: str | Path = "outputs") -> Ch
     if found is None and made_by is not None:
         raise TformerError(f"resume={resume}: that is a `tformer {made_by}` run, which trains nothing to continue; "
                            f"resume= takes the run directory of a {task} run (outputs/{task}/<date>/<time>)")
+    if found is None and not Path(str(resume)).expanduser().exists():
+        raise TformerError(f"resume={resume} does not exist; pass the run directory (outputs/{task}/<date>/<time>), "
+                           f"or resume=true for the newest unfinished run")
     if found is None:
         raise TformerError(f"resume={resume}: no last checkpoint with training state there; pass the run directory "
                            f"(outputs/{task}/<date>/<time>)")

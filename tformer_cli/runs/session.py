@@ -25,6 +25,7 @@ from .. import cores, timing
 from .. import checkpoint
 from ..console import Output, output
 from ..errors import TformerError
+from ..overrides import override_value
 from ..safe_text import markup
 from ..hardware import keep_freed_host_memory, pick_device, pick_precision
 from ..store.layout import CheckpointDir, RunDir
@@ -152,6 +153,11 @@ def load_resume(job: Job, ckpt: CheckpointDir, tree: dict, multi_label: bool = F
 def start(session: Session) -> None:
     """Device (joining a torchrun group), seeds and precision, in that order: joining draws random numbers."""
     config, dist = session.config, session.dist
+    if config.trainer.devices > 1 and not dist.enabled:  # (the CLI's `tformer train` starts its ranks in launch.py)
+        how = ("start it from a shell, `tformer train ... trainer.devices=N` (the Python API trains in this process)"
+               if session.job.task == "train" else f"tformer {session.job.task} runs in one process (DDP is for "
+               f"tformer train): drop trainer.devices=")
+        raise TformerError(f"trainer.devices={config.trainer.devices} needs one process per rank; {how}")
     device = pick_device(config.trainer.device)
     allocator = keep_freed_host_memory(device)
     if dist.enabled:
@@ -232,7 +238,8 @@ def resume_hint(session: Session) -> str:
                 f"{shlex.quote(f'resume={sweep}')}")
     command = shlex.join(["tformer", session.job.task, *[o for o in session.overrides if not o.startswith("resume=")],
                           *([f"trainer.devices={session.dist.world}"] if session.dist.enabled else []),
-                          f"resume={session.run_dir}"])  # (quoted: a path with a space pastes back into a shell)
+                          f"resume={override_value('resume', str(session.run_dir))}"])  # (quoted for Hydra, then
+    # for the shell: a path with a space, a comma or an accent pastes back)
     return f"resume with: {command}"
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from .. import hub
 from ..errors import ArgumentTypeError, TformerError
 from ..safe_text import terminal
-from .layout import HUB_ONNX_FOLDER, CheckpointDir, ExportDir, RunDir, newest_best, resolve_checkpoint
+from .layout import (HUB_ONNX_FOLDER, AuditDir, CheckpointDir, ExportDir, RunDir, SweepDir, newest_best,
+                     resolve_checkpoint)
 from .manifest import MANIFEST_CAP, stale_export
 
 PREFIX = "hf://"
@@ -108,7 +109,22 @@ def locate(checkpoint: str | Path | CheckpointDir | None = None, outputs_dir: st
         raise TformerError(not_a_checkpoint(checkpoint))
     if ExportDir(found.path).is_export():
         raise TformerError(an_export(checkpoint, ExportDir(found.path)))
+    if not found.weights.is_file() and (other := another_kind(found.path)):
+        raise TformerError(f"{checkpoint} is {other}")
     return found
+
+
+def another_kind(folder: Path) -> str | None:
+    """What a folder of tformer's that holds no checkpoint is, with where to look instead (None: not one of them):
+    a model folder is asked for, and "incomplete" would send the user looking for lost files."""
+    if SweepDir(folder).is_sweep():
+        return "a sweep folder, not a checkpoint; pass one of its job folders (`tformer report` of it marks the best)"
+    if AuditDir(folder).is_audit():
+        return "a `tformer audit` folder, not a checkpoint (its folds' checkpoints are dropped); pass a trained run"
+    if RunDir(folder).eval_metrics.is_file():
+        return ("a `tformer evaluate` run, not a checkpoint; pass the run it evaluated (its metrics name the "
+                "checkpoint)")
+    return None
 
 
 def _a_path(checkpoint) -> bool:

@@ -38,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
 from ..errors import ConfigError
+from ..training.early_stopping import AUTO, mode_for
 
 
 def _choices(override: Override) -> CategoricalDistribution:
@@ -111,13 +112,21 @@ class OptunaSweeperImpl(Sweeper):
         self.sweep_dir = config.hydra.sweep.dir
 
     def _get_directions(self) -> list[str]:
+        """auto: the way the runs' early stopping calls a metric better (a trial returns its best monitored value:
+        minimize for a loss); a direction against it would keep the worst trial as the best, and is refused."""
         directions = list(self.direction) if isinstance(self.direction, Sequence) and not isinstance(
             self.direction, str) else [self.direction]
         names = [getattr(d, "name", d) for d in directions]
-        bad = [d for d in names if d not in ("minimize", "maximize")]
+        bad = [d for d in names if d not in ("minimize", "maximize", AUTO)]
         if bad:
-            raise ConfigError(f"hydra.sweeper.direction={bad[0]!r} must be minimize or maximize")
-        return names
+            raise ConfigError(f"hydra.sweeper.direction={bad[0]!r} must be auto, minimize or maximize")
+        stopping = self.config.trainer.early_stopping
+        monitor = "val_accuracy" if stopping.monitor == AUTO else str(stopping.monitor)  # (val_f1 alike: max)
+        wanted = "minimize" if mode_for(monitor, str(stopping.mode)) == "min" else "maximize"
+        if len(names) == 1 and names[0] not in (AUTO, wanted):
+            raise ConfigError(f"hydra.sweeper.direction={names[0]} with trainer.early_stopping.monitor={monitor} "
+                              f"would keep the worst trial as the best; drop it (auto) or pass direction={wanted}")
+        return [wanted if d == AUTO else d for d in names]
 
     def _configure_trials(self, trials: list[optuna.trial.Trial], distributions: dict[str, BaseDistribution],
                           fixed: dict[str, Any]) -> list[tuple[str, ...]]:

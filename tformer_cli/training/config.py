@@ -8,6 +8,7 @@ from typing import Any
 from ..cores import parse_threads
 from ..errors import ConfigError
 from ..typed_config import build, finite, number_or_auto
+from .early_stopping import AUTO, mode_for
 
 
 @dataclass
@@ -20,8 +21,10 @@ class EarlyStoppingConfig:
     RANGES = {"patience": (0, None, "[)"), "min_delta": (0, None, "[)")}  # (NaN/inf: refused by typed_config)
 
     def __post_init__(self) -> None:
-        if self.mode not in ("min", "max"):
-            raise ConfigError(f"trainer.early_stopping.mode={self.mode!r} must be min or max")
+        if self.mode not in ("min", "max", AUTO):
+            raise ConfigError(f"trainer.early_stopping.mode={self.mode!r} must be auto, min or max")
+        if self.monitor != AUTO:  # (a monitor=auto is chosen from the data: its mode is resolved then)
+            self.mode = mode_for(self.monitor, self.mode)
 
 
 @dataclass

@@ -7,6 +7,30 @@ from dataclasses import asdict, dataclass
 from ..errors import ConfigError
 
 
+LOWER_IS_BETTER = ("loss", "ece", "brier", "nll")  # a metric whose name ends so: its best is its least
+HIGHER_IS_BETTER = ("accuracy", "f1", "precision", "recall")  # ... its greatest
+AUTO = "auto"
+
+
+def direction_of(monitor: str) -> str | None:
+    """min or max for a metric whose name says which way is better (val_loss, val_mlm_accuracy); None else."""
+    name = str(monitor).lower()
+    return "min" if name.endswith(LOWER_IS_BETTER) else "max" if name.endswith(HIGHER_IS_BETTER) else None
+
+
+def mode_for(monitor: str, mode: str) -> str:
+    """trainer.early_stopping.mode as used: auto is the metric's own direction (max for one that does not say); a
+    mode against it (mode=max on val_loss) would keep the worst epoch as the best and is refused."""
+    known = direction_of(monitor)
+    if mode == AUTO:
+        return known or "max"
+    if known is not None and mode != known:
+        raise ConfigError(f"trainer.early_stopping.mode={mode} with monitor={monitor} would keep its worst epoch "
+                          f"as the best ({monitor} is better when {'lower' if known == 'min' else 'higher'}); drop "
+                          f"mode= (auto) or pass mode={known}")
+    return mode
+
+
 @dataclass
 class EarlyStopping:
     monitor: str = "val_loss"

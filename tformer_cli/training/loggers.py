@@ -180,6 +180,12 @@ class TensorBoardLogger(Logger):
         _need("tensorboard", "tensorboard")
         self.log_dir = Path(cfg.option("log_dir") or run_dir.tensorboard)
         self.writer = None
+        if cfg.option("log_dir"):  # a folder of the user's: made (or found unusable) before any data is read
+            try:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise TformerError(f"logger.log_dir={self.log_dir} cannot be a folder of event files "
+                                   f"({exc.strerror or type(exc).__name__}); pass a folder you can write") from None
 
     def start(self, config: dict, resume_step: int | None) -> None:
         from torch.utils.tensorboard import SummaryWriter  # deferred: needs the optional tensorboard extra
