@@ -143,6 +143,9 @@ def test_early_stopping_keeps_the_best_epoch_of_any_metric():
         train_config("trainer.early_stopping.monitor=val_loss", "trainer.early_stopping.mode=max")
     with pytest.raises(ConfigError, match="mode=min with monitor=val_accuracy"):
         train_config("trainer.early_stopping.monitor=val_accuracy", "trainer.early_stopping.mode=min")
+    # a config that picks a monitor leaves the mode to it: another monitor typed over it is not refused
+    assert stopping("experiment=imdb_bert_cls").mode == "min"
+    assert stopping("experiment=imdb_bert_cls", "trainer.early_stopping.monitor=val_accuracy").mode == "max"
 
 
 def test_unknown_names_fail_loudly_in_every_registry():

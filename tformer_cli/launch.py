@@ -134,6 +134,8 @@ def launch_ranks(n: int, args: list[str]) -> int:
         env.setdefault("OMP_NUM_THREADS", threads)
         procs.append(subprocess.Popen([sys.executable, "-m", "tformer_cli", "train", *args], env=env,
                                       stdin=subprocess.DEVNULL, **own_group))
+    if not procs:  # (a signal before the first rank started)
+        return 130
     failed, first_exit = None, None
     while None in [p.poll() for p in procs]:  # (every rank polled: a dead rank 1 is seen while rank 0 runs)
         first_exit = first_exit or (time.time() if procs[0].returncode is not None else None)

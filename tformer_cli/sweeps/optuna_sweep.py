@@ -84,8 +84,14 @@ class _ResumableImpl(OptunaSweeperImpl):
                                "(tformer train -m optimizer.lr=1e-4,3e-4 ...; resume=<sweep dir> continues it too)")
         resuming = any(a.startswith("resume=") for a in arguments)
         Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)  # the SQLite study lives here
+        wanted = self._get_directions()
         study = optuna.create_study(study_name=self.study_name, storage=self.storage, sampler=self.sampler,
-                                    directions=self._get_directions(), load_if_exists=True)
+                                    directions=wanted, load_if_exists=True)
+        stored = [d.name.lower() for d in study.directions]  # (a study that exists keeps its own: Optuna says nothing)
+        if stored != wanted:
+            raise TformerError(f"{self.sweep_dir}'s Optuna study was made to {' and '.join(stored)} and these runs' "
+                               f"early stopping needs {' and '.join(wanted)}; start a new sweep (another "
+                               f"hydra.sweep.dir, without resume=)")
         with warnings.catch_warnings():  # (reading a study saved with the pre-3.0 classes builds them again)
             warnings.simplefilter("ignore", FutureWarning)
             distributions = kinds_of_study(study, distributions)
