@@ -118,22 +118,7 @@ def launch_ranks(n: int, args: list[str]) -> int:
     signal.signal(signal.SIGTERM, forward)
     if hasattr(signal, "SIGTSTP"):
         signal.signal(signal.SIGTSTP, suspend)
-    # (a process group of its own: Popen's process_group from Python 3.11, setpgid before exec on 3.10)
-    own_group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    print(f"[tformer] starting {n} processes (DistributedDataParallel on this machine)", flush=True)
-    threads = str(max(1, cores.usable_cores()[0] // n))  # the usable cores shared, not oversubscribed
-    for rank in range(n):
-        if stopped:  # (the started ranks got the signal; the rest would only wait for peers that stop)
-            break
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
-               "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "TFORMER_RANKS": str(n), LAUNCHER_PID: str(os.getpid())}  # (this process reports a rank that dies)
-        env.setdefault("OMP_NUM_THREADS", threads)
-        procs.append(subprocess.Popen([sys.executable, "-m", "tformer_cli", "train", *args], env=env,
-                                      stdin=subprocess.DEVNULL, **own_group))
+    _start_ranks(n, args, procs, stopped)
     if not procs:  # (a signal before the first rank started)
         return 130
     failed, first_exit = None, None
@@ -172,6 +157,28 @@ def launch_ranks(n: int, args: list[str]) -> int:
               f"continues with: tformer train {shlex.join(kept)} trainer.devices={n} "
               f"resume={shlex.quote(folder) if folder else 'true'}", file=sys.stderr, flush=True)
     return code
+
+
+def _start_ranks(n: int, args: list[str], procs: list, stopped: list) -> None:
+    """Start the N ranks into `procs` (which the signal handlers read as it grows), each with torchrun's environment
+    and a process group of its own; none after a signal has come (`stopped`): the started ones got it, the rest
+    would only wait for peers that stop."""
+    # (a process group of its own: Popen's process_group from Python 3.11, setpgid before exec on 3.10)
+    own_group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    print(f"[tformer] starting {n} processes (DistributedDataParallel on this machine)", flush=True)
+    threads = str(max(1, cores.usable_cores()[0] // n))  # the usable cores shared, not oversubscribed
+    for rank in range(n):
+        if stopped:
+            return
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
+               "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "TFORMER_RANKS": str(n), LAUNCHER_PID: str(os.getpid())}  # (this process reports a rank that dies)
+        env.setdefault("OMP_NUM_THREADS", threads)
+        procs.append(subprocess.Popen([sys.executable, "-m", "tformer_cli", "train", *args], env=env,
+                                      stdin=subprocess.DEVNULL, **own_group))
 
 
 def _first_failure(procs) -> int | None:

@@ -55,7 +55,7 @@ from ..training.loop import Interrupted, Optimization, Run, sliced_update
 from ..training.objectives import Classification
 from ..typed_config import build
 from .classify import ClassifierJob, Prepared, TeacherLayers, build_run, class_weights_of, configure, prepare
-from .resume import find_resumable
+from .resume import check_unchanged, find_resumable
 from .session import Session, Trained, execute
 
 EMBEDDINGS = ("auto", "teacher", "own")
@@ -398,21 +398,9 @@ class DistillJob(ClassifierJob):
     @staticmethod
     def check_same_unlabeled(resume, texts: dict, ignore: bool, console) -> None:
         """distill.unlabeled's files rewritten since the run began would teach the remaining epochs other texts
-        (the config names the files, not what is in them): refused unless resume_ignore_data_change=true, as
-        changed labelled data is. A run saved before they were fingerprinted has nothing to compare."""
-        try:
-            meta = json.loads(read_small(resume.run_dir.last.meta))  # (the checkpoint being continued)
-        except (OSError, ValueError):
-            meta = {}
-        before = meta.get(UNLABELED) if isinstance(meta, dict) else None
-        changes = sources.fingerprint_changes(before, texts) if isinstance(before, dict) else []
-        if changes and not ignore:
-            raise TformerError(f"cannot resume {resume.run_dir}: the unlabeled texts changed since the "
-                               f"distillation began ({'; '.join(changes)}); resume on the same files, start a new "
-                               f"run, or pass resume_ignore_data_change=true to go on anyway")
-        if changes:
-            console.print(f"[yellow]warning[/]: resuming on changed unlabeled texts ({markup('; '.join(changes))})",
-                          highlight=False)
+        (the config names the files, not what is in them): resume.check_unchanged's rule, as for labelled data."""
+        check_unchanged(resume.run_dir, resume.loaded.meta.get(UNLABELED), texts, ignore, console,
+                        "unlabeled texts", "the distillation", "the same files")
 
     def check_same_teacher(self, resume, weights: str) -> None:
         """A student resumed from the teacher it began with: a teacher trained further since (its best checkpoint

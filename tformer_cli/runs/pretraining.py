@@ -43,7 +43,7 @@ from ..training import recipe
 from ..training.state import TrainingState
 from ..typed_config import build
 from .classify import build_tokenizer_and_embeddings, configure
-from .resume import find_resumable
+from .resume import check_unchanged, find_resumable
 from .session import Session, execute
 
 
@@ -320,17 +320,9 @@ TEXTS = "texts"  # meta.json: per split the count and SHA-256 of the texts pretr
 
 def check_same_texts(resume, texts: dict, ignore: bool, console) -> None:
     """A resume on other texts (data.dir at another corpus, an mlm.extra_files file rewritten) would go on
-    pretraining the encoder on them under the same run: refused unless resume_ignore_data_change=true. A run saved
-    before its texts were fingerprinted has nothing to compare."""
-    before = resume.loaded.meta.get(TEXTS)
-    changes = sources.fingerprint_changes(before, texts) if isinstance(before, dict) else []
-    if changes and not ignore:
-        raise TformerError(f"cannot resume {resume.run_dir}: the texts changed since the pretraining began "
-                           f"({'; '.join(changes)}); resume on the same texts, start a new run, or pass "
-                           f"resume_ignore_data_change=true to go on anyway")
-    if changes:
-        console.print(f"[yellow]warning[/]: resuming on changed texts ({markup('; '.join(changes))})",
-                      highlight=False)
+    pretraining the encoder on them under the same run (resume.check_unchanged's rule)."""
+    check_unchanged(resume.run_dir, resume.loaded.meta.get(TEXTS), texts, ignore, console, "texts",
+                    "the pretraining", "the same texts")
 
 
 def pretraining_texts(config, options: MlmOptions, console) -> tuple[list[str], list[str]]:

@@ -137,14 +137,22 @@ def check_same_data(run: RunDir, saved: dict | None, label_names: list[str], fin
         raise TformerError(f"cannot resume {run}: " + "; ".join(fingerprint_changes(
             {"label_names": list(label_names)}, {"label_names": labels_now})) + "; resume on the run's data or "
             "start a new run")
+    check_unchanged(run, saved, fingerprint, ignore, console)
+
+
+def check_unchanged(run, saved, fingerprint: dict, ignore: bool, console, what: str = "data", began: str = "the run",
+                    same: str = "the same data") -> None:
+    """The one rule for what a run learns from (a classifier's data, pretraining's texts, distillation's unlabeled
+    files): a resume on a changed fingerprint is refused unless resume_ignore_data_change=true, then said. A run
+    saved before it was fingerprinted (saved is not a dict) has nothing to compare."""
     changes = fingerprint_changes(saved, fingerprint) if isinstance(saved, dict) else []
     if changes and not ignore:
-        raise TformerError(f"cannot resume {run}: the data changed since the run began ("
-                           f"{'; '.join(changes)}); resume on the same data, start a new run, or pass "
-                           f"resume_ignore_data_change=true to go on anyway")
+        raise TformerError(f"cannot resume {run}: the {what} changed since {began} began ({'; '.join(changes)}); "
+                           f"resume on {same}, start a new run, or pass resume_ignore_data_change=true to go on "
+                           f"anyway")
     if changes:
-        console.print(f"[yellow]warning[/]: resuming on changed data ({markup('; '.join(changes))})", highlight=False,
-                      markup=True)
+        console.print(f"[yellow]warning[/]: resuming on changed {what} ({markup('; '.join(changes))})",
+                      highlight=False, markup=True)
 
 
 def sweep_job_plan(run_dir: RunDir, task: str) -> tuple[float | None, CheckpointDir | None]:

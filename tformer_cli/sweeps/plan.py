@@ -37,9 +37,19 @@ def saved_hydra(sweep_dir: str | Path) -> dict | None:
 
 def saved_overrides(sweep_dir: str | Path) -> list[str] | None:
     """The command line's overrides the sweep last ran with (hydra.* ones aside), or None when unknown."""
-    overrides = (saved_hydra(sweep_dir) or {}).get("overrides")
-    task = overrides.get("task") if isinstance(overrides, dict) else None
-    return [str(o) for o in task] if isinstance(task, list) else None
+    return _overrides(saved_hydra(sweep_dir) or {}, "task")
+
+
+def _overrides(hydra: dict, which: str) -> list[str] | None:
+    """hydra.overrides.<which> (task: the command line's; hydra: the hydra.* ones) of a saved hydra section."""
+    overrides = hydra.get("overrides")
+    given = overrides.get(which) if isinstance(overrides, dict) else None
+    return [str(o) for o in given] if isinstance(given, list) else None
+
+
+def _grid(hydra: dict) -> bool:
+    sweeper = hydra.get("sweeper")
+    return isinstance(sweeper, dict) and BASIC_SWEEPER in str(sweeper.get("_target_"))
 
 
 def _value(parsed):
@@ -100,25 +110,24 @@ def resume_changes(saved: list[str], given: list[str], grid: bool = True) -> lis
 
 def is_grid(sweep_dir: str | Path) -> bool:
     """Whether Hydra's basic (grid) sweeper ran the sweep, as its multirun.yaml names it."""
-    sweeper = (saved_hydra(sweep_dir) or {}).get("sweeper")
-    return isinstance(sweeper, dict) and BASIC_SWEEPER in str(sweeper.get("_target_"))
+    return _grid(saved_hydra(sweep_dir) or {})
 
 
 def saved_hydra_overrides(sweep_dir: str | Path) -> list[str]:
     """The hydra.* overrides the sweep was started with (a launcher, an Optuna trial count), without the ones
     every resume sets itself (hydra.mode, hydra.sweep.dir)."""
-    overrides = (saved_hydra(sweep_dir) or {}).get("overrides")
-    given = overrides.get("hydra") if isinstance(overrides, dict) else None
-    return [str(o) for o in given or [] if not str(o).startswith(("hydra.mode=", "hydra.sweep.dir="))]
+    given = _overrides(saved_hydra(sweep_dir) or {}, "hydra") or []
+    return [o for o in given if not o.startswith(("hydra.mode=", "hydra.sweep.dir="))]
 
 
 def planned_jobs(sweep_dir: str | Path) -> list[list[str]] | None:
     """Each job's overrides, in job-number order, of a grid sweep (Hydra's basic sweeper, as it expands them);
     None for another sweeper (an Optuna search picks its values as it goes) or when the plan cannot be read."""
-    overrides = saved_overrides(sweep_dir)
-    if overrides is None or not is_grid(sweep_dir):
+    hydra = saved_hydra(sweep_dir) or {}
+    overrides = _overrides(hydra, "task")
+    if overrides is None or not _grid(hydra):
         return None
-    sweeper = saved_hydra(sweep_dir)["sweeper"]
+    sweeper = hydra["sweeper"]
     params = sweeper.get("params") if isinstance(sweeper.get("params"), dict) else {}
     try:  # (Hydra's own expansion, not a copy of it)
         parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + overrides)
