@@ -77,7 +77,8 @@ def main() -> None:
     variants, owners = [], []
     for t, answer in zip(chosen, answers):
         spans = [m.span() for m in WORD.finditer(t)]
-        ranked = {"occlusion": np.argsort(-np.array(answer["explanation"]["weights"]), kind="stable")[:args.k],
+        measured = np.array([-np.inf if w is None else w for w in answer["explanation"]["weights"]])  # (None: past
+        ranked = {"occlusion": np.argsort(-measured, kind="stable")[:args.k],  # the words occlusion measures)
                   "random": rng.choice(len(spans), size=args.k, replace=False)}
         ranked |= {m: np.argsort(-w, kind="stable")[:args.k] for m, w in attention_by_word(clf, t, spans).items()}
         for method in falls:

@@ -218,7 +218,9 @@ def test_splits_concatenate_with_their_documents_numbered_on():
     (["distill.attention=-1"], "distill.attention=-1"),
     (["distill.attention_heads=0"], "distill.attention_heads=0"),
     ([], "tformer distill needs teacher=<run dir>"),
-    (["teacher=/nowhere/at/all"], "checkpoint /nowhere/at/all does not exist"),
+    (["teacher=/nowhere/at/all"], "teacher=/nowhere/at/all does not exist; pass teacher=<run dir>"),
+    ([f"teacher={__file__}"], "is a file, not a run or checkpoint folder; pass teacher=<run dir>"),
+    (["teacher=hf://a/b..c"], "teacher=hf://a/b..c is not a Hub reference"),
 ])
 def test_bad_settings_are_one_line_before_anything_runs(tmp_path, args, expected):
     from tformer_cli import distill as distill_api
@@ -228,6 +230,25 @@ def test_bad_settings_are_one_line_before_anything_runs(tmp_path, args, expected
     with pytest.raises(TformerError, match=expected):  # the Python API: the same line, no folder left
         distill_api(args, run_dir=tmp_path / "api")
     assert not (tmp_path / "run").exists() and not (tmp_path / "api").exists()
+
+
+@pytest.mark.slow  # a two-job sweep of real `tformer distill` processes, then its resume
+@pytest.mark.heavy  # make test-heavy (CI runs it)
+def test_a_distill_sweep_is_continued_as_a_sweep_and_its_finished_jobs_are_read_not_retrained(teacher, tmp_path):
+    """`tformer distill -m ... resume=<sweep dir>` was refused per job ("no last checkpoint with training state")."""
+    sweep = tmp_path / "sweep"
+    args = ["distill", "-m", f"teacher={teacher.run_dir}", "distill.alpha=0.5,1.0", *tiny("model=tiny",
+            "trainer.epochs=1", base=TINY_TRAINING), f"distill.cache_dir={tmp_path / 'cache'}"]
+    r = run_tformer(*args, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    stamps = [(job / "checkpoints" / "best" / "model.safetensors").stat().st_mtime_ns for job in jobs]
+    r = run_tformer(*args, f"resume={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [(job / "checkpoints" / "best" / "model.safetensors").stat().st_mtime_ns for job in jobs] == stamps
+    assert all("not retrained" in (job / "distill.log").read_text() for job in jobs) and len(jobs) == 2
+    r = run_tformer(*[a.replace("0.5,1.0", "0.5,0.9") for a in args], f"resume={sweep}", cwd=tmp_path)
+    assert r.returncode == 2 and "continue it with `tformer distill -m" in r.stderr, r.stderr
 
 
 @pytest.mark.slow

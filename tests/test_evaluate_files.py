@@ -42,10 +42,18 @@ def test_a_new_file_is_read_with_the_runs_column_settings(overrides):
 
 
 def test_typed_data_keys_win_over_the_runs():
-    cfg = typed("data.test_file=new.csv", "data.text_column=body", "data.label_offset=0").data_config(SAVED, "run")
-    assert (cfg.text_column, cfg.label_column, cfg.label_offset) == ("body", "sentiment", 0)
-    cfg = typed("data=files", "data.train_file=t.csv", "data.label_column=y").data_config(SAVED, "run")
+    config = typed("data.test_file=new.csv", "data.text_column=body", "data.header=false", "+data.column_names=[b,y]",
+                   "data.label_offset=0")
+    cfg = config.data_config(SAVED, "run")
+    assert (cfg.label_column, cfg.label_offset) == ("sentiment", 0)
+    # how the new file is laid out is that file's alone: the run's train split (read too) keeps its own columns
+    assert (cfg.text_column, cfg.header) == ("review", True)
+    assert config.file_layout(SAVED) == {"text_column": "body", "header": False, "column_names": ["b", "y"]}
+    config = typed("data=files", "data.train_file=t.csv", "data.label_column=y")
+    cfg = config.data_config(SAVED, "run")
     assert (cfg.text_column, cfg.label_column, cfg.train_file) == ("review", "y", "t.csv")
+    assert config.file_layout(SAVED) == {}  # (new training data too: the keys are the whole data's)
+    assert typed("data.text_column=body").file_layout(SAVED) == {}  # (no new file: the run's own splits)
 
 
 def test_both_spellings_name_the_same_file_and_score_it_whole(tmp_path, monkeypatch):
@@ -89,6 +97,24 @@ def test_both_spellings_score_a_new_csv_with_the_run(tiny_run, tmp_path):
         metrics.append(json.loads((out / "metrics.json").read_text()))
     assert metrics[0]["n"] == metrics[1]["n"] == 30
     assert metrics[0]["accuracy"] == metrics[1]["accuracy"]
+    assert metrics[0]["confusion_matrix"] == metrics[1]["confusion_matrix"]
+
+
+@pytest.mark.slow
+def test_a_new_file_with_its_own_columns_is_scored_with_the_runs_data_read_as_trained(tiny_run, tmp_path):
+    """The documented `data.test_file=new.csv data.text_column=body` applied the column to the run's train split
+    too (read for the overlap checks), which has no such column."""
+    same = write_csv(tmp_path / "same.csv", ["text", "label"])
+    other = write_csv(tmp_path / "other.csv", ["body", "category"])
+    metrics = []
+    for n, args in enumerate(([f"test_file={same}"],
+                              [f"data.test_file={other}", "data.text_column=body", "data.label_column=category"])):
+        out = tmp_path / f"eval{n}"
+        result = run_tformer("evaluate", f"checkpoint={tiny_run.run_dir}", *args, f"hydra.run.dir={out}",
+                             cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        metrics.append(json.loads((out / "metrics.json").read_text()))
+    assert metrics[0]["n"] == metrics[1]["n"] == 30
     assert metrics[0]["confusion_matrix"] == metrics[1]["confusion_matrix"]
 
 

@@ -37,5 +37,10 @@ def test_only_the_first_words_are_tried_and_one_word_texts_work(tiny_run, monkey
     monkeypatch.setattr(classifier_module, "OCCLUDED_WORDS", 3)
     clf = Classifier.load(tiny_run.run_dir)
     long, one = clf.predict(["a b c d e f", "great"], explain=True)
-    assert len(long["explanation"]["weights"]) == 6 and long["explanation"]["weights"][3:] == [0.0, 0.0, 0.0]
+    assert len(long["explanation"]["weights"]) == 6 and long["explanation"]["weights"][3:] == [None, None, None]
+    assert all(w is not None for w in long["explanation"]["weights"][:3])  # (not measured is not "no effect")
+    from tformer_cli.evaluation.answers import plain_explanation, render_explanation
+
+    shown = plain_explanation({**long, "text": "a b c d e f"}).plain
+    assert shown.endswith(" d e f") and "c(" in shown and render_explanation(long).plain.endswith("d e f ")
     assert len(one["explanation"]["weights"]) == 1 and np.isfinite(one["explanation"]["weights"][0])

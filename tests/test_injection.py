@@ -26,6 +26,7 @@ def test_safe_text_helpers():
     assert terminal("a\x1b[2Jb\x07c\td\ne") == "a\ufffd[2Jb\ufffdc\td\ne"
     assert mathtext("$x$ costs $5") == r"\$x\$ costs \$5"
     assert terminal("a\x9b2Jb\udcff") == "a\ufffd2Jb\ufffd"  # C1 CSI; an undecodable byte cannot be printed
+    assert terminal("neg\u202egnp.exe \u2067x\u2069 \u200fok") == "neg\ufffdgnp.exe \ufffdx\ufffd \u200fok"  # bidi
     line = json_line({"text": "bell\x07 csi\x9b2J del\x7f sep\u2028 café 東京"})
     assert not any(c in line for c in RAW_CONTROL + ["\n", "\u2028"])
     assert json.loads(line)["text"] == "bell\x07 csi\x9b2J del\x7f sep\u2028 café 東京" and "café 東京" in line

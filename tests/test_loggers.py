@@ -3,6 +3,7 @@ accumulator), MLflow (its client, on a real SQLite tracking store) and W&B (its 
 W&B's own protobuf records: this wandb release ships no Python reader for it)."""
 import csv
 import json
+import socket
 
 import pytest
 
@@ -178,6 +179,23 @@ def test_a_tensorboard_folder_that_cannot_be_made_is_one_line_before_the_data_is
         with pytest.raises(TformerError, match=f"logger.log_dir={where} cannot be a folder of event files .{why}"):
             train(TINY + ["logger=tensorboard", f"logger.log_dir={where}"], run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()  # (a traceback left the run folder: its rerun was then refused)
+
+
+def test_an_unreachable_tracking_server_is_one_line_before_the_data_is_read(tmp_path):
+    from tformer_cli import TformerError
+
+    """MLflow's client retried a refused connection for about 250 s (seven warnings), after the data was read."""
+    pytest.importorskip("mlflow")
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # a port nothing listens on (bound, never listened: refused at once)
+    port = closed.getsockname()[1]
+    try:
+        with pytest.raises(TformerError, match=f"logger=mlflow: cannot reach the tracking server at 127.0.0.1:{port} "
+                                               r"\(Connection refused\); start it, or fix logger.tracking_uri"):
+            train(TINY + ["logger=mlflow", f"logger.tracking_uri=http://127.0.0.1:{port}/"], run_dir=tmp_path / "run")
+    finally:
+        closed.close()
+    assert not (tmp_path / "run").exists()
 
 
 def test_run_names_are_the_overrides_cut_whole():

@@ -145,8 +145,11 @@ def test_cli_predict_and_evaluate_on_the_multi_label_run(result, files, tmp_path
     unlabelled = written("none.csv", [(text, []) for text, _ in make(120, 6)])
     r = run_tformer("calibrate", f"checkpoint={result.run_dir}", f"file={unlabelled}",
                     f"hydra.run.dir={tmp_path / 'cal_none'}", cwd=tmp_path)
-    assert r.returncode == 2 and "has a label" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.returncode == 2 and "has no labels" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "cal_none").exists()
+    r = run_tformer("evaluate", f"checkpoint={result.run_dir}", f"test_file={unlabelled}", cwd=tmp_path)  # (was
+    assert r.returncode == 2 and f"{unlabelled} has no labels" in r.stderr, r.stderr  # scored: every metric 0)
+    assert f"tformer predict --file {unlabelled}" in r.stderr
     sports = written("sports.csv", [row for row in make(600, 7) if set(row[1]) <= {"sports"}])
     r = run_tformer("calibrate", f"checkpoint={result.run_dir}", f"file={sports}",
                     f"hydra.run.dir={tmp_path / 'cal_sports'}", cwd=tmp_path)

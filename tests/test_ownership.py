@@ -85,6 +85,10 @@ def test_a_refused_run_takes_away_only_the_folders_made_with_it(tmp_path):
     ownership.new_run_dir(checked, "distill", None)
     (checked / "data_report.json").write_text("{}")
     assert RunDir(checked).discard_if_empty() and not checked.exists()
+    stopped = tmp_path / "outputs" / "distill" / "2026-01-01" / "00-00-04"  # Ctrl-C while the teacher scored: no
+    ownership.new_run_dir(stopped, "distill", None)  # checkpoint, only the time it took (its rerun was then refused)
+    (stopped / "timings.json").write_text("[]")
+    assert RunDir(stopped).discard_if_empty() and not stopped.exists()
 
 
 @pytest.mark.slow

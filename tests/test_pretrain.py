@@ -3,9 +3,11 @@ BERT's 80/10/10 masking, the tied output layer, a run that learns, resumes and i
 expected, and a classifier whose encoder starts exactly as the pretraining run left it."""
 import json
 import math
+import shlex
 
 import pytest
 import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from helpers import compose_config, ctrl_c_at_step, run_tformer, tiny, train_config
 from tformer_cli import TformerError, train
@@ -176,6 +178,45 @@ def test_a_file_given_where_a_list_of_files_is_asked_is_refused_not_read_a_lette
     with pytest.raises(TformerError, match=r"distill.unlabeled='more.csv' must be a list"):
         distill(plain(compose_config("distill", *args)), RunDir(tmp_path / "d"), args)
     assert not (tmp_path / "p").exists() and not (tmp_path / "d").exists()
+
+
+def test_a_file_listed_twice_is_refused_before_any_text_is_read(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "more.csv").write_text("text\nsome words\n")
+    with pytest.raises(TformerError, match=r"mlm.extra_files lists one file twice \(more.csv and ./more.csv\)"):
+        pretrain(plain(compose_config("pretrain", "mlm.extra_files=[more.csv,./more.csv]")), RunDir(tmp_path / "p"))
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.slow  # pretrains briefly
+def test_a_corpus_without_labels_or_of_one_class_is_pretrained_on(tmp_path):
+    """Masked-LM pretraining reads texts alone: a file of texts was refused for lacking a label column (and one of a
+    single class as no classifier's data)."""
+    texts = [f"plain text number {i} about films and {'dull' if i % 3 else 'bright'} books" for i in range(120)]
+    (tmp_path / "corpus.csv").write_text("body\n" + "\n".join(texts) + "\n")
+    (tmp_path / "one.csv").write_text("text,label\n" + "\n".join(f"{t},x" for t in texts) + "\n")
+    for name, extra in (("corpus.csv", ["data.text_column=body"]), ("one.csv", [])):
+        run = RunDir(tmp_path / f"run, café {name}")  # (the fine-tune hint pastes back: shell and Hydra quoting)
+        args = tiny("trainer.epochs=1", "data=files", f"data.train_file={tmp_path / name}", *extra, base=PRETRAIN)
+        pretrain(plain(compose_config("pretrain", *args)), run)
+        texts = json.loads((run.root / "checkpoints" / "best" / "meta.json").read_text())["texts"]
+        assert (texts["train"]["rows"], texts["validation"]["rows"]) == (96, 24)  # (carved at random)
+    hint = run.log("pretrain").read_text().split("fine-tune it with: ")[1].splitlines()[0]
+    init = [w for w in shlex.split(hint) if w.startswith("model.init=")][0]
+    assert OverridesParser.create().parse_override(init).value() == str(run.root)
+
+
+@pytest.mark.slow  # pretrains briefly
+def test_a_run_that_masked_nothing_says_so_and_its_run_is_named_as_having_no_best(tmp_path):
+    """mlm.mask_prob=1e-9 masks no token: every validation loss is NaN and no `best` is written, yet the run printed
+    `best checkpoint: .../best (epoch None ...)` and a fine-tune command that failed as "incomplete"."""
+    run = RunDir(tmp_path / "run")
+    assert math.isnan(pretrain(plain(compose_config("pretrain", *tiny("trainer.epochs=1", "mlm.mask_prob=1e-9",
+                                                                       base=PRETRAIN))), run))
+    assert not run.best.path.exists() and run.last.weights.is_file()
+    with pytest.raises(TformerError, match=f"{run.root} is a run with no best checkpoint yet .* pass its last "
+                                           f"checkpoint, {run.last.path}"):
+        train(tiny(f"model.init={run.root}", "trainer.epochs=1"), run_dir=tmp_path / "fine")
 
 
 @pytest.mark.slow  # pretrains twice, briefly

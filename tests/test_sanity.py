@@ -50,6 +50,16 @@ def test_pandas_missing_value_words_are_real_labels_and_texts(tmp_path):
     assert any("'NA', 'None', 'null' are real classes here" in w for w in report["warnings"])
 
 
+def test_class_names_alike_up_to_case_space_or_unicode_form_are_warned_about(tmp_path):
+    names = ["caf\u00e9", "cafe\u0301", "Pos", "pos", " neg", "neg", "other"]  # (NFC and NFD: they look the same)
+    path = write_csv(tmp_path / "train.csv", [(f"text number {i}", names[i % 7]) for i in range(70)])
+    report = sanity.build(sources.load(data_config("files", train_file=str(path))))
+    assert sorted(map(sorted, report["classes_alike"])) == [[" neg", "neg"], ["Pos", "pos"],
+                                                            ["cafe\u0301", "caf\u00e9"]]
+    assert any("3 group(s) of class names differ only in case, spacing or Unicode form" in w
+               for w in report["warnings"])
+
+
 def test_a_text_column_of_numbers_is_read_as_written(tmp_path):
     path = write_csv(tmp_path / "train.csv", [("007", 0), ("1.50", 1)] * 10)
     data = sources.load(data_config("files", train_file=str(path), validation_fraction=0.5))

@@ -118,6 +118,24 @@ def test_bad_requests_get_a_4xx_with_one_line(server, body, status, words):
     assert "\n" not in answer["error"] and "Traceback" not in answer["error"]
 
 
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_body_far_over_the_limit_gets_its_413_not_a_reset(server, declared):
+    """A 413 answered while megabytes are still arriving must reach the client, not a connection reset (with or
+    without a declared length: chunked bodies are bounded as they come)."""
+    import http.client
+
+    host, port = server.url.split("//")[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    big = json.dumps(["w" * 1000] * 20000).encode()  # 20 MB: more than the sockets' buffers hold
+    body = big if declared else iter([big[i:i + 65536] for i in range(0, len(big), 65536)])
+    conn.request("POST", "/predict", body=body, headers={"Content-Type": "application/json"},
+                 encode_chunked=not declared)
+    answer = conn.getresponse()
+    assert answer.status == 413 and "4000" in json.loads(answer.read())["error"]
+    conn.close()
+    assert server.request("/health")[0] == 200
+
+
 def test_unknown_paths_and_methods_use_the_same_error_shape(server):
     assert server.request("/nope")[0] == 404 and "POST /predict" in server.request("/nope")[1]["error"]
     assert server.request("/predict")[0] == 405

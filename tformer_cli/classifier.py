@@ -204,7 +204,7 @@ class TextPredictor:
         """Per text, each word's weight: how much the calibrated probability `probs` gives the text's top label (the
         answer; a multi-label model's most probable label) falls when that word alone is deleted (negative: the
         word spoke against it). One forward pass per word, a text's variants batched together; only a text's first
-        OCCLUDED_WORDS words are tried (later ones get no weight)."""
+        OCCLUDED_WORDS words are tried (later ones get None: not measured, which 0.0 would claim)."""
         import numpy as np
 
         out = []
@@ -218,7 +218,7 @@ class TextPredictor:
                 cut = np.where(np.isnan(cut), self._no_words(batch_size)[c], cut)
             rest = cut
             out.append({"method": "occlusion", "label": self.labels[c], "words": [t[a:b] for a, b in spans],
-                        "weights": [round(float(p[c] - x), 6) for x in rest] + [0.0] * (len(spans) - n)})
+                        "weights": [round(float(p[c] - x), 6) for x in rest] + [None] * (len(spans) - n)})
         return out
 
     def _no_words(self, batch_size: int):
@@ -249,7 +249,7 @@ class TextPredictor:
 # spread over word pieces.
 EXPLAIN_METHODS = ("occlusion", "rollout")
 WORD = re.compile(r"\w+(?:['\u2019]\w+)*|[^\w\s]")  # a word (its apostrophes kept: hasn't) or one punctuation mark
-OCCLUDED_WORDS = 512  # words tried per text (one forward pass each); later words get no weight
+OCCLUDED_WORDS = 512  # words tried per text (one forward pass each); later words' weights are None
 
 
 def explain_method(explain) -> str | None:

@@ -188,10 +188,10 @@ def _run_hydra(task: str, args: list[str]) -> None:
         from . import launch
 
         args = _guarded(launch.prepare)(task, args)  # trainer.devices=N: the ranks start here (and this exits)
-        if task == "train" and ("-m" in args or "--multirun" in args):
+        if TASKS[task].resumes_sweeps and ("-m" in args or "--multirun" in args):
             from .sweeps.summary import resume_args
 
-            args = _guarded(resume_args)(args)
+            args = _guarded(resume_args)(args, task)
         _hydra_main(task, args)
     except KeyboardInterrupt:  # before our code runs (while Hydra composes the config)
         _fail(Stopped())

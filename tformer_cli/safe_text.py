@@ -7,9 +7,11 @@ import json
 import re
 
 # C0 controls but tab and newline, DEL, C1 controls (ESC and U+009B start CSI/OSC sequences that move the cursor,
-# clear the screen or set the window title), and lone surrogates (undecodable bytes of a command line or a file
-# name: printing one raises UnicodeEncodeError).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+# clear the screen or set the window title), the bidirectional embeddings, overrides and isolates (U+202A-202E,
+# U+2066-2069: a label holding one shows the rest of its line reversed, "Trojan Source"; the marks U+200E/200F
+# stay), and lone surrogates (undecodable bytes of a command line or a file name: printing one raises
+# UnicodeEncodeError).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 # What json.dumps(ensure_ascii=False) leaves raw that a terminal or a line-based reader acts on: DEL, C1 controls,
 # the Unicode line/paragraph separators (a line break to JavaScript and some log tools), lone surrogates.
 _JSON_RAW = re.compile(r"[\x7f-\x9f\u2028\u2029\ud800-\udfff]")

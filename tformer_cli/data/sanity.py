@@ -51,6 +51,15 @@ def normalized_text(text: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
 
 
+def classes_alike(names: list[str]) -> list[list[str]]:
+    """Groups of class names a reader takes for one (`Pos`/`pos`, `" neg"`/`neg`, an NFC and an NFD `café`): a
+    stray case or space in a label column trains two classes that split one class's examples."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(normalized_text(str(name)), []).append(str(name))
+    return [group for group in groups.values() if len(group) > 1]
+
+
 def _shown(text: str) -> str:
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
 
@@ -161,7 +170,7 @@ def build(data, evaluated: str | None = None) -> dict:
         [evaluated] if evaluated != "train" else []
     report: dict = {"checked": "train" if evaluated is None else f"evaluate {evaluated}", "splits": {},
                     "same_file_as_train": [], "overlap_with_train": {}, "classes_without_train_rows": [],
-                    "label_names_read_as_missing_by_pandas": [], "warnings": []}
+                    "label_names_read_as_missing_by_pandas": [], "classes_alike": [], "warnings": []}
     warnings = report["warnings"]
     for split, ds in splits.items():
         report["splits"][split] = {"rows": len(ds), "dropped_texts_without_visible_characters":
@@ -203,6 +212,13 @@ def build(data, evaluated: str | None = None) -> dict:
         if missing:
             warnings.append(f"train: no rows of class(es) {', '.join(map(repr, missing[:5]))}; the model cannot "
                             f"learn them: add rows of them or drop their names")
+    alike = classes_alike(names)
+    report["classes_alike"] = alike
+    if alike:
+        shown = "; ".join(" / ".join(repr(n) for n in group) for group in alike[:3])
+        warnings.append(f"{len(alike)} group(s) of class names differ only in case, spacing or Unicode form ({shown}"
+                        f"{'; ...' if len(alike) > 3 else ''}): each is a class of its own; if they are one, write "
+                        f"its name one way in the label column")
     na_like = [n for n in names if n in PANDAS_NA_STRINGS]
     report["label_names_read_as_missing_by_pandas"] = na_like
     if na_like:

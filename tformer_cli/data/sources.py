@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -343,9 +344,16 @@ def _listed(cfg: DataConfig, folder: Path | None) -> dict[str, Path]:
     return {s: _located(getattr(cfg, f"{s}_file"), folder) for s in ("validation", "test") if getattr(cfg, f"{s}_file")}
 
 
-def _raw_splits(cfg: DataConfig) -> tuple[dict, list[str] | None, str, dict]:
-    """{split: Dataset} with the configured columns, label names if known, a description of the source, and
-    {split: file} of the local files read."""
+# The keys that say how one file is laid out: `tformer evaluate test_file=new.csv data.text_column=body` reads the
+# new file with them while the run's own splits keep the run's layout (`load(file_layout=)`).
+FILE_LAYOUT_KEYS = ("text_column", "label_column", "text_separator", "header", "column_names")
+
+
+def _raw_splits(cfg: DataConfig, file_cfg: DataConfig | None = None) -> tuple[dict, list[str] | None, str, dict,
+                                                                             set]:
+    """{split: Dataset} with the configured columns, label names if known, a description of the source,
+    {split: file} of the local files read, and the splits read from data.validation_file / data.test_file (read
+    with `file_cfg`'s layout where given)."""
     folder = None if cfg.name in LOADERS else resolve_dir(cfg)
     raw, names, source = (LOADERS[cfg.name](cfg) if cfg.name in LOADERS else _load_folder(cfg, folder)
                           if folder is not None else FETCHERS.get(cfg.name, _load_from_hub)(cfg))
@@ -356,8 +364,9 @@ def _raw_splits(cfg: DataConfig) -> tuple[dict, list[str] | None, str, dict]:
     # data.validation_file / data.test_file: given splits of data=files, or replacements in any local dataset
     # (e.g. `tformer evaluate test_file=new.csv` scores a new file with the training run's data settings)
     files = {**_local_files(cfg, folder), **listed}
-    return ({**raw, **load_files(listed, cfg.header, cfg.column_names, _text_columns(cfg))}, names, source,
-            {s: str(p) for s, p in files.items()})
+    file_cfg = file_cfg or cfg
+    return ({**raw, **load_files(listed, file_cfg.header, file_cfg.column_names, _text_columns(file_cfg))}, names,
+            source, {s: str(p) for s, p in files.items()}, set(listed))
 
 
 def read_texts(path: Path, columns: list[str] = ("text",), separator: str = " ", key: str = "mlm.extra_files"
@@ -424,17 +433,18 @@ def _from_hub(source: str) -> bool:
     return source.startswith("hub:")
 
 
-def _to_text_label(ds, cfg, split: str, from_hub: bool = False):
-    """Rename/derive the configured columns to `text` and `label`, with a clear error for unknown names.
-    Hub copies may name columns differently from the original files (hub_text_column / hub_label_column)."""
+def _to_text_label(ds, cfg, split: str, from_hub: bool = False, texts_only: bool = False):
+    """Rename/derive the configured columns to `text` and `label` (`text` alone: `texts_only`), with a clear error
+    for unknown names. Hub copies may name columns differently from the original files (hub_text_column /
+    hub_label_column)."""
     text_column = (from_hub and cfg.hub_text_column) or cfg.text_column
     label_column = (from_hub and cfg.hub_label_column) or cfg.label_column
     text_columns = list(text_column) if not isinstance(text_column, str) else [text_column]
-    missing = [c for c in text_columns + [label_column] if c not in ds.column_names]
+    missing = [c for c in text_columns + ([] if texts_only else [label_column]) if c not in ds.column_names]
     if missing:
         raise TformerError(
             f"column {missing[0]!r} not found in the {split} split; it has columns {', '.join(ds.column_names)}; "
-            f"set data.text_column / data.label_column"
+            f"set data.text_column{'' if texts_only else ' / data.label_column'}"
         )
     separator, where = cfg.text_separator, f"the {split} split"
     if text_columns != ["text"]:
@@ -444,9 +454,12 @@ def _to_text_label(ds, cfg, split: str, from_hub: bool = False):
                     batched=True, desc=f"joining text columns ({split})")
     else:
         ds = ds.rename_column("text", "__text")
-    if label_column != "__label":
-        ds = ds.rename_column(label_column, "__label")
-    ds = ds.select_columns(["__text", "__label"]).rename_columns({"__text": "text", "__label": "label"})
+    if texts_only:
+        ds = ds.select_columns(["__text"]).rename_column("__text", "text")
+    else:
+        if label_column != "__label":
+            ds = ds.rename_column(label_column, "__label")
+        ds = ds.select_columns(["__text", "__label"]).rename_columns({"__text": "text", "__label": "label"})
     if getattr(ds.features["text"], "dtype", "string") not in ("string", "large_string"):  # e.g. parquet numbers
         ds = ds.map(lambda b: {"text": [None if t is None else as_text(t, where) for t in b["text"]]}, batched=True,
                     features=datasets.Features({**ds.features, "text": datasets.Value("string")}),
@@ -469,10 +482,19 @@ def as_text(value, where: str) -> str:
 
 def _unlabelled(ds, multi_label: bool = False) -> bool:
     """A split whose labels are all missing, blank or -1 (GLUE's hidden test labels) cannot be evaluated on. (With
-    multi-label data a blank CSV cell is an empty label set, a real answer: only -1 marks hidden labels.)"""
+    multi-label data a blank CSV cell is an empty label set, a real answer, but not every one of a split's: that is
+    a file without labels, whose every score would be about saying no label.)"""
     if len(ds) == 0:
         return False
     labels = arrow.column(ds, "label")
+    if multi_label:
+        empty = pc.is_null(labels)
+        if _arrow_kind(labels.type) == "str":
+            empty = pc.or_(empty, _blank(labels))
+        elif pa.types.is_list(labels.type) or pa.types.is_large_list(labels.type):
+            empty = pc.or_(empty, pc.equal(pc.list_value_length(labels), 0))
+        if bool(pc.all(pc.fill_null(empty, True)).as_py()):
+            return True
     hidden = pc.fill_null(pc.equal(labels, -1), False) if _numeric(labels.type) else \
         _blank(labels) if _arrow_kind(labels.type) == "str" and not multi_label else \
         pa.array(np.zeros(len(labels), dtype=bool))
@@ -753,8 +775,8 @@ def too_few_to_carve(rows: int, fraction: float, classes: int) -> bool:
 
 def _carve(ds, fraction: float, seed: int, name: str):
     """(rest, a stratified seeded `fraction` of ds) with a clear error when ds is too small to split.
-    Label sets (multi-label) cannot be stratified: their split is random (seeded)."""
-    if not hasattr(ds.features["label"], "names"):
+    Label sets (multi-label) cannot be stratified, nor texts without labels: their split is random (seeded)."""
+    if not hasattr(ds.features.get("label"), "names"):
         if too_few_to_carve(len(ds), fraction, 1):
             raise TformerError(f"the train split has {len(ds)} rows: too few to carve a {name} split of "
                                f"data.{name}_fraction={fraction}; add data or give a {name} file (data.{name}_file)")
@@ -786,12 +808,18 @@ def _carve(ds, fraction: float, seed: int, name: str):
     return datasets.concatenate_datasets([parts["train"], ds.select(np.flatnonzero(lone))]), parts["test"]
 
 
-def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
+def load(cfg: DataConfig, seed: int = 0, file_layout: dict | None = None, texts_only: bool = False) -> LoadedData:
     """Load, clean, validate and split the dataset named by the `data` config. A refusal that names the test split
     read from a file given for it names the file too: `evaluate test_file=` and `calibrate file=` read theirs as
-    the test split, which is not what their user called it."""
+    the test split, which is not what their user called it. `file_layout` ({FILE_LAYOUT_KEYS key: value}) is how
+    the files given for a split (data.validation_file / data.test_file) are laid out, where that differs from the
+    rest of the data. `texts_only` (masked-LM pretraining) reads the text columns alone: a corpus without labels,
+    or of one class, is data too; the validation split is carved at random."""
+    unknown = sorted(set(file_layout or {}) - set(FILE_LAYOUT_KEYS))
+    if unknown:
+        raise ValueError(f"file_layout takes {', '.join(FILE_LAYOUT_KEYS)}, not {unknown[0]}")
     try:
-        return _load(cfg, seed)
+        return _load(cfg, seed, dataclasses.replace(cfg, **file_layout) if file_layout else None, texts_only)
     except TformerError as exc:
         said = str(exc)
         if type(exc) is not TformerError or not cfg.test_file or "the test split" not in said:
@@ -800,15 +828,19 @@ def load(cfg: DataConfig, seed: int = 0) -> LoadedData:
                            ) from exc
 
 
-def _load(cfg: DataConfig, seed: int = 0) -> LoadedData:
+def _load(cfg: DataConfig, seed: int = 0, file_cfg: DataConfig | None = None, texts_only: bool = False
+          ) -> LoadedData:
     datasets.disable_progress_bars()  # its per-step bars (casting, filtering) would spam terminals and logs
     # its file readers log why a file failed, then raise: the one error line below says it (with the cause)
     logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)
-    raw, names, source, files = _raw_splits(cfg)
+    raw, names, source, files, given = _raw_splits(cfg, file_cfg)
     from_hub = _from_hub(source)
     where = ("data.label_names" if names is None else f"{Path(source) / 'labels.txt'}" if files else
              f"the label names of {source}")  # for the one line that refuses names that do not fit the labels
-    splits = {s: _to_text_label(ds, cfg, s, from_hub) for s, ds in raw.items() if s in SPLIT_ALIASES}
+    splits = {s: _to_text_label(ds, file_cfg if file_cfg and s in given else cfg, s, from_hub, texts_only)
+              for s, ds in raw.items() if s in SPLIT_ALIASES}
+    if texts_only:
+        cfg, names = dataclasses.replace(cfg, label_offset=0, label_names=None), []  # (no labels to read)
     offset = 0 if from_hub else cfg.label_offset
     if offset and cfg.multi_label:
         raise TformerError("data.label_offset applies to single labels; with data.multi_label=true give label ids "
@@ -818,8 +850,12 @@ def _load(cfg: DataConfig, seed: int = 0) -> LoadedData:
                             batched=True, desc=f"shifting labels ({s})") for s, ds in splits.items()}
     if names is None and cfg.label_names:
         names = [str(n) for n in cfg.label_names]
-    splits = {s: ds for s, ds in splits.items() if not _unlabelled(ds, cfg.multi_label)}  # e.g. GLUE test files
-    if not cfg.multi_label:
+    splits = {s: ds for s, ds in splits.items()  # e.g. GLUE test files
+              if texts_only or not _unlabelled(ds, cfg.multi_label)}
+    if "train" in raw and "train" not in splits and not texts_only:
+        raise TformerError(f"the train split of {source} has no labels (every label cell is empty or -1); check "
+                           f"data.label_column")
+    if not cfg.multi_label and not texts_only:
         _refuse_empty_names(splits)  # (before any row is dropped: the row named is the file's)
     if "train" not in splits:
         raise TformerError(f"{source} has no train split; it has {', '.join(raw)}")
@@ -843,7 +879,9 @@ def _load(cfg: DataConfig, seed: int = 0) -> LoadedData:
             output().print(f"{split}: skipped {n} text{'s' if n != 1 else ''} with no visible character (empty, or "
                            f"only spaces, zero-width or combining characters)")
         splits[split] = ds
-    if cfg.multi_label:
+    if texts_only:
+        pass
+    elif cfg.multi_label:
         splits, names = _encode_label_sets(splits, names, cfg.label_separator, where)
     else:
         splits, names = _encode_labels(splits, names, where)

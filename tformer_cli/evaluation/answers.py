@@ -106,7 +106,7 @@ def plain_explanation(result: dict, pieces=None):
 
     method, pairs = _pairs(result, pieces)
     shown = "{:+.2f}" if method == "occlusion" else "{:.2f}"
-    words = " ".join(f"{terminal(word)}({shown.format(w)})" for word, w in pairs)
+    words = " ".join(terminal(word) if w is None else f"{terminal(word)}({shown.format(w)})" for word, w in pairs)
     return Text(f"{terminal(_head(result))} [{method}]: {words}")
 
 
@@ -115,9 +115,12 @@ def render_explanation(result: dict, pieces=None):
     from rich.text import Text  # deferred: predict's cold start
 
     method, pairs = _pairs(result, pieces)
-    top = max((abs(w) for _, w in pairs), default=1.0) or 1.0
+    top = max((abs(w) for _, w in pairs if w is not None), default=1.0) or 1.0
     text = Text(f"{terminal(_head(result))} [{method}]: ", style="bold")
     for word, w in pairs:
+        if w is None:  # (past the words occlusion measures)
+            text.append(terminal(word) + " ")
+            continue
         level = int(255 - 180 * (abs(w) / top))
         colour = f"rgb(255,{level},{level})" if w > 0 else f"rgb({level},{level},255)"
         text.append(terminal(word), style=f"black on {colour}" if abs(w) / top > 0.15 else "")

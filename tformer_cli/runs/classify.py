@@ -33,6 +33,7 @@ from ..model.encoder import EncoderConfig, TransformerClassifier
 from ..model.mlm import encoder_state
 from ..overrides import typed_keys
 from ..store.layout import PRETRAINING, CheckpointDir, RunDir, SweepDir, read_small
+from ..tasks import TASKS
 from ..store.locate import locate
 from ..safe_text import markup
 from ..training import distributed
@@ -85,7 +86,7 @@ def train(config: TrainConfig, run_dir: RunDir, tree: dict, overrides: list[str]
 
 
 class ClassifierJob:
-    task, resumes_sweeps = "train", True
+    task, resumes_sweeps = "train", TASKS["train"].resumes_sweeps
 
     def load(self, ckpt: CheckpointDir):
         return checkpoint.load(ckpt), checkpoint.read_training_state(ckpt)

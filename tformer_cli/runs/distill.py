@@ -49,13 +49,14 @@ from ..overrides import typed_keys
 from ..safe_text import markup
 from .. import checkpoint
 from ..store.atomic import sha256_file, write_json, write_with
-from ..store.layout import DISTILLED_FROM, TEACHER_WEIGHTS, CheckpointDir, RunDir, TeacherCache, read_small
+from ..store.layout import DISTILLED_FROM, TEACHER_WEIGHTS, CheckpointDir, RunDir, SweepDir, TeacherCache, read_small
+from ..tasks import TASKS
 from ..store.locate import locate
 from ..training.loop import Interrupted, Optimization, Run, sliced_update
 from ..training.objectives import Classification
 from ..typed_config import build
 from .classify import ClassifierJob, Prepared, TeacherLayers, build_run, class_weights_of, configure, prepare
-from .resume import check_unchanged, find_resumable
+from .resume import check_unchanged, find_resumable, sweep_job_plan
 from .session import Session, Trained, execute
 
 EMBEDDINGS = ("auto", "teacher", "own")
@@ -114,7 +115,13 @@ def distill(tree: dict, run_dir: RunDir, overrides=()) -> Trained:
     tree.update(located)
     if options.layers is None:
         teacher_table(options, config)  # (refuses a conflict now, before any data is read)
-    resume_from = find_resumable(config.resume, "distill") if config.resume else None
+    resume_from = None
+    if config.resume and SweepDir(str(config.resume)).is_sweep():  # a job of a resumed `-m` sweep
+        finished, resume_from = sweep_job_plan(run_dir, "distill")
+        if finished is not None:
+            return Trained(run_dir, finished)
+    elif config.resume:
+        resume_from = find_resumable(config.resume, "distill")
     return execute(DistillJob(options, teacher), config, tree, run_dir, overrides, resume_from)
 
 
@@ -123,7 +130,7 @@ def find_teacher(ref) -> CheckpointDir:
     if not ref:
         raise ConfigError("tformer distill needs teacher=<run dir> (a trained classifier: tformer train, or "
                           "hf://owner/name)")
-    found = locate(str(ref))
+    found = locate(str(ref), key="teacher")
     if found.task() == "pretrain":
         raise TformerError(f"teacher={ref} is a `tformer pretrain` run (a masked-LM encoder, no classes); a teacher is "
                            f"a trained classifier: tformer train ... model.init={ref}, then distill from that run")
@@ -341,7 +348,7 @@ class Distillation(Classification):
 
 
 class DistillJob(ClassifierJob):
-    task, resumes_sweeps = "distill", False  # (a job of a distill -m sweep is resumed by its run dir)
+    task, resumes_sweeps = "distill", TASKS["distill"].resumes_sweeps
 
     def __init__(self, options: DistillOptions, teacher: CheckpointDir):
         self.options, self.teacher = options, teacher

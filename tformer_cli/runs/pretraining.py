@@ -33,9 +33,11 @@ from ..errors import ConfigError, TformerError
 from ..evaluation import report
 from ..evaluation.artifacts import training_curves_png
 from ..model import pretrained
+from ..overrides import override_value
 from ..model.encoder import EncoderConfig
 from ..model.mlm import IGNORE, MaskedLM, continued, mask_tokens, predicted_targets
 from ..store.layout import PRETRAINING, CheckpointDir, RunDir
+from ..tasks import TASKS
 from ..safe_text import markup
 from ..data.batching import BatchLoader
 from ..training.loop import Optimization, Run, sliced_update
@@ -140,6 +142,11 @@ def pretrain(tree: dict, run_dir: RunDir, overrides=(), model_name: str | None =
     options = build(MlmOptions, tree.get("mlm") or {}, "mlm")  # (typed first: a bare path is no list of files)
     if options.extra_files:  # found again from any directory
         tree["mlm"]["extra_files"] = [str(Path(f).expanduser().resolve()) for f in options.extra_files]
+        twice = [(a, b) for i, a in enumerate(options.extra_files) for b in options.extra_files[:i]
+                 if tree["mlm"]["extra_files"][i] == str(Path(b).expanduser().resolve())]
+        if twice:  # (its texts would be pretrained on twice as often as the rest, unsaid)
+            raise ConfigError(f"mlm.extra_files lists one file twice ({twice[0][1]} and {twice[0][0]}); list each "
+                              f"file once")
         options = build(MlmOptions, tree["mlm"], "mlm")
     config, located = configure({k: v for k, v in tree.items() if k != "mlm"})  # (data paths made absolute)
     tree.update(located)
@@ -165,7 +172,8 @@ def pretrain(tree: dict, run_dir: RunDir, overrides=(), model_name: str | None =
 
 
 class PretrainJob:
-    task, resumes_sweeps = "pretrain", False  # (a job of a pretrain -m sweep is resumed by its run dir)
+    task, resumes_sweeps = "pretrain", TASKS["pretrain"].resumes_sweeps  # (no: a job of a pretrain -m sweep is
+    # resumed by its run dir)
 
     def __init__(self, options: MlmOptions, model_name: str | None):
         self.options, self.model_name = options, model_name
@@ -284,6 +292,11 @@ class PretrainJob:
             training_curves_png(run_dir.training_curves, state.history, state.best_metrics.get("epoch"),
                                 metric="mlm_", name="masked-LM ")
         best = state.best_metrics
+        if best.get("epoch") is None:  # (every validation loss NaN: no token of the validation texts was masked)
+            console.print(f"[bold yellow]no best checkpoint[/]: no epoch gave a validation MLM loss (no token of the "
+                          f"validation texts was masked: mlm.mask_prob={self.options.mask_prob:g} is too small for "
+                          f"them, or they are too short); the weights are in {markup(run_dir.last)}", highlight=False)
+            return float("nan")
         same = [o for o in session.overrides if o.split("=", 1)[0] in ("data", "data.dir", "model", "model.max_len",
                                                                          "model.pretrained", "seed",
                                                                          "model.pretrained_package")]
@@ -291,7 +304,8 @@ class PretrainJob:
             same.append(f"model={self.model_name}")  # (pretrain's default preset may not be train's)
         if not any(o.startswith("data=") for o in same):
             same.append(f"data={config.data.name}")
-        command = shlex.join(["tformer", "train", f"model.init={run_dir}", *same])  # (pastes back: paths quoted)
+        init = override_value("model.init", str(run_dir))  # (pastes back: quoted for Hydra, then for the shell)
+        command = shlex.join(["tformer", "train", f"model.init={init}", *same])
         console.print(f"best checkpoint: {markup(run_dir.best)} (epoch {best.get('epoch')}, val_mlm_loss "
                       f"{best.get('val_mlm_loss', float('nan')):.4f}); fine-tune it with: {markup(command)}",
                       highlight=False)
@@ -326,13 +340,15 @@ def check_same_texts(resume, texts: dict, ignore: bool, console) -> None:
 
 
 def pretraining_texts(config, options: MlmOptions, console) -> tuple[list[str], list[str]]:
-    """(train texts, validation texts): the labelled splits' texts (labels unused) and any unlabeled files."""
-    data = sources.load(config.data, seed=config.seed)
-    train, validation = list(data.splits["train"]["text"]), list(data.splits["validation"]["text"])
-    extra = [Path(f).expanduser() for f in options.extra_files]
+    """(train texts, validation texts): the data's texts (any labels unread: a corpus without them is data too) and
+    any unlabeled files."""
+    extra = [Path(f) for f in options.extra_files]  # (absolute: pretrain() resolved them)
     folder = sources.resolve_dir(config.data)
-    if options.use_unsupervised and folder is not None and (folder / "unsupervised.parquet").is_file():
-        extra.append(folder / "unsupervised.parquet")
+    unsupervised = folder / "unsupervised.parquet" if folder is not None else None
+    if options.use_unsupervised and unsupervised and unsupervised.is_file() and unsupervised.resolve() not in extra:
+        extra.append(unsupervised)
+    data = sources.load(config.data, seed=config.seed, texts_only=True)
+    train, validation = list(data.splits["train"]["text"]), list(data.splits["validation"]["text"])
     for path in extra:
         train += sources.read_texts(path)
     if options.max_texts is not None and len(train) > options.max_texts:

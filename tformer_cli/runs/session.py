@@ -187,6 +187,8 @@ def _run_locked(session: Session) -> float:
 
 def _run_started(session: Session) -> float:
     config, run_dir, console, resume = session.config, session.run_dir, session.console, session.resume
+    # (before the data is read: a tracker that cannot be used is refused in seconds, not after minutes of reading)
+    session.logger = build_logger(config.logger, run_dir, session.overrides, say=console.print)
     run, description = session.job.build(session)
     console.commit_log()
     if resume is not None and run_dir.finished:  # being trained longer: unfinished again until it ends, so an
@@ -194,7 +196,6 @@ def _run_started(session: Session) -> float:
     console.print(f"{description}; [bold]device[/] {session.device}"
                   f"{' (host allocator: freed memory kept for reuse)' if session.allocator == 'retain' else ''}, precision "
                   f"{session.precision.name}; run dir {markup(run_dir)}", highlight=False)
-    session.logger = build_logger(config.logger, run_dir, session.overrides, say=console.print)
     session.logger.start(session.tree, resume.step if resume is not None else None)
     metrics_log = run.log_metrics
     run.log_metrics = lambda record: (metrics_log(record), session.logger.log(record))

@@ -209,6 +209,7 @@ class RunDir:
 
     # what a run dir holds before any result
     BOOKKEEPING = (".hydra", ".lock", MARKER, "data_report.json",  # (the checks' report: a refusal after them)
+                   "timings.json",  # (where the time of a run stopped before its first checkpoint went)
                    *(f"{name}.log" for name, task in TASKS.items() if task.style == "hydra"))
 
     def discard_if_empty(self) -> bool:

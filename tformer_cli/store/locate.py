@@ -38,14 +38,14 @@ _REPO_PART = re.compile(r"^(?!.*(--|\.\.))(?![-.])[A-Za-z0-9_.-]{1,96}(?<![-.])$
 _REVISION = re.compile(r"^(?!.*\.\.)(?![-/])(?!.*//)[A-Za-z0-9_.+-]+(/[A-Za-z0-9_+-][A-Za-z0-9_.+-]*)*$")
 
 
-def parse_ref(ref: str, typed: str | None = None) -> tuple[str, str | None]:
+def parse_ref(ref: str, typed: str | None = None, key: str = "checkpoint") -> tuple[str, str | None]:
     """hf://owner/name[@revision] -> (repo id, revision or None); refused in one line unless the Hub would take
     the owner, the name and the revision (a checkpoint=hf://a/b@../../x must not open a local folder). `typed`:
-    what the user wrote, when it was not checkpoint=<ref> (push's repo=owner/name)."""
+    what the user wrote, when it was not <key>=<ref> (push's repo=owner/name)."""
     body = ref[len(PREFIX):].strip("/")
     repo, _, revision = body.partition("@")
     parts = repo.split("/")
-    shown = typed or f"checkpoint={terminal(ref)}"
+    shown = typed or f"{key}={terminal(ref)}"
     if len(parts) != 2 or not all(_REPO_PART.match(p) for p in parts) or repo.endswith(".git"):
         use = "<owner>/<name>" if typed else "hf://<owner>/<name> or hf://<owner>/<name>@<revision>"
         raise TformerError(f"{shown} is not a Hub {'repository' if typed else 'reference'}; use {use} (names of "
@@ -57,9 +57,10 @@ def parse_ref(ref: str, typed: str | None = None) -> tuple[str, str | None]:
     return repo, revision or None
 
 
-def download(ref: str, *, onnx: bool = False) -> Path:
-    """The local folder of a Hub checkpoint (its onnx/ export with onnx=True), downloaded or from the cache."""
-    repo, revision = parse_ref(ref)
+def download(ref: str, *, onnx: bool = False, key: str = "checkpoint") -> Path:
+    """The local folder of a Hub checkpoint (its onnx/ export with onnx=True), downloaded or from the cache; `key`
+    is the setting that named it (checkpoint=, teacher=), for the messages."""
+    repo, revision = parse_ref(ref, key=key)
     offline = hub.offline()
     from huggingface_hub import snapshot_download  # only for hf:// references, and slow to import
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
@@ -71,7 +72,7 @@ def download(ref: str, *, onnx: bool = False) -> Path:
                                         local_files_only=offline))
     except (LocalEntryNotFoundError, FileNotFoundError):
         raise TformerError(f"{ref} is not in the local Hub cache, and {hub.unreachable()}; connect to the "
-                           f"network once, or copy the repository into a folder and pass checkpoint=<folder>") from None
+                           f"network once, or copy the repository into a folder and pass {key}=<folder>") from None
     except RepositoryNotFoundError:
         raise TformerError(f"{ref}: no such model repository on the Hub (or it is private: log in with `hf auth "
                            f"login` or set HF_TOKEN)") from None
@@ -94,19 +95,20 @@ def newest(outputs_dir: str | Path = "outputs", instead: str = "<path>") -> Chec
     return found
 
 
-def locate(checkpoint: str | Path | CheckpointDir | None = None, outputs_dir: str | Path = "outputs") -> CheckpointDir:
+def locate(checkpoint: str | Path | CheckpointDir | None = None, outputs_dir: str | Path = "outputs",
+           key: str = "checkpoint") -> CheckpointDir:
     """The checkpoint dir a `checkpoint=` argument names (see the module's docstring); refused by name when there
-    is none."""
+    is none. `key`: the setting that named it where it is not checkpoint= (distill's teacher=), for the messages."""
     if isinstance(checkpoint, CheckpointDir):
         return checkpoint
     if checkpoint is None:
         return newest(outputs_dir)
     _a_path(checkpoint)
     if is_ref(str(checkpoint)):
-        return CheckpointDir(download(str(checkpoint)))
+        return CheckpointDir(download(str(checkpoint), key=key))
     found = resolve_checkpoint(checkpoint)
     if found is None:
-        raise TformerError(not_a_checkpoint(checkpoint))
+        raise TformerError(not_a_checkpoint(checkpoint, key))
     if ExportDir(found.path).is_export():
         raise TformerError(an_export(checkpoint, ExportDir(found.path)))
     if not found.weights.is_file() and (other := another_kind(found.path)):
@@ -124,6 +126,10 @@ def another_kind(folder: Path) -> str | None:
     if RunDir(folder).eval_metrics.is_file():
         return ("a `tformer evaluate` run, not a checkpoint; pass the run it evaluated (its metrics name the "
                 "checkpoint)")
+    last = RunDir(folder).last.existing()
+    if last is not None and last.weights.is_file():
+        return (f"a run with no best checkpoint yet (it stopped before an epoch gave one): continue it with "
+                f"resume={folder}, or pass its last checkpoint, {last.path}")
     return None
 
 
@@ -158,16 +164,17 @@ def an_export(checkpoint, export: ExportDir) -> str:
             f"checkpoint it was made from ({source})")
 
 
-def not_a_checkpoint(checkpoint: str | Path) -> str:
+def not_a_checkpoint(checkpoint: str | Path, key: str = "checkpoint") -> str:
     """Why a checkpoint= path names no checkpoint: nothing there, or a file (e.g. a checkpoint's weights: its folder
     is the checkpoint). (A folder that holds no checkpoint is refused as incomplete when it is loaded.)"""
     p = Path(checkpoint).expanduser()
-    fix = "pass checkpoint=<run dir> (its best checkpoint) or a checkpoint directory"
+    fix = f"pass {key}=<run dir> (its best checkpoint) or a checkpoint directory"
     if p.is_file():
-        inside = resolve_checkpoint(p.parent) is not None
-        return (f"checkpoint {checkpoint} is a file; pass the folder that holds it, checkpoint={p.parent}" if inside
-                else f"checkpoint {checkpoint} is a file, not a run or checkpoint folder; {fix}")
-    return f"checkpoint {checkpoint} does not exist; {fix}"
+        holder = resolve_checkpoint(p.parent)  # (a file of a checkpoint, its weights say: not any folder's file)
+        inside = holder is not None and (holder.weights.is_file() or holder.meta.is_file())
+        return (f"{key}={checkpoint} is a file; pass the folder that holds it, {key}={p.parent}" if inside
+                else f"{key}={checkpoint} is a file, not a run or checkpoint folder; {fix}")
+    return f"{key}={checkpoint} does not exist; {fix}"
 
 
 def locate_export(checkpoint: str | Path | None = None, outputs_dir: str | Path = "outputs") -> ExportDir:

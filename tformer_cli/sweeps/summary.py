@@ -29,6 +29,7 @@ from ..store.atomic import write_text
 from ..console import output
 from ..errors import Refused, TformerError
 from ..store.layout import RunDir, SweepDir, newest_sweep
+from ..tasks import TASKS
 from ..safe_text import csv_row, markup, rich
 from ..yesno import bool_or_path
 
@@ -242,7 +243,7 @@ class FreshSweepDir(Callback):
         if not resumed and root.is_dir() and any(root.iterdir()):
             task = config.hydra.job.config_name
             hint = (f"continue that sweep with `tformer {task} -m <same overrides> resume={root}`, or "
-                    if SweepDir(root).is_sweep() and task == "train" else "")
+                    if SweepDir(root).is_sweep() and TASKS[task].resumes_sweeps else "")
             raise Refused(TformerError(f"hydra.sweep.dir={root} is not empty; {hint}pass a new hydra.sweep.dir (a "
                                        f"sweep never writes over another sweep or files tformer did not write)"))
         _fresh_sweep_dirs[:] = [p for p in (root, *root.parents) if not p.exists()]
@@ -259,9 +260,10 @@ class SummaryCallback(Callback):
         summarize(Path(config.hydra.sweep.dir))
 
 
-def resume_args(args: list[str]) -> list[str]:
-    """`tformer train -m <same overrides> resume=<sweep dir>|true`: the sweep goes on in its own directory (each
-    job finds its folder there: finished jobs are read, not retrained; interrupted ones resume; the rest run).
+def resume_args(args: list[str], task: str = "train") -> list[str]:
+    """`tformer <task> -m <same overrides> resume=<sweep dir>|true` (the tasks that resume sweeps: train, distill):
+    the sweep goes on in its own directory (each job finds its folder there: finished jobs are read, not retrained;
+    interrupted ones resume; the rest run).
     resume= is read as without -m (`yesno.bool_or_path`): a yes (resume=true, =yes, ...) is the newest sweep, a no
     or unset changes nothing, anything else must be a sweep dir."""
     given = [a for a in args if a.startswith("resume=")]
@@ -295,7 +297,7 @@ def resume_args(args: list[str]) -> list[str]:
     if changes:  # other values would get other jobs under the same numbers, and a job done twice counted twice
         moved = [a for a in args if a.lstrip("+").startswith("data.dir=")]  # (where the data is now: the user's)
         kept = [o for o in saved if not (moved and o.lstrip("+").startswith("data.dir="))]
-        again = shlex.join(["tformer", "train", "-m", *kept, *moved, *plan.saved_hydra_overrides(sweep),
+        again = shlex.join(["tformer", task, "-m", *kept, *moved, *plan.saved_hydra_overrides(sweep),
                             f"resume={sweep}"])
         free = " and ".join(f"{k}=" for k in plan.FREE if k != "resume")
         raise TformerError(f"resume={value} changes the sweep's overrides: {', '.join(changes)}; a resumed sweep "

@@ -27,7 +27,9 @@ import json
 import logging
 import os
 import shlex
+import socket
 import time
+import urllib.parse
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -217,6 +219,22 @@ class TensorBoardLogger(Logger):
                 f"(or a folder above it, e.g. outputs, to compare runs)")
 
 
+def reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """A tracking server that cannot be reached is one line at once: MLflow's own client retries a refused connection
+    with back-off for minutes before it says so. Only whether something answers at the host and port is asked
+    (what answers, and its credentials, are MLflow's to check)."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        why = "no answer within %gs" % timeout_s if isinstance(exc, socket.timeout) else exc.strerror or exc
+        raise TformerError(f"logger=mlflow: cannot reach the tracking server at {parts.hostname}:{port} ({why}); "
+                           f"start it, or fix logger.tracking_uri") from None
+
+
 @logger("mlflow")
 class MlflowLogger(Logger):
     def __init__(self, cfg: LoggerConfig, run_dir: RunDir, overrides=()):
@@ -234,6 +252,7 @@ class MlflowLogger(Logger):
             artifacts_at) else artifacts_at
         self.uri, self.experiment, self.client, self.run_id = uri, str(cfg.option("experiment") or "tformer"), None, None
         self.name = run_name(self.overrides, run_dir)
+        reachable(str(uri))
 
     def start(self, config: dict, resume_step: int | None) -> None:
         # deferred (mlflow, here and in _metrics): the optional mlflow extra
