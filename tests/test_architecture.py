@@ -148,7 +148,7 @@ def test_every_subpackage_ships_in_the_wheel():
 # or a package (every module under it); the longest name that fits a module decides its layer.
 LAYERS = (
     ("base", ("errors", "yesno", "safe_text", "typed_config", "registry", "console", "cores", "hardware", "hub",
-              "tasks")),
+              "network", "tasks")),
     ("store", ("store", "timing")),
     ("data and models", ("data", "model")),
     ("evaluation's arithmetic", ("evaluation.calibration", "evaluation.conformal", "evaluation.metrics", "evaluation.rows",

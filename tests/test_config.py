@@ -199,16 +199,6 @@ def test_long_text_defaults_to_the_model_s_choice(overrides, mode):
     assert TrainConfig.compose(overrides).long_text.mode == mode
 
 
-@pytest.mark.parametrize("overrides,key,owner", [(["data.long_text=chunks", "data.head_tokens=10"], "head_tokens",
-                                                   "head_tail"),
-                                                  (["model=small", "data.chunk_overlap=8"], "chunk_overlap", "chunks")])
-def test_a_long_text_size_of_another_reading_is_refused_as_evaluate_refuses_it(overrides, key, owner):
-    from tformer_cli.runs.config import TrainConfig
-
-    with pytest.raises(ConfigError, match=f"data.{key}=.* is a setting of data.long_text={owner}, and this run reads"):
-        TrainConfig.compose(overrides)
-
-
 def test_code_fallbacks_are_the_yaml_defaults(tmp_path):
     """Defaults live in YAML. Where code must fall back without a composed config (a checkpoint whose config.yaml
     cannot be read), the fallback is the YAML's; a typed field has no default of its own to drift from it."""

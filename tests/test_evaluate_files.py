@@ -54,6 +54,21 @@ def test_typed_data_keys_win_over_the_runs():
     assert (cfg.text_column, cfg.label_column, cfg.train_file) == ("review", "y", "t.csv")
     assert config.file_layout(SAVED) == {}  # (new training data too: the keys are the whole data's)
     assert typed("data.text_column=body").file_layout(SAVED) == {}  # (no new file: the run's own splits)
+    assert typed("test_file=new.csv", "data.text_column=body").file_layouts(SAVED) == {"test": {"text_column": "body"}}
+
+
+def test_a_new_files_layout_reads_that_file_alone_not_the_runs_validation_file(tmp_path):
+    """The run's own data.validation_file is one of the files given for a split too: read with the run's layout."""
+    from helpers import data_config
+    from tformer_cli.data import sources
+
+    train = write_csv(tmp_path / "train.csv", ["text", "label"], n=60, seed=1)
+    val = write_csv(tmp_path / "val.csv", ["text", "label"], n=20, seed=2)
+    new = write_csv(tmp_path / "new.csv", ["body", "label"], n=20, seed=3)
+    cfg = data_config("files", train_file=str(train), validation_file=str(val), test_file=str(new))
+    data = sources.load(cfg, file_layouts={"test": {"text_column": "body"}})
+    assert {s: len(data.splits[s]) for s in ("train", "validation", "test")} == {"train": 60, "validation": 20,
+                                                                                  "test": 20}
 
 
 def test_both_spellings_name_the_same_file_and_score_it_whole(tmp_path, monkeypatch):

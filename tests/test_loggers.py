@@ -190,12 +190,30 @@ def test_an_unreachable_tracking_server_is_one_line_before_the_data_is_read(tmp_
     closed.bind(("127.0.0.1", 0))  # a port nothing listens on (bound, never listened: refused at once)
     port = closed.getsockname()[1]
     try:
-        with pytest.raises(TformerError, match=f"logger=mlflow: cannot reach the tracking server at 127.0.0.1:{port} "
-                                               r"\(Connection refused\); start it, or fix logger.tracking_uri"):
+        with pytest.raises(TformerError, match=f"logger=mlflow: cannot reach the tracking server \\(127.0.0.1:{port}: "
+                                               r"Connection refused\); start it, or fix logger.tracking_uri"):
             train(TINY + ["logger=mlflow", f"logger.tracking_uri=http://127.0.0.1:{port}/"], run_dir=tmp_path / "run")
     finally:
         closed.close()
     assert not (tmp_path / "run").exists()
+
+
+def test_reachability_is_not_judged_through_a_proxy_and_a_bad_port_is_named(monkeypatch):
+    from tformer_cli import network
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{closed.getsockname()[1]}/"
+    try:
+        for key in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY"):
+            monkeypatch.delenv(key, raising=False)
+        assert "Connection refused" in network.unreachable(url, 2)
+        monkeypatch.setenv("http_proxy", "http://proxy.invalid:3128")  # (the library goes through it)
+        assert network.unreachable(url, 2) is None
+    finally:
+        closed.close()
+    assert network.unreachable("http://host:abc/", 2) == "'http://host:abc/' has no valid port"
+    assert network.unreachable("file:///x", 2) is None and network.unreachable("sqlite:///x.db", 2) is None
 
 
 def test_run_names_are_the_overrides_cut_whole():

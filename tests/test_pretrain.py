@@ -214,8 +214,8 @@ def test_a_run_that_masked_nothing_says_so_and_its_run_is_named_as_having_no_bes
     assert math.isnan(pretrain(plain(compose_config("pretrain", *tiny("trainer.epochs=1", "mlm.mask_prob=1e-9",
                                                                        base=PRETRAIN))), run))
     assert not run.best.path.exists() and run.last.weights.is_file()
-    with pytest.raises(TformerError, match=f"{run.root} is a run with no best checkpoint yet .* pass its last "
-                                           f"checkpoint, {run.last.path}"):
+    with pytest.raises(TformerError, match=f"model.init={run.root} is a finished run that has no best checkpoint "
+                                           rf"\(no epoch was scored\); pass its last one, {run.last.path}"):
         train(tiny(f"model.init={run.root}", "trainer.epochs=1"), run_dir=tmp_path / "fine")
 
 

@@ -82,6 +82,7 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_two_runs_with_the_same_seed_give_identical_metrics(tmp_path):
     out = []
     for name in ("a", "b"):

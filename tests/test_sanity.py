@@ -58,6 +58,7 @@ def test_class_names_alike_up_to_case_space_or_unicode_form_are_warned_about(tmp
                                                             ["cafe\u0301", "caf\u00e9"]]
     assert any("3 group(s) of class names differ only in case, spacing or Unicode form" in w
                for w in report["warnings"])
+    assert any("'cafe\\u0301' / 'caf\\xe9'" in w for w in report["warnings"])  # (they print alike: code points)
 
 
 def test_a_text_column_of_numbers_is_read_as_written(tmp_path):

@@ -46,7 +46,22 @@ def test_resume_with_m_must_name_a_sweep(tmp_path):
     r = run_tformer("train", "-m", "seed=1,2", f"resume={tmp_path}", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "sweep directory" in r.stderr
     r = run_tformer("train", "-m", "seed=1,2", "resume=true", cwd=tmp_path)
-    assert r.returncode == 2 and "no sweep" in r.stderr
+    assert r.returncode == 2 and "no `tformer train -m` sweep" in r.stderr
+
+
+def test_a_resume_continues_a_sweep_of_its_own_command_only(tmp_path, monkeypatch):
+    from tformer_cli.errors import TformerError
+    from tformer_cli.sweeps.summary import resume_args
+
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "outputs" / "multirun" / "2026-01-01" / "00-00-00"
+    sweep.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra:\n  job:\n    config_name: train\n  overrides:\n    task: [seed=1,2]\n")
+    with pytest.raises(TformerError, match="no `tformer distill -m` sweep under outputs/multirun/"):
+        resume_args(["-m", "seed=1,2", "resume=true"], "distill")  # (the newest sweep is a train sweep)
+    with pytest.raises(TformerError, match=r"is a `tformer train -m` sweep; continue it with `tformer train -m"):
+        resume_args(["-m", "seed=1,2", f"resume={sweep}"], "distill")
+    assert resume_args(["-m", "seed=1,2", "resume=true"], "train")[-1] == f"hydra.sweep.dir={sweep.resolve()}"
 
 
 # a sweep that dies in job 2: 20 epochs leave time to stop it after its first best epoch, before it ends

@@ -71,7 +71,7 @@ def test_resume_is_a_yes_no_or_a_path(tmp_path, monkeypatch):
 
 def test_resume_yes_means_the_same_with_and_without_m(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(TformerError, match="resume=yes with -m but there is no sweep"):
+    with pytest.raises(TformerError, match="resume=yes with -m but there is no `tformer train -m` sweep"):
         resume_args(["-m", "seed=1,2", "resume=yes"])  # yes = true: the newest sweep, as without -m the newest run
     sweep = tmp_path / "outputs" / "multirun" / "2026-01-01" / "00-00-00"
     sweep.mkdir(parents=True)
@@ -96,7 +96,7 @@ def test_resume_yes_from_the_command_line_with_and_without_m(tmp_path):
     for r in (alone, swept):
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert "resume=true but no unfinished run" in alone.stderr  # yes is true: the newest run...
-    assert "resume=yes with -m but there is no sweep" in swept.stderr  # ... and the newest sweep
+    assert "resume=yes with -m but there is no `tformer train -m` sweep" in swept.stderr  # ... and the newest sweep
     (tmp_path / "yes").mkdir()
     alone = run_tformer("train", "resume=yes", cwd=tmp_path)
     swept = run_tformer("train", "-m", "seed=1,2", "resume=yes", cwd=tmp_path)

@@ -339,10 +339,10 @@ class Pretrained:
         return self.files.tokenizer
 
 
-def load_pretraining(path: str | Path | CheckpointDir) -> Pretrained:
+def load_pretraining(path: str | Path | CheckpointDir, key: str = "checkpoint") -> Pretrained:
     """A pretraining checkpoint, checked as any checkpoint is (manifest), refused by name if it is a classifier;
-    `path` as any `checkpoint=` argument (see locate.py)."""
-    ckpt = locate(path)
+    `path` as any `checkpoint=` argument (see locate.py), given as `key` (model.init=)."""
+    ckpt = locate(path, key=key)
     if not ckpt.meta.is_file() or not ckpt.model_config.is_file():
         raise TformerError(f"checkpoint {ckpt.path} is incomplete (no {ckpt.meta.name} or {ckpt.model_config.name}); "
                            f"pass a `tformer pretrain` run dir")

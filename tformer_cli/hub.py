@@ -8,10 +8,9 @@ else fails at once with our one-line message.
 from __future__ import annotations
 
 import os
-import socket
 import sys
-from urllib.parse import urlparse
 
+from . import network
 from .yesno import parse_bool
 
 CONNECT_TIMEOUT_S = 3.0
@@ -28,14 +27,10 @@ def offline() -> bool:
     if _offline_set():
         _set_offline()
         return True
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname or "huggingface.co", port), timeout=CONNECT_TIMEOUT_S).close()
+    if network.unreachable(os.environ.get("HF_ENDPOINT") or "https://huggingface.co", CONNECT_TIMEOUT_S) is None:
         return False
-    except OSError:
-        _set_offline()
-        return True
+    _set_offline()
+    return True
 
 
 def _set_offline() -> None:

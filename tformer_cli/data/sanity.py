@@ -60,6 +60,11 @@ def classes_alike(names: list[str]) -> list[list[str]]:
     return [group for group in groups.values() if len(group) > 1]
 
 
+def _print_alike(names: list[str]) -> bool:
+    """Whether some of the names look the same on a screen (an NFC and an NFD `café`): shown as code points."""
+    return len({unicodedata.normalize("NFC", n) for n in names}) < len(names)
+
+
 def _shown(text: str) -> str:
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
 
@@ -215,7 +220,7 @@ def build(data, evaluated: str | None = None) -> dict:
     alike = classes_alike(names)
     report["classes_alike"] = alike
     if alike:
-        shown = "; ".join(" / ".join(repr(n) for n in group) for group in alike[:3])
+        shown = "; ".join(" / ".join(map(ascii if _print_alike(group) else repr, group)) for group in alike[:3])
         warnings.append(f"{len(alike)} group(s) of class names differ only in case, spacing or Unicode form ({shown}"
                         f"{'; ...' if len(alike) > 3 else ''}): each is a class of its own; if they are one, write "
                         f"its name one way in the label column")

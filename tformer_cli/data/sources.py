@@ -345,15 +345,14 @@ def _listed(cfg: DataConfig, folder: Path | None) -> dict[str, Path]:
 
 
 # The keys that say how one file is laid out: `tformer evaluate test_file=new.csv data.text_column=body` reads the
-# new file with them while the run's own splits keep the run's layout (`load(file_layout=)`).
+# new file with them while the run's own splits keep the run's layout (`load(file_layouts=)`).
 FILE_LAYOUT_KEYS = ("text_column", "label_column", "text_separator", "header", "column_names")
 
 
-def _raw_splits(cfg: DataConfig, file_cfg: DataConfig | None = None) -> tuple[dict, list[str] | None, str, dict,
-                                                                             set]:
-    """{split: Dataset} with the configured columns, label names if known, a description of the source,
-    {split: file} of the local files read, and the splits read from data.validation_file / data.test_file (read
-    with `file_cfg`'s layout where given)."""
+def _raw_splits(cfg: DataConfig, file_cfgs: dict | None = None) -> tuple[dict, list[str] | None, str, dict]:
+    """{split: Dataset} with the configured columns, label names if known, a description of the source, and
+    {split: file} of the local files read; a file given for a split of `file_cfgs` is read with that config's
+    layout."""
     folder = None if cfg.name in LOADERS else resolve_dir(cfg)
     raw, names, source = (LOADERS[cfg.name](cfg) if cfg.name in LOADERS else _load_folder(cfg, folder)
                           if folder is not None else FETCHERS.get(cfg.name, _load_from_hub)(cfg))
@@ -364,9 +363,10 @@ def _raw_splits(cfg: DataConfig, file_cfg: DataConfig | None = None) -> tuple[di
     # data.validation_file / data.test_file: given splits of data=files, or replacements in any local dataset
     # (e.g. `tformer evaluate test_file=new.csv` scores a new file with the training run's data settings)
     files = {**_local_files(cfg, folder), **listed}
-    file_cfg = file_cfg or cfg
-    return ({**raw, **load_files(listed, file_cfg.header, file_cfg.column_names, _text_columns(file_cfg))}, names,
-            source, {s: str(p) for s, p in files.items()}, set(listed))
+    for split, path in listed.items():
+        own = (file_cfgs or {}).get(split, cfg)
+        raw.update(load_files({split: path}, own.header, own.column_names, _text_columns(own)))
+    return raw, names, source, {s: str(p) for s, p in files.items()}
 
 
 def read_texts(path: Path, columns: list[str] = ("text",), separator: str = " ", key: str = "mlm.extra_files"
@@ -808,18 +808,19 @@ def _carve(ds, fraction: float, seed: int, name: str):
     return datasets.concatenate_datasets([parts["train"], ds.select(np.flatnonzero(lone))]), parts["test"]
 
 
-def load(cfg: DataConfig, seed: int = 0, file_layout: dict | None = None, texts_only: bool = False) -> LoadedData:
+def load(cfg: DataConfig, seed: int = 0, file_layouts: dict | None = None, texts_only: bool = False) -> LoadedData:
     """Load, clean, validate and split the dataset named by the `data` config. A refusal that names the test split
     read from a file given for it names the file too: `evaluate test_file=` and `calibrate file=` read theirs as
-    the test split, which is not what their user called it. `file_layout` ({FILE_LAYOUT_KEYS key: value}) is how
-    the files given for a split (data.validation_file / data.test_file) are laid out, where that differs from the
-    rest of the data. `texts_only` (masked-LM pretraining) reads the text columns alone: a corpus without labels,
+    the test split, which is not what their user called it. `file_layouts` ({split: {FILE_LAYOUT_KEYS key: value}})
+    says how the file given for a split (data.validation_file / data.test_file) is laid out, where that differs from
+    the rest of the data. `texts_only` (masked-LM pretraining) reads the text columns alone: a corpus without labels,
     or of one class, is data too; the validation split is carved at random."""
-    unknown = sorted(set(file_layout or {}) - set(FILE_LAYOUT_KEYS))
+    unknown = sorted({k for layout in (file_layouts or {}).values() for k in layout} - set(FILE_LAYOUT_KEYS))
     if unknown:
-        raise ValueError(f"file_layout takes {', '.join(FILE_LAYOUT_KEYS)}, not {unknown[0]}")
+        raise ValueError(f"file_layouts take {', '.join(FILE_LAYOUT_KEYS)}, not {unknown[0]}")
+    file_cfgs = {split: dataclasses.replace(cfg, **layout) for split, layout in (file_layouts or {}).items()}
     try:
-        return _load(cfg, seed, dataclasses.replace(cfg, **file_layout) if file_layout else None, texts_only)
+        return _load(cfg, seed, file_cfgs, texts_only)
     except TformerError as exc:
         said = str(exc)
         if type(exc) is not TformerError or not cfg.test_file or "the test split" not in said:
@@ -828,16 +829,15 @@ def load(cfg: DataConfig, seed: int = 0, file_layout: dict | None = None, texts_
                            ) from exc
 
 
-def _load(cfg: DataConfig, seed: int = 0, file_cfg: DataConfig | None = None, texts_only: bool = False
-          ) -> LoadedData:
+def _load(cfg: DataConfig, seed: int = 0, file_cfgs: dict | None = None, texts_only: bool = False) -> LoadedData:
     datasets.disable_progress_bars()  # its per-step bars (casting, filtering) would spam terminals and logs
     # its file readers log why a file failed, then raise: the one error line below says it (with the cause)
     logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)
-    raw, names, source, files, given = _raw_splits(cfg, file_cfg)
+    raw, names, source, files = _raw_splits(cfg, file_cfgs)
     from_hub = _from_hub(source)
     where = ("data.label_names" if names is None else f"{Path(source) / 'labels.txt'}" if files else
              f"the label names of {source}")  # for the one line that refuses names that do not fit the labels
-    splits = {s: _to_text_label(ds, file_cfg if file_cfg and s in given else cfg, s, from_hub, texts_only)
+    splits = {s: _to_text_label(ds, (file_cfgs or {}).get(s, cfg), s, from_hub, texts_only)
               for s, ds in raw.items() if s in SPLIT_ALIASES}
     if texts_only:
         cfg, names = dataclasses.replace(cfg, label_offset=0, label_names=None), []  # (no labels to read)

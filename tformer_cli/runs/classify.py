@@ -216,7 +216,7 @@ def tokenizer_for(config: TrainConfig, data, resume, console, table=None, studen
     if resume is not None:
         tok = tokenization.load_tokenizer(resume.loaded.tokenizer_file, max_len)
     elif options.init:
-        init = checkpoint.load_pretraining(options.init)
+        init = checkpoint.load_pretraining(options.init, key="model.init")
         tok = tokenization.load_tokenizer(init.tokenizer_file, max_len)
     elif options.pretrained:
         encoder = pretrained.load_encoder(options.pretrained, options.pretrained_package, max_len)

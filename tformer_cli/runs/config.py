@@ -71,11 +71,6 @@ class TrainConfig:
         """From the composed config as plain containers (`typed_config.plain(cfg)`)."""
         out = build(cls, tree)
         out.resume = bool_or_path(out.resume, "resume")  # resume=yes is resume=true, with or without -m
-        for key, owner in (("head_tokens", "head_tail"), ("chunk_overlap", "chunks")):  # (as evaluate refuses)
-            if getattr(out.data, key) is not None and out.data.long_text != owner:
-                raise ConfigError(f"data.{key}={getattr(out.data, key)} is a setting of data.long_text={owner}, and "
-                                  f"this run reads texts as {out.data.long_text}; add data.long_text={owner} or drop "
-                                  f"data.{key}")
         if out.long_text.mode != "truncate":  # head_tokens / chunk_overlap fit max_len (auto: its ceiling)
             out.long_text.head(int(recipe.numeric_max_len(out.model)))
             if out.long_text.mode == "chunks":
@@ -192,7 +187,7 @@ class EvaluateConfig:
         else:
             tree = dict(self.data)
         layout = self.file_layout(saved)
-        typed = {k: v for k, v in self.data_typed.items() if k not in layout}  # (those read the new file alone)
+        typed = {k: v for k, v in self.data_typed.items() if k not in layout}  # (those read the new files alone)
         if self.test_file:  # (absolute: the metrics and the log say which file was scored)
             aliases["test_file"] = str(Path(self.test_file).expanduser().resolve())
         elif typed.get("test_file") and Path(str(typed["test_file"])).expanduser().is_file():  # (the same file as
@@ -202,20 +197,29 @@ class EvaluateConfig:
             typed["max_eval_samples"] = None
         return data_config(tree, **{**typed, **{k: v for k, v in aliases.items() if v is not None}})
 
+    def new_files(self) -> list[str]:
+        """The splits a file typed here replaces (test_file= / data.test_file= -> test, data.validation_file=)."""
+        return [split for split, given in (("validation", self.data_typed.get("validation_file")),
+                                           ("test", self.test_file or self.data_typed.get("test_file"))) if given]
+
     def file_layout(self, saved: dict | None) -> dict:
-        """The typed data.<key>s that say how a new file is laid out (its text and label columns, its CSV header),
-        checked as any data key: `sources.load(file_layout=)` reads that file alone with them. The run's own splits
-        (its train split is read too, for the overlap checks) keep the layout they were trained with. Empty when no
-        new file is given or the data is not the run's (data=<another dataset>, data.dir=, data.train_file=): then
-        a typed key is the whole data's."""
-        new_file = self.test_file or self.data_typed.get("test_file") or self.data_typed.get("validation_file")
+        """The typed data.<key>s that say how the new files are laid out (their text and label columns, CSV
+        header), checked as any data key: `sources.load(file_layouts=)` reads those files alone with them. The
+        run's own splits and files (its train split is read too, for the overlap checks) keep the layout they were
+        trained with. Empty when no new file is given or the data is not the run's (data=<another dataset>,
+        data.dir=, data.train_file=): then a typed key is the whole data's."""
         runs_own = saved is not None and (self.data is None or self.data.get("name") in ("files", saved.get("name")))
         elsewhere = self.data_dir or {"dir", "train_file", "split_names"} & set(self.data_typed)
         layout = {k: self.data_typed[k] for k in FILE_LAYOUT_KEYS if k in self.data_typed}
-        if not (new_file and runs_own and layout) or elsewhere:
+        if not (self.new_files() and runs_own and layout) or elsewhere:
             return {}
         read = data_config(saved, **layout)
         return {k: getattr(read, k) for k in layout}
+
+    def file_layouts(self, saved: dict | None) -> dict[str, dict]:
+        """{split: its new file's layout} for `sources.load(file_layouts=)`."""
+        layout = self.file_layout(saved)
+        return {split: layout for split in self.new_files()} if layout else {}
 
 
 @dataclass

@@ -340,14 +340,22 @@ def check_same_texts(resume, texts: dict, ignore: bool, console) -> None:
 
 
 def pretraining_texts(config, options: MlmOptions, console) -> tuple[list[str], list[str]]:
-    """(train texts, validation texts): the data's texts (any labels unread: a corpus without them is data too) and
-    any unlabeled files."""
+    """(train texts, validation texts): the data's texts and any unlabeled files. Labels are not learned from; data
+    a classifier could read keeps the validation split it always had (carved stratified by its labels: the texts a
+    run began with, which its resume compares), and data it could not (no label column, one class, label sets
+    without data.multi_label) is read as texts alone, its validation split carved at random."""
     extra = [Path(f) for f in options.extra_files]  # (absolute: pretrain() resolved them)
     folder = sources.resolve_dir(config.data)
     unsupervised = folder / "unsupervised.parquet" if folder is not None else None
-    if options.use_unsupervised and unsupervised and unsupervised.is_file() and unsupervised.resolve() not in extra:
+    if options.use_unsupervised and unsupervised and unsupervised.is_file():
+        if unsupervised.resolve() in [p.resolve() for p in extra]:  # (read twice, as a file listed twice would be)
+            raise ConfigError(f"mlm.extra_files lists {unsupervised}, which mlm.use_unsupervised=true reads already; "
+                              f"drop it from the list, or set mlm.use_unsupervised=false")
         extra.append(unsupervised)
-    data = sources.load(config.data, seed=config.seed, texts_only=True)
+    try:
+        data = sources.load(config.data, seed=config.seed)
+    except TformerError:  # (what is wrong with the texts themselves is said again by the reading of texts alone)
+        data = sources.load(config.data, seed=config.seed, texts_only=True)
     train, validation = list(data.splits["train"]["text"]), list(data.splits["validation"]["text"])
     for path in extra:
         train += sources.read_texts(path)

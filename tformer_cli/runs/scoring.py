@@ -58,8 +58,8 @@ def reading(trained, config: EvaluateConfig, max_len: int, data_side: str):
 def checked_data(config: EvaluateConfig, loaded, data_cfg, seed: int, fix: str):
     """The data `data_cfg` names, with the split the command reads in it and the checkpoint's labels; `fix` ends the
     line that refuses other labels."""
-    layout = config.file_layout((loaded.saved_config() or {}).get("data"))  # (a new file's own columns)
-    data = sources.load(data_cfg, seed=seed, file_layout=layout)
+    layouts = config.file_layouts((loaded.saved_config() or {}).get("data"))  # (a new file's own columns)
+    data = sources.load(data_cfg, seed=seed, file_layouts=layouts)
     named = getattr(data_cfg, f"{config.split}_file", None)
     if config.split not in data.splits and named:  # (sources drops a split whose labels are all missing)
         raise TformerError(f"{named} has no labels (every label cell is empty or -1): this command needs labelled texts; "

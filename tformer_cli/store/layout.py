@@ -486,7 +486,9 @@ def _monitored_score(ckpt: CheckpointDir) -> float:
     return -value if mode == "min" else value
 
 
-def newest_sweep(root: str | Path = "outputs") -> Path | None:
-    """The most recently started `-m` sweep under root/multirun, by its multirun.yaml."""
+def newest_sweep(root: str | Path = "outputs", keep=None) -> Path | None:
+    """The most recently started `-m` sweep under root/multirun, by its multirun.yaml (of those `keep(folder)` keeps,
+    when given)."""
     found = sorted(Path(root).glob("multirun/**/multirun.yaml"), key=lambda p: p.stat().st_mtime)
-    return found[-1].parent if found else None
+    kept = [p.parent for p in found if keep is None or keep(p.parent)]
+    return kept[-1] if kept else None

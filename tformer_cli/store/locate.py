@@ -110,9 +110,9 @@ def locate(checkpoint: str | Path | CheckpointDir | None = None, outputs_dir: st
     if found is None:
         raise TformerError(not_a_checkpoint(checkpoint, key))
     if ExportDir(found.path).is_export():
-        raise TformerError(an_export(checkpoint, ExportDir(found.path)))
+        raise TformerError(an_export(checkpoint, ExportDir(found.path), key))
     if not found.weights.is_file() and (other := another_kind(found.path)):
-        raise TformerError(f"{checkpoint} is {other}")
+        raise TformerError(f"{key}={checkpoint} is {other}")
     return found
 
 
@@ -126,10 +126,13 @@ def another_kind(folder: Path) -> str | None:
     if RunDir(folder).eval_metrics.is_file():
         return ("a `tformer evaluate` run, not a checkpoint; pass the run it evaluated (its metrics name the "
                 "checkpoint)")
-    last = RunDir(folder).last.existing()
+    run = RunDir(folder)
+    last = run.last.existing()
     if last is not None and last.weights.is_file():
-        return (f"a run with no best checkpoint yet (it stopped before an epoch gave one): continue it with "
-                f"resume={folder}, or pass its last checkpoint, {last.path}")
+        if run.finished:  # (e.g. a pretraining run that masked nothing: no epoch had a validation loss)
+            return f"a finished run that has no best checkpoint (no epoch was scored); pass its last one, {last.path}"
+        return (f"a run with no best checkpoint yet (it stopped before an epoch gave one): continue it with `tformer "
+                f"{last.task()} <its overrides> resume={folder}`, or pass its last checkpoint, {last.path}")
     return None
 
 
@@ -153,13 +156,13 @@ def exported_from(export: ExportDir) -> Path | None:
         return None
 
 
-def an_export(checkpoint, export: ExportDir) -> str:
+def an_export(checkpoint, export: ExportDir, key: str = "checkpoint") -> str:
     """Why an ONNX export folder is not a checkpoint: what reads it, and the checkpoint it was made from (its
     export.json) for the commands that need the model itself."""
     source = exported_from(export)
     if source is None or resolve_checkpoint(source) is None:  # (an export copied away from its run)
         source = "<the run dir it was exported from>"
-    return (f"checkpoint {checkpoint} is an ONNX export, which `tformer predict --runtime onnx --checkpoint "
+    return (f"{key}={checkpoint} is an ONNX export, which `tformer predict --runtime onnx --checkpoint "
             f"{checkpoint}` and `tformer serve runtime=onnx checkpoint={checkpoint}` read; for this command pass the "
             f"checkpoint it was made from ({source})")
 

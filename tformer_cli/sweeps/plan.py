@@ -35,6 +35,13 @@ def saved_hydra(sweep_dir: str | Path) -> dict | None:
     return hydra if isinstance(hydra, dict) else {}
 
 
+def saved_task(sweep_dir: str | Path) -> str | None:
+    """The command the sweep ran (train, distill, evaluate, ...: its config's name), or None when unknown."""
+    job = (saved_hydra(sweep_dir) or {}).get("job")
+    name = job.get("config_name") if isinstance(job, dict) else None
+    return str(name) if name else None
+
+
 def saved_overrides(sweep_dir: str | Path) -> list[str] | None:
     """The command line's overrides the sweep last ran with (hydra.* ones aside), or None when unknown."""
     return _overrides(saved_hydra(sweep_dir) or {}, "task")

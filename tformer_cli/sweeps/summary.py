@@ -274,15 +274,19 @@ def resume_args(args: list[str], task: str = "train") -> list[str]:
     if target is None or target is False:
         return args
     if target is True:
-        sweep = newest_sweep("outputs")
+        sweep = newest_sweep("outputs", lambda folder: plan.saved_task(folder) in (task, None))
         if sweep is None:
-            raise TformerError(f"resume={value} with -m but there is no sweep under outputs/multirun/; run the sweep "
-                               f"first or pass resume=<sweep dir>")
+            raise TformerError(f"resume={value} with -m but there is no `tformer {task} -m` sweep under "
+                               f"outputs/multirun/; run the sweep first or pass resume=<sweep dir>")
     else:
         sweep = Path(target).expanduser()
         if not SweepDir(sweep).is_sweep():
             raise TformerError(f"resume={value} with -m must be a sweep directory (outputs/multirun/<date>/<time>, "
                                f"with multirun.yaml); to continue one run, drop -m")
+        ran = plan.saved_task(sweep)
+        if ran not in (task, None):
+            raise TformerError(f"resume={value} is a `tformer {ran} -m` sweep; continue it with `tformer {ran} -m "
+                               f"<its overrides> resume={value}`")
     if any(a.startswith("hydra.sweep.dir=") for a in args):
         raise TformerError("resume=<sweep dir> sets hydra.sweep.dir itself; drop hydra.sweep.dir=")
     sweep = sweep.resolve()

@@ -27,13 +27,12 @@ import json
 import logging
 import os
 import shlex
-import socket
 import time
-import urllib.parse
 import warnings
 from pathlib import Path
 from typing import Callable
 
+from .. import network
 from ..errors import TformerError
 from ..registry import registrar
 from ..safe_text import csv_row, markup
@@ -88,6 +87,7 @@ class Loggers(Logger):
 
 
 NAME_WIDTH = 100  # characters of a tracker's run name (the full overrides are kept as a tag / in the config)
+REACH_TIMEOUT_S = 5.0  # a tracking server's host given this long to accept a connection
 UNNAMED = ("logger", "hydra", "resume", "resume_ignore_data_change")  # same for every run compared, or bookkeeping
 
 
@@ -219,22 +219,6 @@ class TensorBoardLogger(Logger):
                 f"(or a folder above it, e.g. outputs, to compare runs)")
 
 
-def reachable(uri: str, timeout_s: float = 5.0) -> None:
-    """A tracking server that cannot be reached is one line at once: MLflow's own client retries a refused connection
-    with back-off for minutes before it says so. Only whether something answers at the host and port is asked
-    (what answers, and its credentials, are MLflow's to check)."""
-    parts = urllib.parse.urlsplit(uri)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
-    except OSError as exc:
-        why = "no answer within %gs" % timeout_s if isinstance(exc, socket.timeout) else exc.strerror or exc
-        raise TformerError(f"logger=mlflow: cannot reach the tracking server at {parts.hostname}:{port} ({why}); "
-                           f"start it, or fix logger.tracking_uri") from None
-
-
 @logger("mlflow")
 class MlflowLogger(Logger):
     def __init__(self, cfg: LoggerConfig, run_dir: RunDir, overrides=()):
@@ -252,7 +236,10 @@ class MlflowLogger(Logger):
             artifacts_at) else artifacts_at
         self.uri, self.experiment, self.client, self.run_id = uri, str(cfg.option("experiment") or "tformer"), None, None
         self.name = run_name(self.overrides, run_dir)
-        reachable(str(uri))
+        why = network.unreachable(str(uri), REACH_TIMEOUT_S)  # (MLflow's client would retry for minutes)
+        if why is not None:
+            raise TformerError(f"logger=mlflow: cannot reach the tracking server ({why}); start it, or fix "
+                               f"logger.tracking_uri")
 
     def start(self, config: dict, resume_step: int | None) -> None:
         # deferred (mlflow, here and in _metrics): the optional mlflow extra
