@@ -43,6 +43,16 @@ def test_classifier_predicts_in_order_with_empty_texts_marked(result):
     explained = clf.explain(["the film was great"], method="rollout")[0]["explanation"]
     assert sum(explained["rollout"]) == pytest.approx(1.0, abs=1e-4)
     assert len(explained["tokens"]) == len(explained["last_layer"])
+    frame = pd.DataFrame({"text": texts, "label": [1, 0, 1]})
+    assert [r["text"] for r in clf.predict(frame["text"])] == texts  # a Series is texts; a frame or a dict is not:
+    for wrong, words in ((frame, "not a DataFrame, whose iteration gives its column names or keys: pass its text "
+                                 "column"), ({"a": "b"}, "not a dict"),
+                         (None, "not NoneType"), (["ok", None], r"texts\[1\] is NoneType \(None\), not a string"),
+                         ([b"bytes"], r"texts\[0\] is bytes")):  # (they were labelled as if texts, or a TypeError)
+        with pytest.raises(TformerError, match=words):
+            clf.predict(wrong)
+        with pytest.raises(TformerError, match=words):
+            clf.predict_proba(wrong)
 
 
 @pytest.mark.slow  # a `tformer` process

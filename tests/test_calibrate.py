@@ -75,6 +75,7 @@ def test_a_refit_is_a_new_checkpoint_with_the_same_answers_and_the_original_unto
 
     # what it reports the old cuts covered is what evaluate reports for the old checkpoint on the same file
     fit = json.loads((tmp_path / "cal" / "metrics.json").read_text())
+    assert fit["nll"] <= fit["nll_before"] + 1e-9  # (what the fit lowers on these texts; ECE may move either way)
     r = run_tformer("evaluate", f"checkpoint={run}", f"test_file={recent}", "precision=fp32",
                     f"hydra.run.dir={tmp_path / 'ev'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -89,6 +90,7 @@ def test_a_refit_is_a_new_checkpoint_with_the_same_answers_and_the_original_unto
     # `tformer report` of the refit says what it did
     r = run_tformer("report", str(tmp_path / "cal"), cwd=tmp_path)
     assert r.returncode == 0 and "on 200 texts of recent.csv" in " ".join(r.stdout.split()), r.stdout[-2000:]
+    assert f"log loss {fit['nll_before']:.4f} -> {fit['nll']:.4f}" in " ".join(r.stdout.split())
     assert "did not finish" not in r.stdout
 
     # what it must not fit on: one line each, and no folder left behind

@@ -86,6 +86,23 @@ def test_predict_texts_json_topk_and_stdin(trained):
     assert r.returncode == 2 and "--batch-size=0 must be at least 1" in r.stderr
 
 
+def test_predict_reads_a_tables_text_column_and_a_text_files_lines(trained):
+    """A CSV given to --file was read as lines: its header labelled as a text, each row's label glued to its text."""
+    work, run_dir, _ = trained
+    (work / "new.csv").write_text('text,label\n"dull, slow plot",negative\n,positive\nsuperb acting,positive\n')
+    (work / "new.jsonl").write_text('{"body": "dull, slow plot"}\n{"body": null}\n{"body": "superb acting"}\n')
+    (work / "new.txt").write_text("dull, slow plot\n\nsuperb acting\n")
+    read = []
+    for args in (["--file=new.csv"], ["--file=new.jsonl", "--text-column=body"], ["--file=new.txt"]):
+        r = run_tformer("predict", "--json", f"--checkpoint={run_dir}", *args, cwd=work)
+        assert r.returncode == 0, r.stderr[-2000:]
+        read.append([(x["text"], x["label"]) for x in map(json.loads, r.stdout.splitlines())])
+    assert read[0] == read[1] == read[2] and [t for t, _ in read[0]] == ["dull, slow plot", "", "superb acting"]
+    r = run_tformer("predict", f"--checkpoint={run_dir}", "--file=new.jsonl", cwd=work)
+    assert r.returncode == 2 and r.stderr.strip() == ("error: new.jsonl has no 'text' column (it has body); pass "
+                                                      "--text-column NAME, or a .txt file of one text per line")
+
+
 def test_bad_input_gets_one_line_and_no_traceback(tmp_path):
     cases = [
         (["train", "data=imdb", f"data.dir={tmp_path / 'missing'}"], "is not a directory"),

@@ -64,6 +64,8 @@ def test_overrides_hydra_cannot_apply_get_one_line_with_the_nearest_real_names(t
              ("train", "optimizer.lr=[1"): "could not read an override",
              ("train", "trainer.early_stoping.patience=2"): "did you mean trainer.early_stopping.patience?",
              ("evaluate", "data.dri=x"): "data.dri is not a setting of `tformer evaluate`; did you mean data.dir?",
+             ("calibrate", "text_column=body"): "text_column is not a setting of `tformer calibrate`; did you mean "
+                                                "data.text_column?",  # (a group's key typed bare)
              ("train", "-m", "optimizer.lrr=1e-3,1e-4"): "did you mean optimizer.lr?",  # (Hydra made its dir)
              ("pretrain", "-m", "mlm.windos=true,false"): "did you mean mlm.windows?"}
     for (task, *overrides), message in cases.items():

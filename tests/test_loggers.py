@@ -3,6 +3,7 @@ accumulator), MLflow (its client, on a real SQLite tracking store) and W&B (its 
 W&B's own protobuf records: this wandb release ships no Python reader for it)."""
 import csv
 import json
+import os
 import socket
 
 import pytest
@@ -196,6 +197,27 @@ def test_an_unreachable_tracking_server_is_one_line_before_the_data_is_read(tmp_
     finally:
         closed.close()
     assert not (tmp_path / "run").exists()
+
+
+def test_a_tracking_server_that_accepts_but_never_answers_is_one_line_soon(tmp_path, monkeypatch):
+    """It held the run for minutes of MLflow's retries (a 120 s read timeout each)."""
+    pytest.importorskip("mlflow")
+    from tformer_cli import TformerError
+    from tformer_cli.training import loggers
+
+    monkeypatch.setattr(loggers, "FIRST_CONTACT", {**loggers.FIRST_CONTACT, "MLFLOW_HTTP_REQUEST_TIMEOUT": "1"})
+    for key in ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "http_proxy", "HTTP_PROXY"):
+        monkeypatch.delenv(key, raising=False)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # (connections are accepted by the kernel; nothing ever answers)
+    try:
+        with pytest.raises(TformerError, match="logger=mlflow: "):
+            train(TINY + ["logger=mlflow", f"logger.tracking_uri=http://127.0.0.1:{silent.getsockname()[1]}/"],
+                  run_dir=tmp_path / "run")
+    finally:
+        silent.close()
+    assert "MLFLOW_HTTP_REQUEST_TIMEOUT" not in os.environ and not (tmp_path / "run").exists()
 
 
 def test_reachability_is_not_judged_through_a_proxy_and_a_bad_port_is_named(monkeypatch):

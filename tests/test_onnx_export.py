@@ -171,6 +171,20 @@ def test_export_refuses_unwritable_targets_and_handles_tiny_max_len(run, tmp_pat
     assert done.max_abs_logit_diff <= PARITY_TOLERANCE
 
 
+def test_report_of_an_export_elsewhere_names_its_run_or_what_reads_it(exported, run, tmp_path):
+    """`tformer report <out= export>` sent the user to `tformer evaluate checkpoint=<export>`, which refuses it."""
+    import shutil
+
+    from tformer_cli.evaluation.folders import refuse_other_paths
+
+    elsewhere = export_onnx(run, tmp_path / "shipped").path  # (out=: export.json names the checkpoint)
+    with pytest.raises(TformerError, match=f"is an ONNX export of the run {run}; report the run"):
+        refuse_other_paths(elsewhere)
+    copied = shutil.copytree(elsewhere, tmp_path / "far" / "away" / "model")  # (its checkpoint no longer found)
+    with pytest.raises(TformerError, match=r"is an ONNX export, not a run: .*`tformer predict --runtime onnx"):
+        refuse_other_paths(copied)
+
+
 def test_parity_compares_label_sets_for_a_multi_label_model():
     """Two answers with the same top label but another label set: a multi-label export's parity counts them as
     different (the figure `tformer export` prints is the share of identical label sets)."""

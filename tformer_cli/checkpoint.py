@@ -51,6 +51,7 @@ def save(target: CheckpointDir | str | Path, model, *, model_config: dict, token
          training_state: tuple[dict, dict] | None = None) -> CheckpointDir:
     """Write a checkpoint atomically; `training_state` is (tensors, JSON) for a resumable `last`."""
     target = target if isinstance(target, CheckpointDir) else CheckpointDir(target)
+    existed = target.path.exists()  # (what a failed save keeps: the previous one, if there was one)
     try:
         with staged_dir(target.path) as staging:
             tmp = CheckpointDir(staging)
@@ -70,8 +71,9 @@ def save(target: CheckpointDir | str | Path, model, *, model_config: dict, token
                 _write_json(tmp.training_json, saved)
             manifest.write(tmp)
     except (OSError, SafetensorError) as exc:  # safetensors reports a full disk as its own error type
-        raise TformerError(f"could not save checkpoint {target}: {write_problem(exc)} "
-                           f"(the previous checkpoint is kept)") from exc
+        raise TformerError(f"could not save checkpoint {target}: {write_problem(exc)}"
+                           f"{' (the previous checkpoint is kept)' if existed else ' (no checkpoint of it is kept)'}"
+                           ) from exc
     return target
 
 

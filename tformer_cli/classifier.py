@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numbers
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from . import cores
@@ -89,11 +90,7 @@ class TextPredictor:
     def _encode(self, texts):
         from .data.tokenization import encode_batch
 
-        if isinstance(texts, str):
-            raise TformerError("texts must be a list of strings, not one string (wrap it: [text])")
-        texts = list(texts)
-        if not all(isinstance(t, str) for t in texts):
-            raise TformerError("texts must be strings")
+        texts = given_texts(texts)
         filled = [i for i, t in enumerate(texts) if has_visible(t)]
         # a lone surrogate (an undecodable byte kept by surrogateescape) is U+FFFD: tokenizers cannot encode one
         windows = encode_batch(self._tok, [valid_unicode(texts[i]) for i in filled], self._max_len,
@@ -249,6 +246,25 @@ class TextPredictor:
 # spread over word pieces.
 EXPLAIN_METHODS = ("occlusion", "rollout")
 WORD = re.compile(r"\w+(?:['\u2019]\w+)*|[^\w\s]")  # a word (its apostrophes kept: hasn't) or one punctuation mark
+def given_texts(texts) -> list[str]:
+    """What predict / predict_proba / explain were given, as a list of strings, or one line saying what to pass: a
+    DataFrame or a dict would be iterated over its column names or keys, and those labelled as if they were texts."""
+    if isinstance(texts, str):
+        raise TformerError("texts must be a list of strings, not one string (wrap it: [text])")
+    if isinstance(texts, Mapping) or hasattr(texts, "columns"):
+        raise TformerError(f"texts must be a list of strings (or a Series), not a {type(texts).__name__}, whose "
+                           f"iteration gives its column names or keys: pass its text column, e.g. df['text']")
+    try:
+        texts = list(texts)
+    except TypeError:
+        raise TformerError(f"texts must be a list of strings, not {type(texts).__name__}") from None
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise TformerError(f"texts[{bad}] is {type(texts[bad]).__name__} ({texts[bad]!r:.40}), not a string; pass "
+                           f"strings (a missing text as '')")
+    return texts
+
+
 OCCLUDED_WORDS = 512  # words tried per text (one forward pass each); later words' weights are None
 
 

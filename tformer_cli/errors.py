@@ -84,6 +84,10 @@ def hydra_error_line(task: str, exc: Exception) -> str:
                   for typed, tail in ((key, ""), (missing, rest)) for k in known]
         best = max(scored, default=(0.0, ""))
         guess = f"; did you mean {best[1]}?" if best[0] >= 0.6 else ""
+        if not guess and "." not in key and parent is not None and hasattr(parent, "keys"):
+            nested = [f"{group}.{key}" for group in parent.keys()  # (a group's key typed bare: text_column=body)
+                      if hasattr(parent.get(group), "keys") and key in parent.get(group).keys()]
+            guess = f"; did you mean {nested[0]}?" if nested else ""
         return f"{key} is not a setting of `tformer {task}`{guess} ({listed})"
     lines = [line for e in (exc, exc.__cause__) if e is not None for line in str(e).splitlines() if line.strip()]
     return f"{lines[0] if lines else 'the config could not be composed: ' + type(exc.__cause__ or exc).__name__}" \

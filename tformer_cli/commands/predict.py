@@ -2,9 +2,9 @@
 safetensors and tokenizers (no transformers, datasets or scikit-learn); --runtime onnx: onnxruntime, not torch."""
 from __future__ import annotations
 
-import codecs
 import sys
 
+from ..data.given import texts_of
 from ..data.visible import has_visible
 from ..classifier import EXPLAIN_METHODS, MAX_BATCH
 from ..errors import TformerError
@@ -15,9 +15,11 @@ from .options import flag_name, parse_flags, switch_or_word
 
 USAGE = """usage: tformer predict [TEXT ...] [--checkpoint PATH] [--top-k N] [--file PATH|-] [--json] [--explain[=M]]
                        [--raw] [--batch-size N] [--device auto|cpu|cuda] [--max-chars N] [--max-lines N]
-                       [--runtime torch|onnx] [--coverage LEVEL] [--outputs-dir DIR] [--] [TEXT ...]
+                       [--runtime torch|onnx] [--coverage LEVEL] [--outputs-dir DIR] [--text-column NAME] [--]
+                       [TEXT ...]
 
-Labels each TEXT (or each line of --file PATH, or of standard input when no TEXT is given and input is piped).
+Labels each TEXT (or each line of --file PATH, or of standard input when no TEXT is given and input is piped; a
+.csv/.tsv/.json/.jsonl/.parquet file: each row's --text-column, default text).
 Every argument that is not a flag is a text. One that looks like an old-style option (checkpoint=x) is refused:
 write --checkpoint=x, or put -- before it to label it as a text; after --, every argument is a text.
 Flags take their value as `--flag VALUE` or `--flag=VALUE`, spelled with - or _ (--top-k, --top_k); -k is
@@ -33,7 +35,7 @@ level needs. Texts longer than --max-chars are cut (a warning says how many); a 
 
 DEFAULTS = {"checkpoint": None, "top_k": 1, "file": None, "json": False, "explain": False, "raw": False,
             "batch_size": 64, "device": "auto", "runtime": "torch", "max_chars": 100_000, "max_lines": 1_000_000,
-            "outputs_dir": "outputs", "coverage": None}
+            "outputs_dir": "outputs", "coverage": None, "text_column": "text"}
 _SHORT = {"-k": "top_k", "-f": "file"}
 
 
@@ -83,53 +85,12 @@ def load_predictor(opts: dict, own_process: bool = False):
     return Classifier.load(path, device=opts["device"])
 
 
-def read_lines(source: str, max_lines: int, max_chars: int) -> list[str]:
-    """The lines of a file (or stdin for "-"), read as a stream: at most max_chars + 1 characters of a line are
-    kept (main cuts and counts the longer ones), at most max_lines lines are read, so neither an endless line
-    (/dev/zero, a binary file) nor an endless stream ever fills memory. A line that goes on for more than 64 MiB
-    (or 40 x max_chars bytes, when more) without an end is refused: it is not text."""
-    keep = 4 * (max_chars + 1)  # bytes that hold max_chars + 1 characters (UTF-8: 4 bytes at most each)
-    give_up = max(10 * keep, 1 << 26)  # (64 MiB at least: a long document is cut, not refused)
-    stream = sys.stdin.buffer if source == "-" else None
-    try:
-        fh = stream or open(source, "rb")
-    except OSError as exc:
-        raise TformerError(f"cannot read {terminal(source)}: {exc.strerror}; check the path") from exc
-    lines, shown = [], terminal(source)
-    with fh:
-        for n in range(1, max_lines + 2):
-            raw = fh.readline(keep)
-            if not raw:
-                break
-            if n > max_lines:
-                raise TformerError(f"{shown} has more than --max-lines={max_lines} lines; split the file or raise "
-                                   f"--max-lines")
-            cut = len(raw) == keep and not raw.endswith(b"\n")
-            seen = len(raw)
-            while cut:  # the rest of a long line: read in pieces and dropped
-                piece = fh.readline(1 << 16)
-                seen += len(piece)
-                if not piece or piece.endswith(b"\n"):
-                    break
-                if seen > give_up:
-                    raise TformerError(f"{shown} line {n} runs past {give_up:,} bytes without a line end "
-                                       f"(--max-chars={max_chars} keeps the start of long lines); pass a text "
-                                       f"file with one text per line")
-            try:  # a cut line may end inside a character: the incremental decoder leaves that part out
-                line = codecs.getincrementaldecoder("utf-8")().decode(raw, final=not cut)
-            except UnicodeDecodeError as exc:
-                raise TformerError(f"{shown} line {n} is not valid UTF-8 (byte {exc.start}); convert the file, "
-                                   f"e.g. `iconv -f latin1 -t utf-8`") from exc
-            lines.append(line[: max_chars + 1] if cut else line.rstrip("\r\n"))  # blank ones too: answers line up
-    return lines
-
-
 def main(argv: list[str]) -> int:
     opts, texts = parse_args(argv)
     if opts["file"]:
-        texts += read_lines(str(opts["file"]), opts["max_lines"], opts["max_chars"])
+        texts += texts_of(str(opts["file"]), opts["max_lines"], opts["max_chars"], opts["text_column"])
     elif not texts and not sys.stdin.isatty():
-        texts = read_lines("-", opts["max_lines"], opts["max_chars"])
+        texts = texts_of("-", opts["max_lines"], opts["max_chars"])
     if not texts:
         raise TformerError("no text to label; pass texts as arguments, --file PATH, or pipe lines on stdin")
     truncated = sum(len(t) > opts["max_chars"] for t in texts)

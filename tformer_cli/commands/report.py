@@ -39,7 +39,9 @@ def print_refit(fit: dict, console) -> None:
     console.print(f"calibrated {markup(str(fit['checkpoint']))} on {fit['texts']:,} texts of "
                   f"{markup(str(fit.get('file') or fit.get('split')))}: temperature "
                   f"{describe(fit['temperature_before'])}"
-                  f" -> {describe(fit['temperature'])}, ECE {fit['ece_before']:.4f} -> {fit['ece']:.4f}"
+                  f" -> {describe(fit['temperature'])}, "
+                  + (f"log loss {fit['nll_before']:.4f} -> {fit['nll']:.4f}, " if "nll" in fit else "")  # (older runs:
+                  + f"ECE {fit['ece_before']:.4f} -> {fit['ece']:.4f}"  # none)
                   + ("; the old label sets covered " + ", ".join(f"{float(v):.4f} at {k}" for k, v in before.items())
                      if before else ""), highlight=False)
 

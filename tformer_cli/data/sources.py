@@ -28,7 +28,7 @@ from ..store.atomic import sha256_file
 from . import arrow, demo
 from .config import DataConfig
 from .newsgroups import clean
-from .sanity import check_label_names
+from .sanity import check_label_names, normalized_text
 from .visible import has_visible
 
 SPLIT_ALIASES = {"train": ["train"], "validation": ["validation", "valid", "val", "dev"], "test": ["test"]}
@@ -103,6 +103,7 @@ def load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[
     """{split: Dataset} of local files. CSV/TSV cells are read as written: pandas would read a class named `None`
     or `NA` and a text `null` as missing values (and a text column of numbers as numbers), so only an empty cell
     is missing and the text columns stay strings. (JSON and parquet keep their own nulls and types.)"""
+    datasets.disable_progress_bars()  # (its per-file bars: the one below says which file is read)
     out = {}
     with progress(total=len(files), desc="reading data files", unit="file") as bar:  # a first read converts to
         for split, path in files.items():  # Arrow, seconds a file: said on a terminal (cached: gone in a blink)
@@ -503,6 +504,17 @@ def _unlabelled(ds, multi_label: bool = False) -> bool:
     return bool(pc.all(hidden).as_py())
 
 
+def unseen_labels(split: str, unseen: list, known, fix: str) -> TformerError:
+    """The refusal of labels training never saw: the first five and how many more, and a hint when one of them is
+    a training class written another way (`hum` for `HUM`, `" neg"` for `neg`)."""
+    shown = ", ".join(map(str, unseen[:5])) + (f" and {len(unseen) - 5:,} more" if len(unseen) > 5 else "")
+    forms = {normalized_text(str(k)): str(k) for k in known or []}
+    alike = next(((u, forms[normalized_text(str(u))]) for u in unseen if normalized_text(str(u)) in forms), None)
+    hint = f" ({str(alike[0])!r} is the class {alike[1]!r} written another way: fix its case or spacing)" if alike \
+        else ""
+    return TformerError(f"the {split} split has labels not seen in training: {shown}; {fix}{hint}")
+
+
 def _numeric(t) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t)
 
@@ -561,8 +573,7 @@ def _encode_labels(splits: dict, names: list[str] | None, where: str) -> tuple[d
             if ids is None or ids.null_count:
                 seen = set(names)
                 unseen = sorted({x for x in (pc.unique(labels).to_pylist()) if x not in seen}, key=str)
-                raise TformerError(f"the {split} split has labels not seen in training: "
-                                   f"{', '.join(map(str, unseen[:5]))}; add them to the train data or drop those rows")
+                raise unseen_labels(split, unseen, names, "add them to the train data or drop those rows")
             splits[split] = _with_labels(ds, ids.to_numpy().astype(np.int64))
     else:
         values = np.unique(train.to_numpy())
@@ -595,9 +606,8 @@ def _encode_labels(splits: dict, names: list[str] | None, where: str) -> tuple[d
                              and x not in known}, key=lambda v: (len(v), v))
             if not unseen:  # (whole numbers of another type: 1.0)
                 continue
-            raise TformerError(f"the {split} split has labels not seen in training: "
-                               f"{', '.join(map(str, unseen[:5]))}; the classes are {classes} (or their ids); "
-                               f"check the split files")
+            raise unseen_labels(split, unseen, names, f"the classes are {classes} (or their ids); check the split "
+                                                      f"files")
     feature = datasets.ClassLabel(names=names)
     return {s: ds.cast_column("label", feature) for s, ds in splits.items()}, names
 
@@ -675,8 +685,7 @@ def _encode_labels_listed(splits: dict, names: list[str] | None, where: str) -> 
         for split, ds in splits.items():
             unseen = sorted({x for x in _column(ds, "label") if x not in index}, key=str)
             if unseen:
-                raise TformerError(f"the {split} split has labels not seen in training: "
-                                   f"{', '.join(map(str, unseen[:5]))}; add them to the train data or drop those rows")
+                raise unseen_labels(split, unseen, names, "add them to the train data or drop those rows")
             splits[split] = ds.map(lambda b: {"label": [index[x] for x in b["label"]]}, batched=True,
                                    desc=f"encoding labels ({split})")
     else:

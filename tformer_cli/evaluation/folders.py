@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import TformerError
 from ..safe_text import markup
+from ..store.locate import exported_from
 from ..store.layout import OWN_FILE_CAP, AuditDir, CheckpointDir, ExportDir, RunDir, SweepDir
 from . import artifacts
 from .report import print_history, print_metrics
@@ -63,6 +64,14 @@ def refuse_other_paths(path: Path) -> None:
     run = RunDir(path.parent.parent)
     if what(run.root):
         raise TformerError(f"{path} is {name} of the run {run}; report the run: `tformer report {run}`")
+    if export.is_export():  # (exported elsewhere with out=: export.json names the checkpoint it was made from)
+        source = exported_from(export)
+        owner = RunDir.of_checkpoint(CheckpointDir(source)) if source is not None else None
+        if owner is not None and what(owner.root):
+            raise TformerError(f"{path} is an ONNX export of the run {owner}; report the run: `tformer report "
+                               f"{owner}`")
+        raise TformerError(f"{path} is an ONNX export, not a run: it keeps no history to report; `tformer predict "
+                           f"--runtime onnx --checkpoint {path}` reads it")
     raise TformerError(f"{path} is a model folder, not a run: it keeps no history to report; `tformer evaluate "
                        f"checkpoint={path}` measures it")
 

@@ -84,8 +84,9 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     sample = "" if rows is None else f" (a seeded sample of {split.n_docs:,}: {len(loaded.label_names):,} classes)"
     console.print(f"calibration on {_texts(len(y))}{sample}: temperature {calibration.describe(loaded.temperature)} "
                   f"-> {calibration.describe(changes['temperature'])}"
-                  f"{calibration.at_the_edge(changes['temperature'])}; ECE on these texts "
-                  f"{summary['ece_before']:.4f} -> {summary['ece']:.4f}", highlight=False)
+                  f"{calibration.at_the_edge(changes['temperature'])}; on these texts log loss (what the fit "
+                  f"lowers) {summary['nll_before']:.4f} -> {summary['nll']:.4f}, ECE {summary['ece_before']:.4f} -> "
+                  f"{summary['ece']:.4f} (binned: on few texts it may move either way)", highlight=False)
     if multi:
         silent = int((~calibration.told(y)).sum())
         if silent:
@@ -126,7 +127,8 @@ def _refuse_training_texts(report: dict, split: str, what: str) -> None:
 
 
 def _summary(logits, y, multi: bool, loaded, changes: dict, tally) -> dict:
-    """metrics.json of the run: ECE on the fitted texts before (the checkpoint's temperature) and after, and what
+    """metrics.json of the run: log loss and ECE on the fitted texts before (the checkpoint's temperature) and after
+    (the temperature is the one of least log loss; ECE, counted in bins, is the figure users know), and what
     the checkpoint's own label-set cuts covered of them (all of them, counted as evaluate counts): how far these
     texts had drifted from its validation split (after the refit it is the level by construction: not reported)."""
     old, new = (calibration.probabilities(logits, t, multi) for t in (loaded.temperature, changes["temperature"]))
@@ -135,4 +137,6 @@ def _summary(logits, y, multi: bool, loaded, changes: dict, tally) -> dict:
     return {**changes["calibrated_on"], "temperature_before": loaded.temperature,
             "temperature": changes["temperature"], "ece_before": calibration.ece(old, y, multi),
             "ece": calibration.ece(new, y, multi), "coverage_before": coverage,
+            "nll_before": calibration.nll(logits, y, multi, loaded.temperature),
+            "nll": calibration.nll(logits, y, multi, changes["temperature"]),
             "accuracy": None if multi else float(np.mean(np.asarray(logits).argmax(axis=1) == y))}

@@ -20,6 +20,7 @@ Adding one: a class with the methods below, registered with `@logger("name")`, a
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib
 import io
@@ -88,6 +89,7 @@ class Loggers(Logger):
 
 NAME_WIDTH = 100  # characters of a tracker's run name (the full overrides are kept as a tag / in the config)
 REACH_TIMEOUT_S = 5.0  # a tracking server's host given this long to accept a connection
+FIRST_CONTACT = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "15", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}  # and to answer
 UNNAMED = ("logger", "hydra", "resume", "resume_ignore_data_change")  # same for every run compared, or bookkeeping
 
 
@@ -219,6 +221,22 @@ class TensorBoardLogger(Logger):
                 f"(or a folder above it, e.g. outputs, to compare runs)")
 
 
+@contextlib.contextmanager
+def first_contact():
+    """MLflow's first request with a short timeout and no retries (unless the user set them): a server that
+    accepts connections but does not answer (hung, or something else on its port) held the run for many minutes
+    (a 120 s timeout, retried seven times) before it was refused. Later requests keep MLflow's own patience
+    (an artifact upload may take minutes)."""
+    given = {key: os.environ.get(key) for key in FIRST_CONTACT}
+    os.environ.update({key: value for key, value in FIRST_CONTACT.items() if given[key] is None})
+    try:
+        yield
+    finally:
+        for key, value in given.items():
+            if value is None:
+                os.environ.pop(key, None)
+
+
 @logger("mlflow")
 class MlflowLogger(Logger):
     def __init__(self, cfg: LoggerConfig, run_dir: RunDir, overrides=()):
@@ -253,7 +271,8 @@ class MlflowLogger(Logger):
             with warnings.catch_warnings():  # SQLAlchemy's deprecation notices about MLflow's own store code
                 warnings.simplefilter("ignore", DeprecationWarning)
                 self.client = MlflowClient(tracking_uri=self.uri)
-                self.client.search_experiments(max_results=1)  # opens (and creates) the store now
+                with first_contact():
+                    self.client.search_experiments(max_results=1)  # opens (and creates) the store now
             saved = self.run_dir.mlflow_run_id
             if resume_step is not None and saved.is_file():  # a resume continues the same MLflow run
                 self.run_id = saved.read_text().strip()
