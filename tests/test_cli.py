@@ -101,6 +101,8 @@ def test_predict_reads_a_tables_text_column_and_a_text_files_lines(trained):
     r = run_tformer("predict", f"--checkpoint={run_dir}", "--file=new.jsonl", cwd=work)
     assert r.returncode == 2 and r.stderr.strip() == ("error: new.jsonl has no 'text' column (it has body); pass "
                                                       "--text-column NAME, or a .txt file of one text per line")
+    r = run_tformer("predict", f"--checkpoint={run_dir}", "--file=new.txt", "--text-column=body", cwd=work)
+    assert r.returncode == 2 and "new.txt is read one text per line" in r.stderr  # (not silently ignored)
 
 
 def test_bad_input_gets_one_line_and_no_traceback(tmp_path):

@@ -139,7 +139,7 @@ def test_unseen_test_labels_and_missing_file_are_clear(tmp_path):
         sources.load(files_cfg(train_file=str(tmp_path / "train.csv"), test_file=str(tmp_path / "test.csv")))
     (tmp_path / "many.csv").write_text("text,label\n" + "".join(f"t{i},{c}\n" for i, c in enumerate("cdefghA")))
     with pytest.raises(TformerError, match=r"not seen in training: A, c, d, e, f and 2 more; add them .*rows "
-                                           r"\('A' is the class 'a' written another way: fix its case or spacing\)"):
+                                           r"\('A' is the class 'a' written another way: fix its case, spacing"):
         sources.load(files_cfg(train_file=str(tmp_path / "train.csv"), test_file=str(tmp_path / "many.csv")))
     with pytest.raises(TformerError, match="data file not found"):
         sources.load(files_cfg(train_file=str(tmp_path / "nope.csv")))

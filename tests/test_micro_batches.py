@@ -126,6 +126,7 @@ def test_fit_in_slices_trains_the_same_model(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it); the classifier's fit in slices runs in make test
 def test_pretraining_in_slices_learns_the_same_encoder(tmp_path):
     import json
 

@@ -252,6 +252,7 @@ def test_help_shows_resolved_values_with_their_descriptions(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Could not find 'model/nope'" in r.stderr
 
 
+@pytest.mark.heavy  # make test-heavy (CI runs it); test_evaluate_files scores new files in make test
 def test_evaluate_scores_a_new_file_with_the_runs_data_settings(tmp_path):
     rows = [(f"{'great fine' if i % 2 else 'dull awful'} review {i}", "good" if i % 2 else "bad") for i in range(200)]
     for name, part in (("train.csv", rows), ("new.csv", rows[:30])):

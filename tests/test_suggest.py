@@ -171,6 +171,7 @@ def test_cli_writes_a_csv_to_label(tiny_run, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it): a `tformer suggest` process per bad input
 def test_cli_bad_input_is_one_line(tiny_run, tmp_path):
     (tmp_path / "pool.csv").write_text("text\nfirst review\nsecond review\n")
     (tmp_path / "empty.csv").write_text("text\n")

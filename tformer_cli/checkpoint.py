@@ -51,7 +51,7 @@ def save(target: CheckpointDir | str | Path, model, *, model_config: dict, token
          training_state: tuple[dict, dict] | None = None) -> CheckpointDir:
     """Write a checkpoint atomically; `training_state` is (tensors, JSON) for a resumable `last`."""
     target = target if isinstance(target, CheckpointDir) else CheckpointDir(target)
-    existed = target.path.exists()  # (what a failed save keeps: the previous one, if there was one)
+    existed = target.existing() is not None  # (what a failed save keeps: the previous one, if there was one)
     try:
         with staged_dir(target.path) as staging:
             tmp = CheckpointDir(staging)
@@ -72,7 +72,7 @@ def save(target: CheckpointDir | str | Path, model, *, model_config: dict, token
             manifest.write(tmp)
     except (OSError, SafetensorError) as exc:  # safetensors reports a full disk as its own error type
         raise TformerError(f"could not save checkpoint {target}: {write_problem(exc)}"
-                           f"{' (the previous checkpoint is kept)' if existed else ' (no checkpoint of it is kept)'}"
+                           f"{' (the previous checkpoint is kept)' if existed else ' (none was saved there before)'}"
                            ) from exc
     return target
 

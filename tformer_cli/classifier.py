@@ -240,12 +240,6 @@ class TextPredictor:
         return self.predict(texts, explain=method, batch_size=batch_size)
 
 
-# Explanations. occlusion (the default): delete each word in turn and watch the answer's probability: what the
-# model does, for every family, pooling and runtime, at one forward pass per word. rollout: attention rollout
-# (Abnar & Zuidema 2020), the torch runtime only; cheap, but on pretrained mean-pooled encoders nearly flat and
-# spread over word pieces.
-EXPLAIN_METHODS = ("occlusion", "rollout")
-WORD = re.compile(r"\w+(?:['\u2019]\w+)*|[^\w\s]")  # a word (its apostrophes kept: hasn't) or one punctuation mark
 def given_texts(texts) -> list[str]:
     """What predict / predict_proba / explain were given, as a list of strings, or one line saying what to pass: a
     DataFrame or a dict would be iterated over its column names or keys, and those labelled as if they were texts."""
@@ -265,6 +259,12 @@ def given_texts(texts) -> list[str]:
     return texts
 
 
+# Explanations. occlusion (the default): delete each word in turn and watch the answer's probability: what the
+# model does, for every family, pooling and runtime, at one forward pass per word. rollout: attention rollout
+# (Abnar & Zuidema 2020), the torch runtime only; cheap, but on pretrained mean-pooled encoders nearly flat and
+# spread over word pieces.
+EXPLAIN_METHODS = ("occlusion", "rollout")
+WORD = re.compile(r"\w+(?:['\u2019]\w+)*|[^\w\s]")  # a word (its apostrophes kept: hasn't) or one punctuation mark
 OCCLUDED_WORDS = 512  # words tried per text (one forward pass each); later words' weights are None
 
 

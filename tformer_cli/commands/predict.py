@@ -35,7 +35,7 @@ level needs. Texts longer than --max-chars are cut (a warning says how many); a 
 
 DEFAULTS = {"checkpoint": None, "top_k": 1, "file": None, "json": False, "explain": False, "raw": False,
             "batch_size": 64, "device": "auto", "runtime": "torch", "max_chars": 100_000, "max_lines": 1_000_000,
-            "outputs_dir": "outputs", "coverage": None, "text_column": "text"}
+            "outputs_dir": "outputs", "coverage": None, "text_column": None}
 _SHORT = {"-k": "top_k", "-f": "file"}
 
 
@@ -90,7 +90,7 @@ def main(argv: list[str]) -> int:
     if opts["file"]:
         texts += texts_of(str(opts["file"]), opts["max_lines"], opts["max_chars"], opts["text_column"])
     elif not texts and not sys.stdin.isatty():
-        texts = texts_of("-", opts["max_lines"], opts["max_chars"])
+        texts = texts_of("-", opts["max_lines"], opts["max_chars"], opts["text_column"])
     if not texts:
         raise TformerError("no text to label; pass texts as arguments, --file PATH, or pipe lines on stdin")
     truncated = sum(len(t) > opts["max_chars"] for t in texts)

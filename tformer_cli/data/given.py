@@ -1,6 +1,6 @@
 """The texts `tformer predict` is given in a file: one per line (a .txt file, standard input, anything not a
-table), or the text column of a table (.csv, .tsv, .json, .jsonl, .parquet, read as training reads them), one
-answer per line or row, blank ones included, so that answers line up with the input."""
+table), or the text column of a table (.csv, .tsv, .json, .jsonl, .parquet: the cells as written, as training
+reads them), one answer per line or row, blank ones included, so that answers line up with the input."""
 from __future__ import annotations
 
 import codecs
@@ -10,31 +10,87 @@ from pathlib import Path
 from ..errors import TformerError
 from ..safe_text import terminal
 
-TABLES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")  # (data/sources.py FORMATS: read as training reads them)
+TABLES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")  # (data/sources.py FORMATS)
 
 
-def texts_of(source: str, max_lines: int, max_chars: int, column: str = "text") -> list[str]:
-    """The texts of a file (or standard input for "-"): a table's `column`, else its lines."""
+def texts_of(source: str, max_lines: int, max_chars: int, column: str | None = None) -> list[str]:
+    """The texts of a file (or standard input for "-"): a table's `column` (None: text), else its lines."""
     if source != "-" and Path(source).suffix.lower() in TABLES:
-        return table_texts(Path(source), column, max_lines)
+        return table_texts(Path(source), column or "text", max_lines)
+    if column is not None:
+        raise TformerError(f"--text-column names a column of a table file ({', '.join(TABLES)}); "
+                           f"{'standard input' if source == '-' else terminal(source)} is read one text per line")
     return read_lines(source, max_lines, max_chars)
 
 
 def table_texts(path: Path, column: str, max_lines: int) -> list[str]:
-    """Each row's `column` ('' where missing). A CSV read as lines would label its header and each row's label
-    with its text."""
-    from .sources import as_text, load_files  # deferred: `datasets`, a second of start-up predict spends on a table
+    """Each row's `column` ('' where missing), read with pandas / pyarrow alone: the column only, at most
+    max_lines + 1 rows (a parquet file's count from its footer), nothing cached. A CSV read as lines would label
+    its header and each row's label with its text."""
+    import pandas as pd  # deferred: predict's start-up, for files that are not tables
 
-    shown = terminal(path)
+    shown, kind = terminal(path), path.suffix.lower()
     if path.is_dir():
         raise TformerError(f"--file {shown} is a folder; give a file")
-    ds = load_files({"file": path}, text_columns=[column])["file"]
-    if column not in ds.column_names:
-        raise TformerError(f"{shown} has no {terminal(column)!r} column (it has {terminal(', '.join(ds.column_names))})"
-                           f"; pass --text-column NAME, or a .txt file of one text per line")
-    if len(ds) > max_lines:
-        raise TformerError(f"{shown} has more than --max-lines={max_lines} rows; split the file or raise --max-lines")
-    return ["" if value is None else as_text(value, shown) for value in ds[column]]
+    if not path.is_file():
+        raise TformerError(f"cannot read {shown}: no such file; check the path")
+    try:
+        if kind == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.ParquetFile(path)
+            names, rows = table.schema_arrow.names, table.metadata.num_rows
+            if column not in names:
+                raise _no_column(shown, column, names)
+            if rows > max_lines:
+                raise _too_many(shown, max_lines)
+            values = table.read(columns=[column]).column(column).to_pylist()
+        elif kind in (".csv", ".tsv"):
+            csv = dict(sep="\t", quoting=3) if kind == ".tsv" else dict(sep=",")  # (TSV: quotes are text, as training)
+            names = list(pd.read_csv(path, nrows=0, **csv).columns)
+            if column not in names:
+                raise _no_column(shown, column, names)
+            frame = pd.read_csv(path, usecols=[column], dtype=str, keep_default_na=False, na_values=[""],
+                                nrows=max_lines + 1, **csv)
+            values = frame[column].tolist()
+        else:  # .jsonl: JSON lines; .json: one array of objects, or JSON lines too
+            frame = None
+            if kind == ".json":
+                try:
+                    frame = pd.read_json(path, dtype=False)
+                except ValueError:  # (JSON lines in a .json file, as training reads them too)
+                    pass
+            if frame is None:
+                frame = pd.read_json(path, lines=True, dtype=False, nrows=max_lines + 1)
+            if column not in frame.columns:
+                raise _no_column(shown, column, list(frame.columns))
+            values = frame[column].tolist()
+    except (OSError, ValueError, UnicodeDecodeError, ImportError) as exc:
+        if isinstance(exc, TformerError):
+            raise
+        raise TformerError(f"could not read {shown} as {kind.lstrip('.')}: {str(exc).splitlines()[0][:200]}; "
+                           f"check the file (UTF-8), or give a .txt file of one text per line") from None
+    if len(values) > max_lines:
+        raise _too_many(shown, max_lines)
+    return ["" if v is None or (isinstance(v, float) and v != v) else _text(v, shown) for v in values]
+
+
+def _text(value, shown: str) -> str:
+    if isinstance(value, (bytes, bytearray)):  # (a parquet binary column: decoded as training decodes it)
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TformerError(f"{shown}: a text is bytes that are not UTF-8 ({exc}); decode the file first") from None
+    return str(value)
+
+
+def _no_column(shown: str, column: str, names) -> TformerError:
+    return TformerError(f"{shown} has no {terminal(column)!r} column (it has {terminal(', '.join(map(str, names)))}); "
+                        f"pass --text-column NAME, or a .txt file of one text per line")
+
+
+def _too_many(shown: str, max_lines: int) -> TformerError:
+    return TformerError(f"{shown} has more than --max-lines={max_lines} rows; split the file or raise --max-lines")
 
 
 def read_lines(source: str, max_lines: int, max_chars: int) -> list[str]:

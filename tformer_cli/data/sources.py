@@ -104,6 +104,8 @@ def load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[
     or `NA` and a text `null` as missing values (and a text column of numbers as numbers), so only an empty cell
     is missing and the text columns stay strings. (JSON and parquet keep their own nulls and types.)"""
     datasets.disable_progress_bars()  # (its per-file bars: the one below says which file is read)
+    # its file readers log why a file failed, then raise: the one error line below says it (with the cause)
+    logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)
     out = {}
     with progress(total=len(files), desc="reading data files", unit="file") as bar:  # a first read converts to
         for split, path in files.items():  # Arrow, seconds a file: said on a terminal (cached: gone in a blink)
@@ -508,10 +510,11 @@ def unseen_labels(split: str, unseen: list, known, fix: str) -> TformerError:
     """The refusal of labels training never saw: the first five and how many more, and a hint when one of them is
     a training class written another way (`hum` for `HUM`, `" neg"` for `neg`)."""
     shown = ", ".join(map(str, unseen[:5])) + (f" and {len(unseen) - 5:,} more" if len(unseen) > 5 else "")
-    forms = {normalized_text(str(k)): str(k) for k in known or []}
-    alike = next(((u, forms[normalized_text(str(u))]) for u in unseen if normalized_text(str(u)) in forms), None)
-    hint = f" ({str(alike[0])!r} is the class {alike[1]!r} written another way: fix its case or spacing)" if alike \
-        else ""
+    forms = {normalized_text(k): k for k in known or [] if isinstance(k, str)}
+    alike = next(((u, forms[normalized_text(u)]) for u in unseen
+                  if isinstance(u, str) and forms.get(normalized_text(u), u) != u), None)
+    hint = f" ({alike[0]!r} is the class {alike[1]!r} written another way: fix its case, spacing or Unicode form)" \
+        if alike else ""
     return TformerError(f"the {split} split has labels not seen in training: {shown}; {fix}{hint}")
 
 

@@ -84,8 +84,8 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     sample = "" if rows is None else f" (a seeded sample of {split.n_docs:,}: {len(loaded.label_names):,} classes)"
     console.print(f"calibration on {_texts(len(y))}{sample}: temperature {calibration.describe(loaded.temperature)} "
                   f"-> {calibration.describe(changes['temperature'])}"
-                  f"{calibration.at_the_edge(changes['temperature'])}; on these texts log loss (what the fit "
-                  f"lowers) {summary['nll_before']:.4f} -> {summary['nll']:.4f}, ECE {summary['ece_before']:.4f} -> "
+                  f"{calibration.at_the_edge(changes['temperature'])}; on these texts log loss "
+                  f"{summary['nll_before']:.4f} -> {summary['nll']:.4f}, ECE {summary['ece_before']:.4f} -> "
                   f"{summary['ece']:.4f} (binned: on few texts it may move either way)", highlight=False)
     if multi:
         silent = int((~calibration.told(y)).sum())

@@ -64,10 +64,13 @@ def checked_data(config: EvaluateConfig, loaded, data_cfg, seed: int, fix: str):
     data = sources.load(data_cfg, seed=seed, file_layouts=layouts)
     named = getattr(data_cfg, f"{config.split}_file", None)
     if config.split not in data.splits and named:  # (sources drops a split whose labels are all missing)
-        column = (layouts.get(config.split) or {}).get("text_column", data_cfg.text_column)
+        layout = {**{k: getattr(data_cfg, k) for k in ("text_column", "header")}, **(layouts.get(config.split) or {})}
+        column = layout["text_column"]
         flag = f" --text-column {shlex.quote(column)}" if isinstance(column, str) and column != "text" else ""
+        how = f"`tformer predict --file {shlex.quote(str(named))}{flag}`" if isinstance(column, str) and \
+            layout["header"] else "`tformer predict --file` (one text per line, or a table's text column)"
         raise TformerError(f"{named} has no labels (every label cell is empty or -1): this command needs labelled texts; "
-                           f"`tformer predict --file {shlex.quote(str(named))}{flag}` labels unlabelled ones")
+                           f"{how} labels unlabelled ones")
     if config.split not in data.splits:
         raise TformerError(f"split {config.split!r} not in the data; it has {', '.join(data.splits)}")
     if list(data.label_names) != list(loaded.label_names):

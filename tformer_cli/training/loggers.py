@@ -89,7 +89,8 @@ class Loggers(Logger):
 
 NAME_WIDTH = 100  # characters of a tracker's run name (the full overrides are kept as a tag / in the config)
 REACH_TIMEOUT_S = 5.0  # a tracking server's host given this long to accept a connection
-FIRST_CONTACT = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "15", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}  # and to answer
+FIRST_CONTACT = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "15", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1"}  # and to answer
+# (one retry: a busy server's brief 429 or 503 is not a wrong address)
 UNNAMED = ("logger", "hydra", "resume", "resume_ignore_data_change")  # same for every run compared, or bookkeeping
 
 
@@ -223,7 +224,7 @@ class TensorBoardLogger(Logger):
 
 @contextlib.contextmanager
 def first_contact():
-    """MLflow's first request with a short timeout and no retries (unless the user set them): a server that
+    """MLflow's first request with a short timeout and one retry (unless the user set them): a server that
     accepts connections but does not answer (hung, or something else on its port) held the run for many minutes
     (a 120 s timeout, retried seven times) before it was refused. Later requests keep MLflow's own patience
     (an artifact upload may take minutes)."""
@@ -272,7 +273,16 @@ class MlflowLogger(Logger):
                 warnings.simplefilter("ignore", DeprecationWarning)
                 self.client = MlflowClient(tracking_uri=self.uri)
                 with first_contact():
-                    self.client.search_experiments(max_results=1)  # opens (and creates) the store now
+                    try:
+                        self.client.search_experiments(max_results=1)  # opens (and creates) the store now
+                    except MlflowException as exc:
+                        if "timed out" in str(exc).lower():
+                            waited = os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"]
+                            raise TformerError(f"logger=mlflow: the tracking server at {self.uri} accepted the "
+                                               f"connection but did not answer within {waited} s; check that it is "
+                                               f"an MLflow server (logger.tracking_uri), or set "
+                                               f"MLFLOW_HTTP_REQUEST_TIMEOUT to wait longer") from None
+                        raise
             saved = self.run_dir.mlflow_run_id
             if resume_step is not None and saved.is_file():  # a resume continues the same MLflow run
                 self.run_id = saved.read_text().strip()
