@@ -151,6 +151,16 @@ def test_a_ctrl_c_while_a_command_module_imports_is_one_line(monkeypatch, capsys
     assert capsys.readouterr().err == "interrupted (Ctrl-C); nothing was left half-written\n"  # (no resume: no run)
 
 
+def test_a_stop_by_sigterm_is_not_called_a_ctrl_c(monkeypatch):
+    import signal
+
+    from tformer_cli import errors
+
+    monkeypatch.setattr(errors, "SIGNALLED", [signal.SIGTERM])
+    monkeypatch.setattr(cli, "SIGNALLED", errors.SIGNALLED)
+    assert str(cli.Stopped()).startswith("interrupted (SIGTERM); nothing was left half-written")
+
+
 def test_any_error_after_a_stop_signal_is_the_stop(monkeypatch, capsys):
     """numpy stopped while it imports refuses to import again (an ImportError with no KeyboardInterrupt behind
     it): once a stop signal came, what fails is the stop, said as one line."""

@@ -162,7 +162,10 @@ class Stopped(Exception):
         task = TASKS.get(_command[0]) if _command else None
         again = (f". A run that had saved a checkpoint continues with `tformer {_command[0]} <same overrides> "
                  f"resume=<run dir>`") if task is not None and task.trains else ""
-        return f"interrupted (Ctrl-C); nothing was left half-written{again}"
+        import signal  # (here, as in _stop_signals: the start-up of `tformer --version`)
+
+        how = "SIGTERM" if SIGNALLED and SIGNALLED[-1] == signal.SIGTERM else "Ctrl-C"  # (a scheduler's stop is no key)
+        return f"interrupted ({how}); nothing was left half-written{again}"
 
 
 _command: list[str] = []  # the command running (`_main`), for the stop line

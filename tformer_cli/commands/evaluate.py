@@ -35,8 +35,11 @@ def _evaluate(config: EvaluateConfig, run_dir: RunDir, console, device, precisio
     data_cfg = config.data_config((saved or {}).get("data"), f"{loaded.path} ({loaded.files.config.name})")
     from ..safe_text import markup
 
-    console.print(f"[bold]checkpoint[/] {markup(loaded.path)}  [bold]data[/] {markup(data_cfg.name)}  [bold]split[/] "
-                  f"{markup(config.split)}  [bold]device[/] {device} ({precision.name})", highlight=False)
+    scored = getattr(data_cfg, f"{config.split}_file", None)  # a file given for this split is what is scored
+    what = f"[bold]file[/] {markup(Path(scored).name)}" if scored else \
+        f"[bold]data[/] {markup(data_cfg.name)}  [bold]split[/] {markup(config.split)}"
+    console.print(f"[bold]checkpoint[/] {markup(loaded.path)}  {what}  [bold]device[/] {device} ({precision.name})",
+                  highlight=False)
     max_len = int(loaded.model_config["max_len"])
     trained = tokenization.LongText.from_meta(loaded.meta)
     long_text, side = reading(trained, config, max_len, data_cfg.truncation)
@@ -57,7 +60,6 @@ def _evaluate(config: EvaluateConfig, run_dir: RunDir, console, device, precisio
                     **long_text.to_meta()})
     if isinstance(loaded.meta.get("calibrated_on"), dict):  # (a `tformer calibrate` checkpoint: the fit's texts)
         metrics["calibrated_on"] = loaded.meta["calibrated_on"]
-    scored = getattr(data_cfg, f"{config.split}_file", None)  # a file given for this split is what was scored
     title = f"{Path(scored).name if scored else f'{data_cfg.name} {config.split}'} ({count(split)})"
     report.print_metrics(metrics, loaded.label_names, title, console)
     write_json(run_dir.eval_metrics, metrics)

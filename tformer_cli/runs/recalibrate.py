@@ -38,6 +38,8 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
         data_cfg.max_eval_samples = None  # every text given is fitted on, not the run's evaluation cap
     read = getattr(data_cfg, f"{config.split}_file", None)  # a file given for this split is what is fitted on
     what = Path(read).name if read else f"{data_cfg.name} {config.split}"
+    if config.file and read and Path(read).is_dir():
+        raise TformerError(f"file={config.file}: {read} is a folder; give the labelled file to calibrate on")
     if config.file and read and not Path(read).is_file():  # (split= files are found as training found them)
         raise TformerError(f"file={config.file or read}: no such file ({read}); give the labelled texts to "
                            f"calibrate on")

@@ -207,7 +207,7 @@ def locate_export(checkpoint: str | Path | None = None, outputs_dir: str | Path 
     found = run.served_export(ckpt)
     if not found.is_export():
         raise TformerError(f"{ckpt} has no ONNX export; run `tformer export checkpoint={ckpt.path}` first (or "
-                           f"predict with the torch runtime)")
+                           f"use the torch runtime: predict --runtime torch, serve runtime=torch)")
     stale = stale_export(found, ckpt)
     if stale:
         raise TformerError(stale)
