@@ -32,7 +32,7 @@ from ..model import pretrained
 from ..model.encoder import EncoderConfig, TransformerClassifier
 from ..model.mlm import encoder_state
 from ..overrides import typed_keys
-from ..store.layout import PRETRAINING, CheckpointDir, RunDir, SweepDir, read_small
+from ..store.layout import PRETRAINING, CheckpointDir, RunDir, read_small
 from ..tasks import TASKS
 from ..store.locate import locate
 from ..safe_text import markup
@@ -42,7 +42,7 @@ from ..training import recipe
 from ..training.early_stopping import mode_for
 from ..training.objectives import Classification
 from ..training.state import TrainingState
-from .resume import check_same_data, find_resumable, sweep_job_plan
+from .resume import check_same_data, resume_plan
 from .session import Session, Trained, execute
 
 
@@ -75,13 +75,9 @@ def monitor_for(multi_label: bool) -> str:
 def train(config: TrainConfig, run_dir: RunDir, tree: dict, overrides: list[str] = ()) -> Trained:
     """Train one run into `run_dir` (or continue the run named by config.resume); `tree` is the composed config
     as plain containers, saved with every checkpoint and compared on resume."""
-    resume_from = None
-    if config.resume and SweepDir(str(config.resume)).is_sweep():  # a job of a resumed `-m` sweep
-        finished, resume_from = sweep_job_plan(run_dir, "train")
-        if finished is not None:
-            return Trained(run_dir, finished)
-    elif config.resume:
-        resume_from = find_resumable(config.resume, "train")
+    finished, resume_from = resume_plan(config.resume, run_dir, "train")
+    if finished is not None:  # (a finished job of a resumed `-m` sweep: read, not retrained)
+        return Trained(run_dir, finished)
     return execute(ClassifierJob(), config, tree, run_dir, overrides, resume_from)
 
 

@@ -49,14 +49,14 @@ from ..overrides import typed_keys
 from ..safe_text import markup
 from .. import checkpoint
 from ..store.atomic import sha256_file, write_json, write_with
-from ..store.layout import DISTILLED_FROM, TEACHER_WEIGHTS, CheckpointDir, RunDir, SweepDir, TeacherCache, read_small
+from ..store.layout import DISTILLED_FROM, TEACHER_WEIGHTS, CheckpointDir, RunDir, TeacherCache, read_small
 from ..tasks import TASKS
 from ..store.locate import locate
 from ..training.loop import Interrupted, Optimization, Run, sliced_update
 from ..training.objectives import Classification
 from ..typed_config import build
 from .classify import ClassifierJob, Prepared, TeacherLayers, build_run, class_weights_of, configure, prepare
-from .resume import check_unchanged, find_resumable, sweep_job_plan
+from .resume import check_unchanged, resume_plan
 from .session import Session, Trained, execute
 
 EMBEDDINGS = ("auto", "teacher", "own")
@@ -115,13 +115,9 @@ def distill(tree: dict, run_dir: RunDir, overrides=()) -> Trained:
     tree.update(located)
     if options.layers is None:
         teacher_table(options, config)  # (refuses a conflict now, before any data is read)
-    resume_from = None
-    if config.resume and SweepDir(str(config.resume)).is_sweep():  # a job of a resumed `-m` sweep
-        finished, resume_from = sweep_job_plan(run_dir, "distill")
-        if finished is not None:
-            return Trained(run_dir, finished)
-    elif config.resume:
-        resume_from = find_resumable(config.resume, "distill")
+    finished, resume_from = resume_plan(config.resume, run_dir, "distill")
+    if finished is not None:  # (a finished job of a resumed `-m` sweep: read, not retrained)
+        return Trained(run_dir, finished)
     return execute(DistillJob(options, teacher), config, tree, run_dir, overrides, resume_from)
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ..errors import TformerError
-from ..store.layout import CheckpointDir, RunDir, newest_checkpoints, resolve_resumable
+from ..store.layout import CheckpointDir, RunDir, SweepDir, newest_checkpoints, resolve_resumable
 from ..console import output
 from ..data.sources import fingerprint_changes
 from ..safe_text import markup
@@ -153,6 +153,14 @@ def check_unchanged(run, saved, fingerprint: dict, ignore: bool, console, what: 
     if changes:
         console.print(f"[yellow]warning[/]: resuming on changed {what} ({markup('; '.join(changes))})",
                       highlight=False, markup=True)
+
+
+def resume_plan(resume, run_dir: RunDir, task: str) -> tuple[float | None, CheckpointDir | None]:
+    """What a run's resume= asks of `run_dir`: a job of a resumed `-m` sweep as `sweep_job_plan` says, else (None,
+    the checkpoint resume= names, or None without one)."""
+    if resume and SweepDir(str(resume)).is_sweep():
+        return sweep_job_plan(run_dir, task)
+    return None, find_resumable(resume, task) if resume else None
 
 
 def sweep_job_plan(run_dir: RunDir, task: str) -> tuple[float | None, CheckpointDir | None]:
