@@ -422,7 +422,17 @@ def torchrun(out: Path, device: str) -> str:
         raise RuntimeError((r.stderr.strip() or r.stdout.strip()).splitlines()[-1])
     found = next((l for l in r.stdout.splitlines() if "distributed" in l or "backend" in l),
                  "one process (DDP, and so NCCL, starts at two ranks)")
-    return f"{found.strip()[:160]}; {run_figures(out / 'torchrun')}"
+    bound = ""
+    if device == "cuda":  # one rank per GPU: one more than the machine shows is refused before anything starts
+        import torch
+
+        more = torch.cuda.device_count() + 1
+        r = subprocess.run([sys.executable, "-m", "tformer_cli", "train", f"trainer.devices={more}"], cwd=out, env=env,
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 2 or "one process per GPU" not in r.stderr:
+            raise RuntimeError(f"trainer.devices={more}: exit {r.returncode}, {r.stderr.strip()[-300:]}")
+        bound = f"; trainer.devices={more} refused: {r.stderr.strip()[:120]}"
+    return f"{found.strip()[:160]}; {run_figures(out / 'torchrun')}{bound}"
 
 
 def fp16(out: Path, device: str) -> dict:

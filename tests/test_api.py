@@ -74,6 +74,9 @@ def test_errors_are_tformer_errors_with_one_line(tmp_path, monkeypatch):
         Classifier.load(tmp_path / "nowhere")
     with pytest.raises(TformerError, match="only"):
         train(["-m", "trainer.epochs=1,2"])
+    with pytest.raises(TformerError, match=r"^train\(\): trainer.epochs is given twice \(trainer.epochs=1 and "
+                                           r"trainer.epochs=2\); give it once$"):
+        train(["trainer.epochs=1", "trainer.epochs=2"])
     assert not list(tmp_path.glob("outputs/train/*/*"))  # refused runs leave no folder
 
 

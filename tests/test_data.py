@@ -111,6 +111,34 @@ def test_tsv_jsonl_and_parquet(tmp_path):
         assert data.label_names == ["0", "1", "2"] and len(data.splits["test"]) == 30
 
 
+def test_a_json_file_that_cannot_be_read_names_its_line(tmp_path, monkeypatch):
+    """datasets and pandas name a byte position ("Trailing data at position 61") or nothing."""
+    import io
+
+    from tformer_cli.data import given
+
+    rows = [json.dumps({"text": f"t {i}", "label": i % 2}) for i in range(600)]
+    (tmp_path / "bad.jsonl").write_text("\n".join(rows[:499] + ['{"text": "t", "label": 1} }'] + rows[500:]) + "\n")
+    (tmp_path / "number.jsonl").write_text("\n".join(rows[:3] + ["7"]) + "\n")
+    (tmp_path / "array.json").write_text("[\n" + ",\n".join(rows[:5]) + ",\n]\n")
+    (tmp_path / "columns.json").write_text('{\n "text": ["a", "b"],\n "label": [0 1]\n}\n')
+    from tformer_cli.data.given import bad_json_line
+
+    (tmp_path / "fine.json").write_text('{\n "text": ["a", "b"],\n "label": [0, 1, 2]\n}\n')  # (fails elsewhere)
+    assert bad_json_line(tmp_path / "fine.json") is None
+    for name, where in (("bad.jsonl", r"line 500: Extra data \(column 27\)"),
+                        ("number.jsonl", r"line 4 is a JSON number, not an object of columns \(\{\"text\": \.\.\.\}\)"),
+                        ("array.json", r"line 7: Expecting value \(column 1\)"),
+                        ("columns.json", r"line 3: Expecting ',' delimiter \(column 14\)")):
+        with pytest.raises(TformerError, match=f"could not read .*{name} as json: {where}; check the file"):
+            sources.load(files_cfg(train_file=str(tmp_path / name)))
+        with pytest.raises(TformerError, match=f"could not read .*{name} as {name.split('.')[1]}: {where}; "):
+            given.table_texts(tmp_path / name, "text", 1000)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a\nb\nc\n")))  # (over --max-lines: named)
+    with pytest.raises(TformerError, match=r"^standard input has more than --max-lines=2 lines; split it or raise"):
+        given.texts_of("-", 2, 100)
+
+
 def test_a_binary_text_column_is_read_as_utf8_text_not_as_its_repr(tmp_path):
     """str(b"caf\xc3\xa9") is "b'caf\\xc3\\xa9'": a model trained on that would never see the texts predict reads."""
     texts = [f"caf\u00e9 {i}" for i in range(30)]
@@ -263,8 +291,18 @@ def test_evaluate_reads_long_texts_as_trained_unless_asked_otherwise():
         read(trained, long_text="chunks", head_tokens=3)
     with pytest.raises(TformerError, match="head_tokens=11 must be between 0 and 10"):
         read(trained, head_tokens=11)
-    with pytest.raises(TformerError, match="chunk_overlap=10 must be between 0 and 9"):
-        read(LongText("chunks"), chunk_overlap=10)
+    with pytest.raises(TformerError, match=r"chunk_overlap=9 must be between 0 and 8 \(windows of 10 text tokens"):
+        read(LongText("chunks"), chunk_overlap=9)  # (a 1-token stride: each text read as often as it has tokens)
+    assert read(LongText("chunks", None, 9)) == (LongText("chunks", None, 9), None)  # (a checkpoint's own: as trained)
+    from helpers import compose_config
+    from tformer_cli.runs.classify import configure
+    from tformer_cli.typed_config import plain
+
+    typed = ["data.long_text=chunks", "data.chunk_overlap=60", "model.max_len=64"]
+    with pytest.raises(TformerError, match=r"data.chunk_overlap=60 must be between 0 and 54"):
+        configure(plain(compose_config("train", *typed)), typed)
+    tree = plain(compose_config("train", *typed))
+    assert configure(tree, None)[0].long_text.chunk_overlap == 60  # (a teacher's, a saved run's: not typed now)
 
 
 def test_a_tokenizer_saved_without_truncation_truncates_on_the_side_asked(tmp_path):
@@ -289,7 +327,8 @@ def test_chunks_cover_the_whole_text_in_overlapping_windows():
                        ["[CLS]", 8, 9, 10, 11, 12, 13, "[SEP]"], ["[CLS]", 12, 13, 14, 15, 16, 17, "[SEP]"],
                        ["[CLS]", 14, 15, 16, 17, 18, 19, "[SEP]"]]  # the last window ends with the text
     assert LongText("chunks").windows(seq[:5], 8) == [seq[:5]]  # a short text is one window
-    with pytest.raises(TformerError, match="chunk_overlap=6 must be between 0 and model.max_len - 3 = 5"):
+    with pytest.raises(TformerError, match=r"chunk_overlap=6 must be between 0 and 5 \(windows of 6 text tokens, "
+                                           r"model.max_len 8, each moving on by at least an eighth of that\)"):
         LongText("chunks", chunk_overlap=6).windows(seq, 8)
 
 

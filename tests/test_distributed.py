@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from helpers import TINY_TRAINING, interrupted_when, run_tformer, tformer_reading, tiny
+from tformer_cli.errors import TformerError
 from tformer_cli.training.distributed import Dist, shard
 
 # Losses agree to LOSS_TOL, not exactly: one process runs its 32-row batch unpadded (model.encoder.RealTokens),
@@ -48,6 +49,24 @@ def test_ranks_are_refused_where_they_cannot_run(tiny_run, tmp_path):
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
         assert f"tformer {task} runs in one process (DDP is for tformer train): drop trainer.devices=" in r.stderr
     assert not list(tmp_path.glob("outputs/*/*/*"))
+
+
+def test_ranks_on_gpus_are_bounded_by_the_gpus_shown(monkeypatch):
+    """Each rank takes the GPU of its number: on a one-GPU machine trainer.devices=2 failed in rank 1 on a device
+    that is not there (the bound counted CPU cores). No GPU here: torch is told it has one."""
+    from tformer_cli import launch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with pytest.raises(TformerError, match=r"^trainer.devices=2 starts one process per GPU and this machine shows 1 "
+                                           r"\(CUDA_VISIBLE_DEVICES=3\); give trainer.devices=1, or add "
+                                           r"trainer.device=cpu to train on the CPU$"):
+        launch.distributed_args(["trainer.devices=2"])
+    with pytest.raises(TformerError, match="more processes than this machine can run"):  # on the CPU: its cores
+        launch.distributed_args(["trainer.devices=2000", "++trainer.device=cpu"])
+    assert launch.visible_gpus("cuda:0") == 1 and launch.visible_gpus("cpu") == 0 and launch.visible_gpus("mps") == 0
 
 
 def history(run):
@@ -124,7 +143,8 @@ def test_ctrl_c_stops_every_rank_and_the_run_resumes_to_the_same_end(single, tmp
 @pytest.mark.slow
 @pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_ranks_whose_launcher_is_killed_save_and_stop(tmp_path):
-    args = [*RUN, "trainer.devices=2", "trainer.epochs=50", "trainer.checkpoint_every_steps=5", "hydra.run.dir=run"]
+    args = [*tiny("trainer.epochs=50", base=RUN), "trainer.devices=2", "trainer.checkpoint_every_steps=5",
+            "hydra.run.dir=run"]
     proc, lines, reader = tformer_reading("train", *args, cwd=tmp_path)
     last = tmp_path / "run" / "checkpoints" / "last"
     deadline = time.monotonic() + 600
@@ -201,7 +221,8 @@ def test_a_rank_killed_stops_the_others_with_one_line_and_the_resume_command(tmp
 
     from helpers import TFORMER
 
-    args = [*RUN, "trainer.epochs=20", "trainer.devices=2", "trainer.checkpoint_every_steps=5", "hydra.run.dir=run"]
+    args = [*tiny("trainer.epochs=20", base=RUN), "trainer.devices=2", "trainer.checkpoint_every_steps=5",
+            "hydra.run.dir=run"]
     proc = subprocess.Popen([TFORMER, "train", *args], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
     lines: list[str] = []

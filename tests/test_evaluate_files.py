@@ -3,6 +3,7 @@ otherwise, under either spelling (test_file= or data.test_file=); a file whose c
 import csv
 import json
 
+import pandas as pd
 import pytest
 
 from helpers import compose_config, run_tformer
@@ -69,6 +70,23 @@ def test_a_new_files_layout_reads_that_file_alone_not_the_runs_validation_file(t
     data = sources.load(cfg, file_layouts={"test": {"text_column": "body"}})
     assert {s: len(data.splits[s]) for s in ("train", "validation", "test")} == {"train": 60, "validation": 20,
                                                                                   "test": 20}
+
+
+def test_a_new_multi_label_files_label_separator_is_that_files_alone(tmp_path):
+    """label_separator parsed every split: a new file written with ";" could not be read beside a run's ","."""
+    from helpers import data_config
+    from tformer_cli.data import sources
+
+    rows = lambda n, sep: pd.DataFrame({"text": [f"text {i}" for i in range(n)],  # noqa: E731
+                                        "labels": [sep.join(["a", "b"][: 1 + i % 2]) for i in range(n)]})
+    rows(60, ",").to_csv(tmp_path / "train.csv", index=False)  # (the default separator)
+    rows(20, ";").to_csv(tmp_path / "new.csv", index=False)
+    cfg = data_config("files", train_file=str(tmp_path / "train.csv"), test_file=str(tmp_path / "new.csv"),
+                      label_column="labels", multi_label=True)
+    data = sources.load(cfg, file_layouts={"test": {"label_separator": ";"}})
+    assert data.label_names == ["a", "b"] and data.splits["test"]["label"][:2] == [[0], [0, 1]]
+    assert typed("test_file=new.csv", "data.label_separator=';'").file_layouts(SAVED) == {
+        "test": {"label_separator": ";"}}
 
 
 def test_both_spellings_name_the_same_file_and_score_it_whole(tmp_path, monkeypatch):

@@ -69,6 +69,34 @@ def test_the_staged_repository_holds_the_checkpoint_export_and_card(run, cache):
     assert "library_name: tformer" in card and "`negative`" in card and "hf://<this repo>" in card
 
 
+def test_the_published_config_and_meta_name_local_files_by_their_last_part(tiny_run, tmp_path):
+    """Absolute paths in config.yaml and meta.json (the data folder, a calibration file, the model a pretraining
+    run continued) travelled with a push and told where the author keeps things; class names stay as they are."""
+    import yaml
+
+    from tformer_cli.deploy.hub_repo import stage
+    from tformer_cli.store import manifest
+    from tformer_cli.store.layout import RunDir
+
+    run_dir = copy_run(tiny_run.run_dir, tmp_path / "run")
+    best = RunDir(run_dir).best
+    private = "/home/someone/client-x"
+    tree = yaml.safe_load(best.config.read_text())
+    tree["data"].update({"dir": f"{private}/data/reviews", "label_names": ["/r/negative", "/r/positive"]})
+    best.config.write_text(yaml.safe_dump(tree))
+    meta = json.loads(best.meta.read_text())
+    meta.update({"calibrated_on": {"file": f"{private}/recent.csv"}, "continued_from": f"BERT model {private}/m"})
+    best.meta.write_text(json.dumps(meta))
+    manifest.write(best)
+    staged = stage(run_dir, tmp_path / "repo")
+    published = (staged / "config.yaml").read_text() + (staged / "meta.json").read_text()
+    assert private not in published and "/r/negative" in published
+    assert yaml.safe_load((staged / "config.yaml").read_text())["data"]["dir"] == "<local>/reviews"
+    assert json.loads((staged / "meta.json").read_text())["continued_from"] == "BERT model <local>/m"
+    got = Classifier.load(staged).predict(["a fine film"])  # (its manifest checked on load)
+    assert got == Classifier.load(run_dir).predict(["a fine film"])
+
+
 def test_a_run_exported_only_as_int8_stages_that_export(tiny_run, tmp_path):
     """predict --runtime onnx of a run with only onnx-int8/ uses it; a push that left it out published a repository
     whose --runtime onnx fails."""

@@ -71,8 +71,8 @@ def test_mlflow_run_reads_back_and_a_resume_continues_it(tmp_path):
     assert client.get_metric_history(run_id, "step_loss")
     assert client.get_experiment(run.info.experiment_id).name == "tests"
 
-    longer = train(TINY + ["logger=mlflow", f"logger.tracking_uri={uri}", "logger.experiment=tests",
-                           f"resume={result.run_dir}", "trainer.epochs=3"])
+    longer = train(tiny("trainer.epochs=3", base=TINY) + ["logger=mlflow", f"logger.tracking_uri={uri}",
+                                                          "logger.experiment=tests", f"resume={result.run_dir}"])
     assert (longer.run_dir / "mlflow_run_id").read_text().strip() == run_id  # the same MLflow run goes on
     epochs = client.get_metric_history(run_id, "epoch")
     assert sorted(int(m.value) for m in epochs) == [1, 2, 3]
@@ -154,7 +154,7 @@ def test_wandb_offline_run_reads_back_and_a_resume_is_a_new_run_in_its_group(tmp
     assert summary["test/accuracy"] == pytest.approx(result.test_metrics["accuracy"])
     assert [r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit"] == [0]
 
-    again = TINY + ["logger=wandb", "logger.project=tests", f"resume={result.run_dir}", "trainer.epochs=3"]
+    again = tiny("trainer.epochs=3", base=TINY) + ["logger=wandb", "logger.project=tests", f"resume={result.run_dir}"]
     train(again)
     runs = sorted(result.run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(runs) == 2
@@ -219,6 +219,19 @@ def test_a_tracking_server_that_accepts_but_never_answers_is_one_line_soon(tmp_p
     finally:
         silent.close()
     assert "MLFLOW_HTTP_REQUEST_TIMEOUT" not in os.environ and not (tmp_path / "run").exists()
+
+
+def test_a_tracking_uri_that_is_a_folder_is_one_line_before_the_data_is_read(tmp_path, monkeypatch):
+    """MLflow 3 refuses its file store with a paragraph about migrating, which was cut mid-sentence."""
+    pytest.importorskip("mlflow")
+    from tformer_cli import TformerError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with pytest.raises(TformerError, match=r"logger.tracking_uri='not a uri' is a folder \(MLflow's file store\), "
+                                           r"which this MLflow refuses; give a database \(sqlite:///mlflow.db\)"):
+        train(TINY + ["logger=mlflow", "logger.tracking_uri='not a uri'"], run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "not a uri").exists()
 
 
 def test_reachability_is_not_judged_through_a_proxy_and_a_bad_port_is_named(monkeypatch):

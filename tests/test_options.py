@@ -101,3 +101,26 @@ def test_a_text_shaped_like_an_option_is_refused_in_one_line(tmp_path):
     r = run_tformer("predict", "checkpoint=/tmp/other", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "put -- before texts" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_an_option_given_twice_with_two_values_is_refused_naming_both(tmp_path):
+    """`serve checkpoint=A checkpoint=B` served B, unsaid; so did Hydra's commands for any key."""
+    with pytest.raises(TformerError, match=r"checkpoint is given twice \(checkpoint=A and --checkpoint=B\); give it "
+                                           r"once"):
+        serve.parse_args(["checkpoint=A", "--checkpoint=B"])
+    assert serve.parse_args(["port=0", "--port=0"])["port"] == 0  # (the same value twice chooses nothing)
+    with pytest.raises(TformerError, match=r"top_k is given twice \(--top-k 3 and -k 5\)"):
+        predict.parse_args(["--top-k", "3", "-k", "5", "a text"])
+    with pytest.raises(TformerError, match=r"explain is given twice \(--explain and --explain=rollout\)"):
+        predict.parse_args(["--explain", "--explain=rollout", "a text"])
+    assert predict.parse_args(["--json", "--json", "a text"])[0]["json"] is True
+    from tformer_cli.typed_config import given_twice
+
+    given_twice(["trainer.epochs=2", "model=small", "trainer.epochs=5", "resume=outputs/train/x"])  # (the hints'
+    # way to train longer: the run's overrides, then the change)
+    r = run_tformer("evaluate", "checkpoint=A", "checkpoint=B", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr == "error: checkpoint is given twice (checkpoint=A and checkpoint=B); " \
+                                             "give it once\n"
+    r = run_tformer("train", "model=tiny", "+model=small", cwd=tmp_path)
+    assert r.returncode == 2 and "model is given twice (model=tiny and +model=small)" in r.stderr
+    assert not (tmp_path / "outputs").exists()

@@ -126,6 +126,34 @@ def test_a_typed_shape_or_model_that_contradicts_the_pretraining_run_is_refused(
 
 
 @pytest.mark.slow
+def test_a_classifier_from_a_pretraining_run_saves_the_shape_it_built_and_resumes(pretrained, tmp_path):
+    """model=small over a tiny pretraining run built the run's shape but saved the preset's (d_model 256), so the
+    run's config.yaml named a model never built; a run saved either way resumes, and a typed shape key is compared."""
+    import yaml
+
+    from tformer_cli.store import manifest
+
+    args = [*tiny("model=small", base=PRETRAIN), f"model.init={pretrained.root}"]
+    run = RunDir(train(args, run_dir=tmp_path / "ft").run_dir)
+    built = json.loads(run.best.model_config.read_text())
+    saved = yaml.safe_load(run.best.config.read_text())["model"]
+    assert built["d_model"] != 256 and all(saved[k] == built[k] for k in ("d_model", "n_layers", "n_heads", "d_ff"))
+    for epochs in (2, 3):  # a run saved as built, then one saved with the preset's shape (as runs were before)
+        longer = train([*tiny(f"trainer.epochs={epochs}", "model=small", base=PRETRAIN),
+                        f"model.init={pretrained.root}", f"resume={run.root}"])
+        assert [h["epoch"] for h in json.loads(run.history.read_text())] == list(range(1, epochs + 1))
+        assert longer.run_dir == run.root and yaml.safe_load(run.last.config.read_text())["model"] == saved
+        for ckpt in (run.best, run.last):
+            tree = yaml.safe_load(ckpt.config.read_text())
+            ckpt.config.write_text(yaml.safe_dump({**tree, "model": {**saved, "d_model": 256, "n_layers": 2,
+                                                                       "n_heads": 4, "d_ff": 1024}}))
+            manifest.write(ckpt)
+    with pytest.raises(TformerError, match=r"the config differs in model.d_model \(256 -> 128\)"):
+        train([*tiny("trainer.epochs=4", "model=small", "model.d_model=128", base=PRETRAIN),
+               f"model.init={pretrained.root}", f"resume={run.root}"])
+
+
+@pytest.mark.slow
 def test_pretraining_checkpoints_are_refused_where_a_classifier_is_needed(pretrained, tmp_path):
     r = run_tformer("predict", f"--checkpoint={pretrained.root}", "hello", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "model.init=" in r.stderr

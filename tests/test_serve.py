@@ -93,7 +93,8 @@ def test_a_request_may_ask_for_label_sets_and_gets_the_classifiers(server, run):
     status, body = server.request("/predict?coverage=0.90", texts)  # (the same, asked in the query)
     assert status == 200 and [p["label_set"] for p in body["predictions"]] == [e["label_set"] for e in expected]
     for query, level, words in [("?coverage=0.8", 0.9, "disagree"), ("?coverage=abc", 0.9, "must be a number"),
-                                ("?coverage=0.9", 0.905, "two decimals"), ("?cov=0.9", 0.9, "unknown query parameter")]:
+                                ("?coverage=0.9", 0.905, "two decimals"), ("?cov=0.9", 0.9, "unknown query parameter"),
+                                ("?coverage=0.9&coverage=0.8", 0.9, "?coverage= is given 2 times; give it once")]:
         status, body = server.request(f"/predict{query}", {"texts": texts, "coverage": level})
         assert status == 400 and words in body["error"], (query, body)
 
@@ -111,6 +112,7 @@ def test_a_request_may_ask_for_label_sets_and_gets_the_classifiers(server, run):
     (b'{"texts": ["x"], "coverage": "0.9"}', 400, "must be a number"),
     (json.dumps(["z" * 500] * 8).encode(), 413, "at most 4000"),
     (b"[" * 3000, 400, "too deeply"),
+    (b'{"texts": ["a"], "texts": ["b", "c"]}', 400, 'the key "texts" is given twice in one JSON object'),
 ])
 def test_bad_requests_get_a_4xx_with_one_line(server, body, status, words):
     got, answer = server.request("/predict", raw=body, headers={"Content-Type": "application/json"})

@@ -25,6 +25,7 @@ from hydra.errors import ConfigCompositionException, OverrideParseException
 from .errors import ArgumentTypeError, ConfigError, TformerError, hydra_error_line
 from .overrides import as_overrides, in_memory_data
 from .runs.in_process import TrainResult, train_overrides
+from .typed_config import given_twice
 
 __all__ = ["TrainResult", "distill", "train"]
 
@@ -32,6 +33,7 @@ __all__ = ["TrainResult", "distill", "train"]
 def checked_arguments(name: str, overrides, run_dir, quiet) -> list[str]:
     """The overrides as key=value strings, and the other arguments of train() / distill() checked: one line each."""
     overrides = as_overrides(overrides, name)
+    given_twice(overrides, name)
     if run_dir is not None and not isinstance(run_dir, (str, Path)):
         raise ArgumentTypeError(f"run_dir={run_dir!r:.80} must be a path (str or pathlib.Path)")
     if any(o.startswith("-") for o in overrides):

@@ -286,7 +286,7 @@ def _check_long_text(ckpt: CheckpointDir, meta: dict, max_len: int) -> None:
         if not wrong:
             long_text = LongText.from_meta(meta)  # (each mode's own number checked, as training checks it)
             long_text.head(max_len) if long_text.mode == "head_tail" else None
-            long_text.overlap(max_len) if long_text.mode == "chunks" else None
+            long_text.overlap(max_len, given=False) if long_text.mode == "chunks" else None
     except ConfigError as exc:
         raise TformerError(f"checkpoint {ckpt}: {ckpt.meta.name} is invalid ({exc}); the file was edited, retrain "
                            f"or use another checkpoint") from None

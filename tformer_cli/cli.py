@@ -17,6 +17,7 @@ from . import __version__
 from .errors import SIGNALLED, Refused, TformerError, hydra_error_line, interrupted_by
 from .safe_text import terminal
 from .tasks import TASKS
+from .typed_config import given_twice
 from .yesno import parse_bool
 
 USAGE = """usage: tformer {train,evaluate,calibrate,predict,pretrain,distill,audit,suggest,export,serve,push,report} [overrides ...]
@@ -190,6 +191,7 @@ def _run_hydra(task: str, args: list[str]) -> None:
             return
         from . import launch
 
+        _guarded(given_twice)(args)
         args = _guarded(launch.prepare)(task, args)  # trainer.devices=N: the ranks start here (and this exits)
         if TASKS[task].resumes_sweeps and ("-m" in args or "--multirun" in args):
             from .sweeps.summary import resume_args

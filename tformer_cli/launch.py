@@ -40,7 +40,7 @@ def prepare(task: str, args: list[str]) -> list[str]:
 def distributed_args(args: list[str]) -> list[str]:
     """`trainer.devices=N` (N > 1) starts N copies of this command as the ranks of one DDP run (this process waits
     for them); under torchrun (or those copies), ranks other than 0 run in a throwaway folder: rank 0 writes."""
-    given = [a.split("=", 1)[1] for a in args if a.startswith("trainer.devices=")]
+    given = typed_values(args, "trainer.devices")
     multirun = "-m" in args or "--multirun" in args
     if world_size() > 1:
         if multirun:
@@ -60,15 +60,37 @@ def distributed_args(args: list[str]) -> list[str]:
         raise TformerError(f"trainer.devices={given[-1]} must be a whole number of processes (1 = no DDP)") from None
     if n <= 1:
         return args
+    gpus = visible_gpus((typed_values(args, "trainer.device") or ["auto"])[-1])
+    if gpus and n > gpus:  # (rank r takes GPU r: a rank past the last GPU would fail on a device that is not there)
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise TformerError(f"trainer.devices={n} starts one process per GPU and this machine shows {gpus}"
+                           f"{f' (CUDA_VISIBLE_DEVICES={shown})' if shown else ''}; give trainer.devices={gpus}"
+                           f"{' or fewer' if gpus > 1 else ''}, or add trainer.device=cpu to train on the CPU")
     most = max(2, 2 * cores.usable_cores()[0])  # (each rank is a process with its own threads and model copy)
-    if n > most:
+    if not gpus and n > most:
         raise TformerError(f"trainer.devices={n} is more processes than this machine can run side by side "
                            f"({cores.usable_cores()[1]}: at most {most}); one rank per GPU or per core or two "
                            f"is the most that helps")
     if multirun:
         raise TformerError("trainer.devices>1 with -m is not supported yet; run the sweep's jobs one at a time "
                            "(or launch each with torchrun)")
-    sys.exit(launch_ranks(n, [a for a in args if not a.startswith("trainer.devices=")]))
+    sys.exit(launch_ranks(n, [a for a in args if a.lstrip("+").split("=", 1)[0] != "trainer.devices"]))
+
+
+def typed_values(args: list[str], key: str) -> list[str]:
+    """The values typed for `key` (`key=`, `+key=`, `++key=`), in order."""
+    return [a.split("=", 1)[1] for a in args if "=" in a and a.lstrip("+").split("=", 1)[0] == key]
+
+
+def visible_gpus(device: str) -> int:
+    """How many GPUs the ranks of `trainer.device=<device>` would train on: 0 where they train on the CPU (or
+    an Apple GPU: one process). torch is imported here, not at the top: every Hydra command imports this module, and
+    only a launch of several ranks needs the count (the ranks import torch anyway)."""
+    if not (device == "auto" or device.startswith("cuda")):
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def stop_with_launcher() -> None:

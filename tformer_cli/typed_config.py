@@ -164,3 +164,22 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return str(value)
         raise ConfigError(f"{key}={value!r} must be a string")
     return value
+
+
+def given_twice(overrides, name: str = "") -> None:
+    """A key given twice with two values (`checkpoint=A checkpoint=B`, `model=tiny model=small`) would be settled by
+    its last value, unsaid: refused, naming both. (The same value twice chooses nothing and passes.) Not in a
+    command that resumes: that is the run's own overrides with changes added (`trainer.epochs=<more> resume=...`,
+    what the hints print), and the last value is the change. name: the API function the user called, as its
+    errors name it; empty for a command line."""
+    pairs = [o.split("=", 1) for o in overrides if isinstance(o, str) and "=" in o and not o.startswith("-")]
+    if any(key.lstrip("+~") == "resume" and value.strip().lower() not in ("", "null", "false", "no", "0", "off")
+           for key, value in pairs):
+        return
+    seen: dict[str, tuple[str, str]] = {}  # key -> (value, the override as typed)
+    for key, value in pairs:
+        if key.lstrip("+~") in seen and seen[key.lstrip("+~")][0] != value:
+            where = f"{name}(): " if name else ""
+            raise ConfigError(f"{where}{key.lstrip('+~')} is given twice ({seen[key.lstrip('+~')][1]} and "
+                              f"{key}={value}); give it once")
+        seen[key.lstrip("+~")] = (value, f"{key}={value}")

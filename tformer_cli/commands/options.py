@@ -50,10 +50,20 @@ def old_style_key(arg: str, defaults: dict) -> str | None:
     return key_of(m.group(1)) if m and key_of(m.group(1)) in defaults else None
 
 
+def given(opts: dict, typed: dict, key: str, value: str, spelled: str) -> None:
+    """Put a typed value in; a key typed twice with two values (`checkpoint=A checkpoint=B`) is refused rather
+    than settled by the last one, unsaid (the same value twice passes)."""
+    if key in typed and typed[key][1] != value:
+        raise TformerError(f"{terminal(key)} is given twice ({terminal(typed[key][0])} and {terminal(spelled)}); "
+                           f"give it once")
+    typed[key] = (spelled, value)
+    opts[key] = value
+
+
 def parse_key_values(argv: list[str], defaults: dict, usage: str, command: str) -> dict:
     """`defaults` with each `key=value` (or `--key=value`) of argv put in (values stay strings: the command checks
     their types)."""
-    opts = dict(defaults)
+    opts, typed = dict(defaults), {}
     for arg in argv:
         if arg in ("-h", "--help"):
             print(usage)
@@ -63,9 +73,9 @@ def parse_key_values(argv: list[str], defaults: dict, usage: str, command: str) 
         if found is not None:
             if found[1] is None:
                 raise TformerError(f"{arg} needs a value: write {arg}=VALUE (or {found[0]}=VALUE)")
-            opts[found[0]] = found[1]
+            given(opts, typed, found[0], found[1], arg)
         elif key is not None:
-            opts[key] = arg.split("=", 1)[1]
+            given(opts, typed, key, arg.split("=", 1)[1], arg)
         else:
             raise TformerError(f"unknown argument {terminal(repr(arg))}; {command} takes "
                                f"{', '.join(f'{k}=' for k in defaults)} (or --key=value)")
@@ -78,7 +88,7 @@ def parse_flags(argv: list[str], defaults: dict, usage: str, command: str, *, sh
     with its value next, a switch of `switches` alone (true) or `--switch=VALUE`; after `--` everything is a text.
     Every other argument is a text (decoded with U+FFFD where its bytes were not UTF-8), except one shaped like an
     old `key=value` option of a known key: that is refused, so a text can never switch the model or name a file."""
-    opts, texts, i, only_texts = dict(defaults), [], 0, False
+    opts, typed, texts, i, only_texts = dict(defaults), {}, [], 0, False
     while i < len(argv):
         arg = argv[i]
         if only_texts:
@@ -97,7 +107,7 @@ def parse_flags(argv: list[str], defaults: dict, usage: str, command: str, *, sh
                     raise TformerError(f"{arg} needs a value; see `tformer {command} --help`")
                 i += 1
                 value = argv[i]
-            opts[key] = value
+            given(opts, typed, key, value, arg if "=" in arg or key in switches else f"{arg} {value}")
         elif old_style_key(arg, defaults):
             shown = terminal(arg if len(arg) <= 80 else arg[:77] + "...")
             raise TformerError(f"{shown!r} looks like an option: write --{shown}, or put -- before texts to "

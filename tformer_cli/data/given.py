@@ -4,6 +4,7 @@ reads them), one answer per line or row, blank ones included, so that answers li
 from __future__ import annotations
 
 import codecs
+import json
 import sys
 from pathlib import Path
 
@@ -65,14 +66,69 @@ def table_texts(path: Path, column: str, max_lines: int) -> list[str]:
             if column not in frame.columns:
                 raise _no_column(shown, column, list(frame.columns))
             values = frame[column].tolist()
-    except (OSError, ValueError, UnicodeDecodeError, ImportError) as exc:
-        if isinstance(exc, TformerError):
+    except (OSError, ValueError, TypeError, UnicodeDecodeError, ImportError) as exc:  # (TypeError: pandas, a line
+        if isinstance(exc, TformerError):  # of JSON lines that is not an object)
             raise
-        raise TformerError(f"could not read {shown} as {kind.lstrip('.')}: {str(exc).splitlines()[0][:200]}; "
+        cause = (bad_json_line(path) if kind in (".json", ".jsonl") else None) or str(exc).splitlines()[0][:200]
+        raise TformerError(f"could not read {shown} as {kind.lstrip('.')}: {terminal(cause)}; "
                            f"check the file (UTF-8), or give a .txt file of one text per line") from None
     if len(values) > max_lines:
         raise _too_many(shown, max_lines)
     return ["" if v is None or (isinstance(v, float) and v != v) else _text(v, shown) for v in values]
+
+
+JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "true/false", type(None): "null"}
+
+
+def bad_json_line(path: Path) -> str | None:
+    """Where a JSON file that datasets could not read goes wrong, by line ("line 500: Expecting value (column 3)"):
+    datasets names a byte position at most. A file that opens with `[` is one JSON array, one that opens with an
+    object spread over lines one object of columns; any other is JSON lines, each line an object. None where the
+    JSON reads (the cause is elsewhere). JSON lines are read a line at a time."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+            f.seek(0)
+            if head.startswith(b"{"):  # one object of columns (its first line alone is no JSON), or JSON lines
+                try:
+                    json.load(f)
+                    return None  # (it reads whole: the cause is elsewhere)
+                except json.JSONDecodeError as exc:
+                    whole = f"line {exc.lineno}: {exc.msg} (column {exc.colno})"
+                except (ValueError, RecursionError):
+                    whole = None
+                f.seek(0)
+                first = next((line for line in f if line.strip()), b"")
+                f.seek(0)
+                try:
+                    json.loads(first)
+                except (ValueError, RecursionError):
+                    return whole
+            if head.startswith(b"["):
+                try:
+                    json.load(f)
+                except json.JSONDecodeError as exc:
+                    return f"line {exc.lineno}: {exc.msg} (column {exc.colno})"
+                except (UnicodeDecodeError, ValueError, RecursionError):
+                    return None
+                return None
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    return f"line {n}: {exc.msg} (column {exc.colno})"
+                except UnicodeDecodeError:
+                    return f"line {n} is not UTF-8"
+                except (ValueError, RecursionError):
+                    return f"line {n} cannot be read as JSON"
+                if not isinstance(value, dict):
+                    kind = JSON_KINDS.get(type(value), "value")
+                    return f"line {n} is a JSON {kind}, not an object of columns ({{\"text\": ...}})"
+    except OSError:
+        return None
+    return None
 
 
 def _text(value, shown: str) -> str:
@@ -105,15 +161,15 @@ def read_lines(source: str, max_lines: int, max_chars: int) -> list[str]:
         fh = stream or open(source, "rb")
     except OSError as exc:
         raise TformerError(f"cannot read {terminal(source)}: {exc.strerror}; check the path") from exc
-    lines, shown = [], terminal(source)
+    lines, shown = [], "standard input" if source == "-" else terminal(source)
     with fh:
         for n in range(1, max_lines + 2):
             raw = fh.readline(keep)
             if not raw:
                 break
             if n > max_lines:
-                raise TformerError(f"{shown} has more than --max-lines={max_lines} lines; split the file or raise "
-                                   f"--max-lines")
+                raise TformerError(f"{shown} has more than --max-lines={max_lines} lines; split "
+                                   f"{'it' if source == '-' else 'the file'} or raise --max-lines")
             cut = len(raw) == keep and not raw.endswith(b"\n")
             seen = len(raw)
             while cut:  # the rest of a long line: read in pieces and dropped

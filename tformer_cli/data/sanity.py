@@ -210,6 +210,8 @@ def build(data, evaluated: str | None = None) -> dict:
             warnings.append(f"{split}: {_percent(found['normalized'], rows)} are train texts up to case, spacing or "
                             f"Unicode form (e.g. {found['normalized_examples'][0]!r})")
     names = list(data.label_names)
+    # what follows is about the training data: recorded for evaluate too, but said only where a run can act on it
+    warnings = warnings if evaluated is None else []
     if "train" in splits:
         counts = np.pad(_class_counts(splits["train"]), (0, len(names)))
         missing = [names[i] for i in np.flatnonzero(counts[:len(names)] == 0)]

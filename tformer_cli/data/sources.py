@@ -26,6 +26,7 @@ from ..errors import TformerError
 from ..safe_text import markup
 from ..store.atomic import sha256_file
 from . import arrow, demo
+from .given import bad_json_line
 from .config import DataConfig
 from .newsgroups import clean
 from .sanity import check_label_names, normalized_text
@@ -137,7 +138,8 @@ def load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[
                 if fmt in ("csv", "json") and _no_rows(path, header=fmt == "csv" and csv_header):
                     raise TformerError(f"{path} has no rows{' (a header at most)' if fmt == 'csv' else ''}; give "
                                        f"a file of texts") from exc
-                raise TformerError(f"could not read {path} as {fmt}: {_first_cause(exc)}; check the file's "
+                cause = (bad_json_line(path) if fmt == "json" else None) or _first_cause(exc)
+                raise TformerError(f"could not read {path} as {fmt}: {cause}; check the file's "
                                    f"format and encoding (UTF-8)") from exc
             bar.update(1)
     return out
@@ -349,7 +351,7 @@ def _listed(cfg: DataConfig, folder: Path | None) -> dict[str, Path]:
 
 # The keys that say how one file is laid out: `tformer evaluate test_file=new.csv data.text_column=body` reads the
 # new file with them while the run's own splits keep the run's layout (`load(file_layouts=)`).
-FILE_LAYOUT_KEYS = ("text_column", "label_column", "text_separator", "header", "column_names")
+FILE_LAYOUT_KEYS = ("text_column", "label_column", "text_separator", "header", "column_names", "label_separator")
 
 
 def _raw_splits(cfg: DataConfig, file_cfgs: dict | None = None) -> tuple[dict, list[str] | None, str, dict]:
@@ -731,12 +733,14 @@ def _label_set(value, separator: str, split: str, row: int, listed: bool) -> lis
                        f"give each row a list of labels or a string like 'a{separator}b'")
 
 
-def _encode_label_sets(splits: dict, names: list[str] | None, separator: str, where: str) -> tuple[dict, list[str]]:
+def _encode_label_sets(splits: dict, names: list[str] | None, separators: dict[str, str], where: str
+                       ) -> tuple[dict, list[str]]:
     """Multi-label: every row's label set as a sorted list of ids (a row may have none). String labels are named
-    in sorted order; integer labels are checked against 0..K-1 (K from labels.txt / data.label_names if given)."""
+    in sorted order; integer labels are checked against 0..K-1 (K from labels.txt / data.label_names if given).
+    separators: each split's label_separator (a new file given to evaluate may have its own)."""
     listed = {s: pa.types.is_list(t) or pa.types.is_large_list(t)
               for s, t in ((s, arrow.column(ds, "label").type) for s, ds in splits.items())}
-    sets = {s: [_label_set(v, separator, s, i, listed[s]) for i, v in enumerate(_column(ds, "label"))]
+    sets = {s: [_label_set(v, separators[s], s, i, listed[s]) for i, v in enumerate(_column(ds, "label"))]
             for s, ds in splits.items()}
     every = [x for rows in sets.values() for row in rows for x in row]
     if every and all(isinstance(x, str) and x.strip().isdigit() for x in every):  # "0,2": class ids in a string
@@ -894,7 +898,8 @@ def _load(cfg: DataConfig, seed: int = 0, file_cfgs: dict | None = None, texts_o
     if texts_only:
         pass
     elif cfg.multi_label:
-        splits, names = _encode_label_sets(splits, names, cfg.label_separator, where)
+        separators = {split: (file_cfgs or {}).get(split, cfg).label_separator for split in splits}
+        splits, names = _encode_label_sets(splits, names, separators, where)
     else:
         splits, names = _encode_labels(splits, names, where)
     if "test" not in splits and cfg.test_fraction:  # datasets without an official split

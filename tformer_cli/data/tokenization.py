@@ -255,13 +255,18 @@ class LongText:
             raise ConfigError(f"data.head_tokens={head} must be between 0 and model.max_len - {specials} = {width}")
         return head
 
-    def overlap(self, max_len: int, specials: int = 2) -> int:
-        """chunk_overlap or its default, checked against max_len: the one rule for windows, headers and config."""
+    def overlap(self, max_len: int, specials: int = 2, key: str = "data.chunk_overlap", given: bool = True) -> int:
+        """chunk_overlap or its default, checked against max_len: the one rule for windows, headers and config (key:
+        the name the user gave it, `chunk_overlap=` for evaluate). A value given now moves windows on by an eighth
+        of their width at least (a 1-token stride reads a text as many times as it has tokens); one a checkpoint
+        saved (given=False) needs only to move them (models trained before the eighth rule read as they trained)."""
         width = max_len - specials
         overlap = self.chunk_overlap if self.chunk_overlap is not None else width // 4
-        if not 0 <= overlap < width:
-            raise ConfigError(f"data.chunk_overlap={overlap} must be between 0 and model.max_len - {specials + 1} = "
-                              f"{width - 1}")
+        most = width - (max(1, -(-width // 8)) if given else 1)
+        if not 0 <= overlap <= most:
+            raise ConfigError(f"{key}={overlap} must be between 0 and {most} (windows of "
+                              f"{width} text tokens, model.max_len {max_len}, each moving on by at least an eighth "
+                              f"of that)")
         return overlap
 
     def windows(self, seq: list, max_len: int, layout: SpecialLayout | None = None) -> list[list]:
@@ -271,7 +276,7 @@ class LongText:
             return [self.cut(seq, max_len, layout)]
         before, after = (layout or BERT_LAYOUT).before, (layout or BERT_LAYOUT).after
         body, width = seq[before:len(seq) - after], max_len - before - after
-        overlap = self.overlap(max_len, before + after)
+        overlap = self.overlap(max_len, before + after, given=False)  # (checked where it was given)
         starts = list(range(0, len(body) - width, width - overlap)) + [len(body) - width]  # the last ends the text
         return [seq[:before] + body[a:a + width] + seq[len(seq) - after:] for a in starts]
 
@@ -290,7 +295,7 @@ class LongText:
         if self.mode == "head_tail":
             return f"head_tail: the first {self.head(max_len)} and the last {max_len - 2 - self.head(max_len)} tokens"
         if self.mode == "chunks":
-            return f"chunks of {max_len} tokens overlapping by {self.overlap(max_len)}"
+            return f"chunks of {max_len} tokens overlapping by {self.overlap(max_len, given=False)}"
         return f"truncate to {max_len} tokens"
 
     def to_meta(self) -> dict:

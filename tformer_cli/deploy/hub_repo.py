@@ -3,8 +3,8 @@ loads it (train's evaluate, predict, serve, export, `Classifier.load`) through s
 
 The repository's layout (written here; its names are in store/layout.py):
     <checkpoint files>      model.safetensors model.json tokenizer.json labels.json meta.json metrics.json
-                            config.yaml manifest.json, exactly as in checkpoints/best (the manifest is checked
-                            on load like any local checkpoint's)
+                            config.yaml manifest.json, as in checkpoints/best (the manifest is checked on load
+                            like any local checkpoint's; paths in config.yaml and meta.json as <local>/<last part>)
     onnx/                   the run's ONNX export, when it has one (`predict --runtime onnx --checkpoint hf://...`):
                             its fp32 export, else its int8 one
     README.md               a model card: labels, test metrics, how to use it
@@ -16,8 +16,11 @@ applies: no pickle, manifest and shape checks before anything is allocated. Down
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
+
+import yaml
 
 from .. import hub
 from ..errors import TformerError
@@ -53,10 +56,52 @@ def stage(checkpoint: str | Path, folder: Path) -> Path:
     with ownership.replacing(folder, "stage", "stage") as tmp:
         for name in names:
             shutil.copy2(source.path / name, tmp / name)
+        _without_local_paths(CheckpointDir(tmp))
         if export.is_export():
             _stage_export(export, tmp / HUB_ONNX_FOLDER)
         (tmp / "README.md").write_text(model_card(source, export.is_export()))
     return folder
+
+
+# Where a path is data, never a place on this machine: the class names and the columns they are read from
+DATA_KEYS = frozenset({"label_names", "text_column", "label_column", "thresholds"})
+WHOLE_PATH = re.compile(r"^((?:file|sqlite):/*)?((?:/[^/\n]+){2,}/?|[A-Za-z]:[\\/][^\n]*)$")  # a value that is a path
+WORD_PATH = re.compile(r"(?<![^\s(\"'])(?:(?:/[^/\s()'\",;]+){2,}/?|[A-Za-z]:[\\/][^\s()'\",;]*)")  # in a sentence
+LOCAL = "<local>"  # what stands for the folders a published path was in: no file of the downloader's is read by it
+
+
+def _without_local_paths(ckpt: CheckpointDir) -> None:
+    """The published config.yaml and meta.json name the files and folders the run read (its data, model.init, a
+    calibration file, the pretrained folder) as <local>/<last part>: an absolute path says where the author keeps
+    things (`/home/<name>/<client>/...`), and a bare name would read a file of the same name wherever the download
+    is used. The manifest is written again for the two files."""
+    if ckpt.config.is_file():
+        tree = yaml.safe_load(ckpt.config.read_text())
+        ckpt.config.write_text(yaml.safe_dump(_scrubbed(tree), sort_keys=False, allow_unicode=True))
+    if ckpt.meta.is_file():
+        write_json(ckpt.meta, _scrubbed(json.loads(ckpt.meta.read_text())), allow_nan=True)
+    manifest.write(ckpt)
+
+
+def _scrubbed(value, key: str = ""):
+    """`value` with every absolute path in it (a whole string, or a word of one: "BERT model /x/y/minilm") as
+    <local>/<its last part>; the DATA_KEYS' values as they are."""
+    if key in DATA_KEYS:
+        return value
+    if isinstance(value, dict):
+        return {k: _scrubbed(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrubbed(v, key) for v in value]
+    if isinstance(value, str):
+        whole = WHOLE_PATH.match(value.strip())
+        if whole:
+            return f"{whole.group(1) or ''}{_local(whole.group(2))}"
+        return WORD_PATH.sub(lambda m: _local(m.group(0)), value)
+    return value
+
+
+def _local(path: str) -> str:
+    return LOCAL + "/" + re.split(r"[\\/]", path.rstrip("/\\"))[-1]
 
 
 def _stage_export(export, into: Path) -> None:

@@ -145,7 +145,7 @@ def checked_info(export: ExportDir, info: dict):
     try:
         long_text = LongText.from_meta(info)
         long_text.head(max_len) if long_text.mode == "head_tail" else None
-        long_text.overlap(max_len) if long_text.mode == "chunks" else None
+        long_text.overlap(max_len, given=False) if long_text.mode == "chunks" else None
     except ConfigError as exc:
         raise TformerError(f"export {export}: {export.info.name} is invalid ({exc}); export the checkpoint "
                            f"again") from None

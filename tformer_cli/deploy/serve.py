@@ -223,10 +223,20 @@ class BadRequest(Exception):
         self.status = status
 
 
-def parse_request(body: bytes, limits: ServeLimits, n_labels: int) -> tuple[list[str], int]:
-    """(texts, top_k) of a /predict body, or BadRequest saying what is wrong with it (its "raw": `parse_raw`)."""
+def unique_keys(pairs: list[tuple]) -> dict:
+    """A JSON object whose key is given twice would keep its last value unsaid ({"top_k": 1, "top_k": 5}): refused."""
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise BadRequest(f"the key {json.dumps(key)[:80]} is given twice in one JSON object; give it once")
+        seen[key] = value
+    return seen
+
+
+def read_body(body: bytes):
+    """The JSON value of a /predict body (a key given twice in an object refused), or BadRequest."""
     try:
-        data = json.loads(body)
+        return json.loads(body, object_pairs_hook=unique_keys)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"the body is not valid JSON ({exc}); send a JSON list of texts or "
                          f'{{"texts": [...], "top_k": 1}}') from None
@@ -235,6 +245,11 @@ def parse_request(body: bytes, limits: ServeLimits, n_labels: int) -> tuple[list
                          "integer and texts are strings") from None
     except RecursionError:
         raise BadRequest("the body nests JSON too deeply; send a flat list of texts") from None
+
+
+def parse_request(body: bytes, limits: ServeLimits, n_labels: int) -> tuple[list[str], int]:
+    """(texts, top_k) of a /predict body, or BadRequest saying what is wrong with it (its "raw": `parse_raw`)."""
+    data = read_body(body)
     top_k = 1
     if isinstance(data, dict):
         unknown = sorted(set(data) - {"texts", "top_k", "raw", "coverage"})
@@ -269,7 +284,7 @@ def parse_raw(body: bytes, query: str | None) -> bool:
     """Whether a /predict request asks for raw (uncalibrated) probabilities: "raw": true|false in a JSON object
     body, or ?raw=true|false (yes/no/1/0/on/off too, as yesno.parse_bool reads them); both given must agree.
     Called after parse_request, so the body is known to be valid JSON."""
-    data = json.loads(body)
+    data = read_body(body)
     given = data.get("raw") if isinstance(data, dict) else None
     if given is not None and not isinstance(given, bool):
         raise BadRequest(f"raw={json.dumps(given)[:80]} must be true or false")
@@ -287,7 +302,7 @@ def parse_raw(body: bytes, query: str | None) -> bool:
 def parse_coverage(body: bytes, classifier, query: str | None = None) -> float | None:
     """The label-set level a /predict request asks for ("coverage": 0.9 in a JSON object body, or ?coverage=0.9;
     both given must agree; None: no set), or BadRequest. Called after parse_request, so the body is valid JSON."""
-    data = json.loads(body)
+    data = read_body(body)
     given = data.get("coverage") if isinstance(data, dict) else None
     if given is not None and (isinstance(given, bool) or not isinstance(given, (int, float))):
         raise BadRequest(f"coverage={json.dumps(given)[:80]} must be a number from 0.50 to 0.99")
@@ -449,6 +464,9 @@ def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: in
             if unknown:
                 raise BadRequest(f"unknown query parameter {unknown[0][:40]!r}; /predict takes ?raw= and ?coverage= "
                                  f"(or the same keys in a JSON body)")
+            twice = next((k for k in ("raw", "coverage") if len(request.query_params.getlist(k)) > 1), None)
+            if twice:
+                raise BadRequest(f"?{twice}= is given {len(request.query_params.getlist(twice))} times; give it once")
             raw = parse_raw(bytes(body), request.query_params.get("raw"))
             coverage = parse_coverage(bytes(body), classifier, request.query_params.get("coverage"))
         except BadRequest as exc:

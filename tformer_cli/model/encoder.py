@@ -33,6 +33,17 @@ from .disentangled import DisentangledSelfAttention, RelativePositionTable
 from .fast_paths import Dropout, Layout, RealTokens
 
 
+# The keys of an encoder's config that a classifier built on a saved encoder (a pretraining run's, a teacher's) takes
+# from its own model config; every other key is the saved encoder's shape (`init_shape_keys`).
+CLASSIFIER_KEYS = ("pooling", "head_hidden", "dropout", "attention_dropout", "max_len", "pair_buckets",
+                   "token_dropout")
+
+
+def init_shape_keys() -> tuple[str, ...]:
+    """The config keys a saved encoder decides (d_model, n_layers, positions...): what model.init builds."""
+    return tuple(f.name for f in fields(EncoderConfig) if f.name not in CLASSIFIER_KEYS + ("num_classes", "multi_label"))
+
+
 @dataclass
 class EncoderConfig:
     vocab_size: int

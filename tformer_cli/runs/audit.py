@@ -44,6 +44,7 @@ from ..overrides import as_overrides, in_memory_data, override_value
 from ..safe_text import markup, rich
 from .. import checkpoint as ckpt
 from ..store.atomic import write_json, write_with
+from ..typed_config import given_twice
 from ..store.layout import AuditDir, RunDir, resolve_checkpoint, resolve_resumable
 from ..store.locate import locate
 from ..store.ownership import is_ours, new_run_dir
@@ -489,6 +490,7 @@ def audit(overrides=(), *, run_dir: str | Path | None = None, data=None, quiet: 
     """`tformer audit` from Python: the same overrides (a list of key=value strings or a dict); data= a DataFrame
     (text, label columns), a dict of columns or a (texts, labels) pair to audit instead of a configured dataset."""
     overrides = as_overrides(overrides, "audit")
+    given_twice(overrides, "audit")
     if not isinstance(quiet, bool):
         raise ArgumentTypeError(f"quiet={quiet!r:.80} must be True or False")
     overrides += in_memory_data(overrides, {"train": data, "validation": None, "test": None}, "audit")

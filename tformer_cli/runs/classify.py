@@ -29,7 +29,7 @@ from ..evaluation import calibration, conformal
 from ..evaluation.evaluate import count, score_split, write_reports
 from ..inference import logit_blocks
 from ..model import pretrained
-from ..model.encoder import EncoderConfig, TransformerClassifier
+from ..model.encoder import CLASSIFIER_KEYS, EncoderConfig, TransformerClassifier, init_shape_keys
 from ..model.mlm import encoder_state
 from ..overrides import typed_keys
 from ..store.layout import PRETRAINING, CheckpointDir, RunDir, read_small
@@ -53,6 +53,9 @@ def configure(tree: dict, overrides: list[str] | None = None) -> tuple[TrainConf
     if overrides is not None:
         check_init_model(tree, overrides)
     config = TrainConfig.from_dict(tree)
+    if overrides is not None and "data.chunk_overlap" in typed_keys(overrides) and config.long_text.mode == "chunks" \
+            and not tree.get("resume"):  # a new run's windows move on enough (a resume reads as the run began)
+        config.long_text.overlap(int(recipe.numeric_max_len(config.model)))
     located = sources.absolute_locations(config.data)
     tree["data"].update(located)
     config.data = dataclasses.replace(config.data, **located)
@@ -237,8 +240,7 @@ def freeze_plan(config: TrainConfig) -> tuple[int, int]:
 
 # A classifier started from a saved encoder (a `tformer pretrain` run, a teacher cut by distill.layers) keeps its
 # shape; these come from the classifier's own model config (the head, pooling, regularisation, the length it reads).
-_FROM_CLASSIFIER = ("pooling", "head_hidden", "dropout", "attention_dropout", "max_len", "pair_buckets",
-                    "token_dropout")
+_FROM_CLASSIFIER = CLASSIFIER_KEYS
 
 
 def _as_classifier(config: TrainConfig, encoder_config: dict, data) -> dict:
@@ -397,6 +399,9 @@ def build_run(session: Session, prepared: Prepared, objective=None, train: Token
         lr, why = recipe.auto_lr(config.model_options, lengths, prepared.model_cfg.multi_label)
         config.optimizer.lr = session.tree["optimizer"]["lr"] = lr  # saved as the number
         session.console.print(f"[bold]lr[/] {lr:g} (optimizer.lr=auto: {why})", highlight=False)
+    if config.model_options.init:  # the pretraining run's encoder was built, not the preset's shape: saved as built
+        built = prepared.model_cfg.to_dict()
+        session.tree["model"].update({k: built[k] for k in init_shape_keys() if k in session.tree["model"]})
     config_yaml = OmegaConf.to_yaml(OmegaConf.create(session.tree))
     tokenizer_json = prepared.tokenizer.to_str()
     model_config, label_names = prepared.model_cfg.to_dict(), prepared.data.label_names

@@ -73,8 +73,8 @@ class TrainConfig:
         out.resume = bool_or_path(out.resume, "resume")  # resume=yes is resume=true, with or without -m
         if out.long_text.mode != "truncate":  # head_tokens / chunk_overlap fit max_len (auto: its ceiling)
             out.long_text.head(int(recipe.numeric_max_len(out.model)))
-            if out.long_text.mode == "chunks":
-                out.long_text.overlap(int(recipe.numeric_max_len(out.model)))
+            if out.long_text.mode == "chunks":  # (a value typed now is held to the stricter rule: classify.configure)
+                out.long_text.overlap(int(recipe.numeric_max_len(out.model)), given=False)
         optim.check(out.optimizer)  # the optimizer's own keys (betas, eps, ...) too
         if recipe.said_auto(out.optimizer.lr):  # auto needs the model's lr (chosen once the texts are read)
             recipe.base_lr(out.model_options)

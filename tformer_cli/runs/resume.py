@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ..errors import TformerError
+from ..model.encoder import init_shape_keys
 from ..store.layout import CheckpointDir, RunDir, SweepDir, newest_checkpoints, resolve_resumable
 from ..console import output
 from ..data.sources import fingerprint_changes
@@ -75,18 +76,29 @@ def check_finished(run: RunDir, saved: dict, tree: dict, task: str) -> bool:
     return extending
 
 
-def check_same_run(run: RunDir, saved: dict, tree: dict, training: dict, extending: bool) -> None:
+def check_same_run(run: RunDir, saved: dict, tree: dict, training: dict, extending: bool, typed=()) -> None:
     """The same config as the run's (its place in an epoch depends on data, model and batches), and no extension of
-    a run that stopped early (it would stop again at once)."""
+    a run that stopped early (it would stop again at once). typed: the keys typed on the command line."""
     stopper = training.get("early_stopping", {})
     if extending and stopper.get("patience", 0) > 0 and stopper.get("bad_epochs", 0) >= stopper["patience"]:
         raise TformerError(f"run {run} stopped early ({stopper.get('monitor')} did not improve for "
                            f"{stopper['patience']} epochs); more epochs would stop again at once; start a new run")
-    diff = [k for k in config_diff(saved, tree) if not (extending and k == "trainer.epochs")]
+    built = built_by_init(saved, tree, typed)
+    diff = [k for k in config_diff(saved, tree) if not (extending and k == "trainer.epochs") and k not in built]
     if diff:
         shown = ", ".join(f"{k} ({get(saved, k)!r} -> {get(tree, k)!r})" for k in diff[:6])
         raise TformerError(f"cannot resume {run}: the config differs in {shown}; resume with the run's original "
                            f"overrides{_as_it_was(saved, diff)} or start a new run")
+
+
+def built_by_init(saved: dict, tree: dict, typed) -> set[str]:
+    """The model keys a run started from the same model.init did not choose: the pretraining run's encoder decides
+    them (its shape, saved as built), whatever the preset composed now says; runs saved before they were written
+    as built hold the preset's. A key typed on the command line is compared as any other."""
+    init = get(saved, "model.init")
+    if not init or init != get(tree, "model.init"):
+        return set()
+    return {f"model.{k}" for k in init_shape_keys()} - set(typed)
 
 
 def config_diff(a: dict, b: dict, prefix: str = "", ignored: frozenset | None = None) -> list[str]:

@@ -50,9 +50,9 @@ def reading(trained, config: EvaluateConfig, max_len: int, data_side: str):
     if head is not None and not 0 <= head <= width:
         raise TformerError(f"head_tokens={head} must be between 0 and {width} (the checkpoint's max_len {max_len} "
                            f"less the 2 special tokens around a text)")
-    if overlap is not None and not 0 <= overlap < width:
-        raise TformerError(f"chunk_overlap={overlap} must be between 0 and {width - 1} (a window holds "
-                           f"{width} tokens of text at the checkpoint's max_len {max_len})")
+    if overlap is not None:  # (the rule every reader of windows follows; a checkpoint's own value as it trained)
+        LongText("chunks", chunk_overlap=overlap).overlap(max_len, key="chunk_overlap",
+                                                          given=config.chunk_overlap is not None)
     side = data_side if mode == "truncate" and trained.mode != "truncate" else None
     return LongText(mode, head if mode == "head_tail" else None, overlap if mode == "chunks" else None), side
 

@@ -25,7 +25,7 @@ from .. import cores, timing
 from .. import checkpoint
 from ..console import Output, output
 from ..errors import TformerError
-from ..overrides import override_value
+from ..overrides import override_value, typed_keys
 from ..safe_text import markup
 from ..hardware import keep_freed_host_memory, pick_device, pick_precision
 from ..store.layout import CheckpointDir, RunDir
@@ -120,7 +120,8 @@ def resume_session(session: Session, ckpt: CheckpointDir) -> None:
     """session.resume from the run's `last` checkpoint, checked; an `auto` the run resolved (trainer.epochs,
     optimizer.lr) takes the run's own value, in the config as in the tree (every rank of a DDP run the same)."""
     data = getattr(session.config, "data", None)
-    session.resume = load_resume(session.job, ckpt, session.tree, bool(getattr(data, "multi_label", False)))
+    session.resume = load_resume(session.job, ckpt, session.tree, bool(getattr(data, "multi_label", False)),
+                                 typed_keys(session.overrides))
     trainer = getattr(session.config, "trainer", None)
     if trainer is not None and recipe.said_auto(trainer.epochs):
         trainer.epochs = session.tree["trainer"]["epochs"]
@@ -129,8 +130,9 @@ def resume_session(session: Session, ckpt: CheckpointDir) -> None:
         optimizer.lr = session.tree["optimizer"]["lr"]
 
 
-def load_resume(job: Job, ckpt: CheckpointDir, tree: dict, multi_label: bool = False) -> Resume:
-    """The checked training state of a run's `last` checkpoint (resume.py says what is checked)."""
+def load_resume(job: Job, ckpt: CheckpointDir, tree: dict, multi_label: bool = False, typed=()) -> Resume:
+    """The checked training state of a run's `last` checkpoint (resume.py says what is checked; typed: the keys
+    typed on the command line)."""
     run = RunDir.of_checkpoint(ckpt)
     saved = checkpoint.read_config(ckpt) if ckpt.config.is_file() else {}
     trainer, saved_epochs = tree.get("trainer") or {}, (saved.get("trainer") or {}).get("epochs")
@@ -146,7 +148,7 @@ def load_resume(job: Job, ckpt: CheckpointDir, tree: dict, multi_label: bool = F
             loss["class_weights"] = saved_loss["class_weights"]
     extending = check_finished(run, saved, tree, job.task)
     loaded, (tensors, state) = job.load(ckpt)
-    check_same_run(run, saved, tree, state, extending)
+    check_same_run(run, saved, tree, state, extending, typed)
     return Resume(run, saved, tensors, state, loaded)
 
 

@@ -238,6 +238,27 @@ def first_contact():
                 os.environ.pop(key, None)
 
 
+def file_store(uri: str) -> None:
+    """A tracking URI that is a folder (`mlruns`, `file:///...`, or a word that is no URI at all, `not a uri`) is
+    MLflow's file store, which MLflow 3 refuses with a paragraph about migrating: refused here in one line, before
+    the data is read. (Building the client opens the store; it writes nothing when it refuses.)"""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        MlflowClient(tracking_uri=uri)
+    except OSError as exc:  # (a store MLflow accepts, in a folder it cannot make)
+        raise TformerError(f"logger.tracking_uri={uri!r}: {exc.strerror or exc}; fix logger.tracking_uri") from None
+    except MlflowException as exc:
+        if "MLFLOW_ALLOW_FILE_STORE" not in str(exc):
+            raise TformerError(f"logger=mlflow: {str(exc).splitlines()[0][:200]} (tracking_uri {uri}); check "
+                               f"logger.tracking_uri") from None
+        raise TformerError(f"logger.tracking_uri={uri!r} is a folder (MLflow's file store), which this MLflow "
+                           f"refuses; give a database (sqlite:///mlflow.db), a server (http://host:5000), or no "
+                           f"tracking_uri (outputs/mlflow.db); MLFLOW_ALLOW_FILE_STORE=true keeps a file "
+                           f"store") from None
+
+
 @logger("mlflow")
 class MlflowLogger(Logger):
     def __init__(self, cfg: LoggerConfig, run_dir: RunDir, overrides=()):
@@ -259,6 +280,9 @@ class MlflowLogger(Logger):
         if why is not None:
             raise TformerError(f"logger=mlflow: cannot reach the tracking server ({why}); start it, or fix "
                                f"logger.tracking_uri")
+        if ("://" not in str(uri) or str(uri).startswith("file:")) and not str(uri).startswith("databricks") \
+                and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() not in ("true", "1", "yes"):
+            file_store(str(uri))
 
     def start(self, config: dict, resume_step: int | None) -> None:
         # deferred (mlflow, here and in _metrics): the optional mlflow extra
