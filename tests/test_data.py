@@ -111,6 +111,34 @@ def test_tsv_jsonl_and_parquet(tmp_path):
         assert data.label_names == ["0", "1", "2"] and len(data.splits["test"]) == 30
 
 
+def test_a_folder_found_through_the_data_root_is_saved_and_settings_it_would_not_read_are_refused(tmp_path,
+                                                                                                  monkeypatch):
+    """$TFORMER_DATA_ROOT's folder was not saved (evaluate and the resume command then went to the Hub); a
+    data.train_file beside the demo data, and data.n_train beside a real dataset, were silently not read."""
+    (tmp_path / "trec").mkdir()
+    monkeypatch.setenv("TFORMER_DATA_ROOT", str(tmp_path))
+    assert sources.absolute_locations(data_config("trec")) == {"dir": str((tmp_path / "trec").resolve())}
+    assert sources.absolute_locations(data_config("demo")) == {}
+    with pytest.raises(TformerError, match=r"data.train_file=my.csv is read with data=files \(data=demo generates "
+                                           r"its own sentences\): add data=files"):
+        sources.load(data_config("demo", train_file="my.csv"))
+    with pytest.raises(TformerError, match=r"data.n_train sizes the generated demo data \(data=demo\); to use part "
+                                           r"of data=files pass data.max_train_samples=N"):
+        sources.load(files_cfg(train_file="my.csv", n_train=300))
+
+
+def test_a_json_text_cell_that_is_a_number_is_read_as_written_and_a_list_is_refused(tmp_path):
+    """A JSON-lines text of 42 or ["a", "b"] (datasets' Json column) was a pyarrow traceback in the data check."""
+    rows = [{"text": f"text {i}", "label": i % 2} for i in range(40)]
+    for name, cell in (("number", 42), ("list", ["a", "b"])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({**r, **({"text": cell} if i == 3 else {})}) + "\n"
+                                                        for i, r in enumerate(rows)))
+    data = sources.load(files_cfg(train_file=str(tmp_path / "number.jsonl"), test_file=str(tmp_path / "number.jsonl")))
+    assert "42" in data.splits["test"]["text"][:]
+    with pytest.raises(TformerError, match=r"the train split: a text is a list \(\['a', 'b'\]\), not a string"):
+        sources.load(files_cfg(train_file=str(tmp_path / "list.jsonl")))
+
+
 def test_a_json_file_that_cannot_be_read_names_its_line(tmp_path, monkeypatch):
     """datasets and pandas name a byte position ("Trailing data at position 61") or nothing."""
     import io
@@ -158,6 +186,9 @@ def test_unknown_column_lists_the_columns(tmp_path):
     p.write_text("review,label\nhello,0\nbye,1\n")
     with pytest.raises(TformerError, match="column 'text' not found .* it has columns review, label"):
         sources.load(files_cfg(train_file=str(p)))
+    with pytest.raises(TformerError, match=r"data.header=false: train.csv has no header line to name its columns; "
+                                           r"give them in the file's order, e.g. data.column_names=\[text,label\]"):
+        sources.load(files_cfg(train_file=str(p), header=False))  # (it listed __index_level_0__, ... as columns)
 
 
 def test_unseen_test_labels_and_missing_file_are_clear(tmp_path):

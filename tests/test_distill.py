@@ -280,7 +280,8 @@ def test_a_student_pretrained_first_starts_from_its_pretraining_run(teacher, top
     chain."""
     pre = RunDir(tmp_path / "pre")
     pretrain(plain(compose_config("pretrain", *tiny("model=tiny", "data=files", "trainer.epochs=1",
-                                                    f"data.train_file={topic_files / 'train.csv'}"))), pre)
+                                                    f"data.train_file={topic_files / 'train.csv'}",
+                                                    base=TINY_TRAINING))), pre)
     run = run_distill(tmp_path, "student", f"teacher={teacher.run_dir}", f"model.init={pre.root}")
     log = (run.root / "distill.log").read_text()
     assert f"encoder from the pretraining run {pre.root}" in log and "teacher's token table" not in log

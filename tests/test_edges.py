@@ -1,6 +1,7 @@
 """The small things a newcomer meets in the first hour: the loss in the first epoch's bar, a hint for labels
 numbered from 1, Ctrl-C said as a stop (not an error, wherever it lands), --explain's weights in a file,
 pretraining's curves, and the Python API's dict overrides, in-memory data and quiet mode."""
+import json
 import os
 import random
 import re
@@ -161,6 +162,20 @@ def test_a_stop_by_sigterm_is_not_called_a_ctrl_c(monkeypatch):
     assert str(cli.Stopped()).startswith("interrupted (SIGTERM); nothing was left half-written")
 
 
+def test_a_stop_between_the_jobs_of_a_sweep_says_how_to_continue_the_sweep(monkeypatch):
+    """A Ctrl-C between two jobs of `train -m` gave the single run's `resume=<run dir>` line."""
+    monkeypatch.setattr(cli, "_command", ["train"])
+    monkeypatch.setattr(sys, "argv", ["tformer train", "-m", "seed=1,2"])
+    monkeypatch.setattr(cli, "_hydra_job", lambda: type("Job", (), {"sweep": type("Sweep", (), {"dir": "s/1 2"})})())
+    assert str(cli.Stopped()).endswith("; nothing was left half-written. The sweep continues with the same `tformer "
+                                       "train -m ...` command plus 'resume=s/1 2'")
+    monkeypatch.setattr(cli, "_hydra_job", lambda: None)  # (stopped before its first job began)
+    assert str(cli.Stopped()).endswith("No job of the sweep had begun: run the same `tformer train -m ...` command "
+                                       "again")
+    monkeypatch.setattr(sys, "argv", ["tformer train", "seed=1"])
+    assert str(cli.Stopped()).endswith("`tformer train <same overrides> resume=<run dir>`")
+
+
 def test_any_error_after_a_stop_signal_is_the_stop(monkeypatch, capsys):
     """numpy stopped while it imports refuses to import again (an ImportError with no KeyboardInterrupt behind
     it): once a stop signal came, what fails is the stop, said as one line."""
@@ -296,6 +311,24 @@ def test_pretraining_writes_training_curves(tmp_path):
     run = RunDir(tmp_path / "run")
     pretrain(plain(compose_config("pretrain", *tiny("model=tiny", "data.n_train=200", "data.n_validation=50"))), run)
     assert run.training_curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow  # trains in a `tformer` process, twice
+def test_a_ctrl_c_after_training_before_the_reports_leaves_a_run_that_resumes_to_them(tmp_path):
+    """Stopped once history.json was written but before calibration and the test pass, the run read as finished:
+    its resume was refused, and it had no temperature, no label-set cuts and no test metrics, unsaid."""
+    from helpers import interrupted_when
+
+    args = ["train", *tiny("data.n_test=60000", "model.max_len=16"), "hydra.run.dir=run"]  # (a long test pass)
+    code, out = interrupted_when("run/training_curves.png", *args, cwd=tmp_path)
+    run = RunDir(tmp_path / "run")
+    assert code == 130 and "interrupted after training, before its reports (calibration, test) were all " \
+                           "written; resume with: tformer train " in out, out[-2000:]
+    assert not run.finished and not run.test_metrics.exists()
+    r = run_tformer(*args, "resume=run", cwd=tmp_path)
+    assert r.returncode == 0 and "training had already ended; its reports follow" in r.stdout, r.stderr[-2000:]
+    assert run.finished and json.loads(run.test_metrics.read_text())["n"] == 60000
+    assert json.loads(run.best.meta.read_text())["temperature"] is not None
 
 
 def reviews(n=160, seed=0):

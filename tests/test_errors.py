@@ -91,6 +91,8 @@ def test_nan_loss_stops_and_says_where(tmp_path):
 
 def test_checkpoint_and_predict_input_errors(files, tiny_run, tmp_path):
     check(run_tformer("evaluate", f"checkpoint={tmp_path / 'missing'}", cwd=tmp_path), "does not exist")
+    check(run_tformer("predict", f"--checkpoint={tmp_path / 'missing'}", "hi", cwd=tmp_path),
+          f"--checkpoint={tmp_path / 'missing'} does not exist; pass --checkpoint=<run dir>")  # (as predict takes it)
     weights = tiny_run.run_dir / "checkpoints" / "best" / "model.safetensors"  # a file: its folder is named
     check(run_tformer("evaluate", f"checkpoint={weights}", cwd=tmp_path), f"is a file; pass the folder that holds it, "
           f"checkpoint={weights.parent}")

@@ -170,3 +170,13 @@ def test_a_file_with_other_columns_is_refused_in_one_line_naming_them(tiny_run, 
     assert refused.stderr.strip().count("\n") == 0 and "Traceback" not in refused.stderr
     assert "it has columns review, label" in refused.stderr and "data.text_column" in refused.stderr
     assert not (tmp_path / "refused" / "metrics.json").exists()
+
+
+def test_a_demo_runs_sizes_do_not_follow_it_to_files():
+    """evaluate of a demo run with data=files kept the demo's data.n_train, which files data refuses."""
+    from tformer_cli.typed_config import plain
+
+    saved = plain(compose_config("train"))["data"]
+    cfg = typed("data=files", "data.train_file=/data/train.csv", "data.test_file=new.csv").data_config(saved, "run")
+    assert (cfg.name, cfg.n_train, cfg.n_validation, cfg.n_test) == ("files", None, None, None)
+    assert typed("test_file=new.csv").data_config(saved, "run").n_train == saved["n_train"]  # (the demo's own)

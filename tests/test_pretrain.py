@@ -225,7 +225,8 @@ def test_a_corpus_without_labels_or_of_one_class_is_pretrained_on(tmp_path):
     (tmp_path / "one.csv").write_text("text,label\n" + "\n".join(f"{t},x" for t in texts) + "\n")
     for name, extra in (("corpus.csv", ["data.text_column=body"]), ("one.csv", [])):
         run = RunDir(tmp_path / f"run, café {name}")  # (the fine-tune hint pastes back: shell and Hydra quoting)
-        args = tiny("trainer.epochs=1", "data=files", f"data.train_file={tmp_path / name}", *extra, base=PRETRAIN)
+        args = tiny("trainer.epochs=1", "data=files", f"data.train_file={tmp_path / name}", *extra, base=PRETRAIN,
+                    without=["data.n_train", "data.n_validation", "data.n_test"])  # (the demo's sizes)
         pretrain(plain(compose_config("pretrain", *args)), run)
         texts = json.loads((run.root / "checkpoints" / "best" / "meta.json").read_text())["texts"]
         assert (texts["train"]["rows"], texts["validation"]["rows"]) == (96, 24)  # (carved at random)

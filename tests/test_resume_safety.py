@@ -221,3 +221,15 @@ def test_a_folder_in_use_is_never_discarded_and_a_copied_checkpoint_is_not_resum
     audited.log("audit").write_text("audit ...\n")
     with pytest.raises(TformerError, match="continue it with tformer audit ... resume="):
         find_resumable(str(audited.root), "train")
+
+
+def test_a_resume_of_a_run_on_another_dataset_is_told_its_data_group_not_each_key():
+    """resume=true picked an IMDB run and advised `add: data.hub_id=stanfordnlp/imdb data.name=imdb ...`, which then
+    read the Hub: the group, its folder, and what the run set apart from the group's defaults."""
+    from helpers import compose_config
+    from tformer_cli.runs.resume import _as_it_was, config_diff
+    from tformer_cli.typed_config import plain
+
+    saved = plain(compose_config("train", "data=imdb", "data.dir=/d/imdb", "data.max_train_samples=300"))
+    tree = plain(compose_config("train"))
+    assert _as_it_was(saved, config_diff(saved, tree)) == " (add: data=imdb data.dir=/d/imdb data.max_train_samples=300)"

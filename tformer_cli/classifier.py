@@ -308,14 +308,15 @@ class Classifier(TextPredictor):
 
     @classmethod
     def load(cls, checkpoint: str | Path | None = None, *, device: str = "auto",
-             outputs_dir: str | Path = "outputs") -> "Classifier":
-        """A run dir (its best checkpoint), a checkpoint dir, or None: the newest run's (a sweep's best job)."""
+             outputs_dir: str | Path = "outputs", key: str = "checkpoint") -> "Classifier":
+        """A run dir (its best checkpoint), a checkpoint dir, or None: the newest run's (a sweep's best job). key: how
+        the caller's user named it (predict's --checkpoint), for the messages."""
         from .data.tokenization import LongText, load_tokenizer
         from .hardware import pick_device
         from . import checkpoint as ckpt
         from .store.locate import locate
 
-        path = locate(checkpoint, outputs_dir)
+        path = locate(checkpoint, outputs_dir, key=key)
         dev = pick_device(device, "device")
         loaded = ckpt.load(path, dev)
         long_text = LongText.from_meta(loaded.meta)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shlex
 import sys
 import warnings
 
@@ -161,8 +162,14 @@ class Stopped(Exception):
 
     def __str__(self) -> str:
         task = TASKS.get(_command[0]) if _command else None
-        again = (f". A run that had saved a checkpoint continues with `tformer {_command[0]} <same overrides> "
-                 f"resume=<run dir>`") if task is not None and task.trains else ""
+        job = _hydra_job()  # (between two jobs of a sweep too: the last one's)
+        sweep = task is not None and task.resumes_sweeps and bool({"-m", "--multirun"} & set(sys.argv[1:]))
+        again = ((f". The sweep continues with the same `tformer {_command[0]} -m ...` command plus "
+                  f"{shlex.quote(f'resume={job.sweep.dir}')}") if job is not None else
+                 f". No job of the sweep had begun: run the same `tformer {_command[0]} -m ...` command again") \
+            if sweep else (
+            f". A run that had saved a checkpoint continues with `tformer {_command[0]} <same overrides> "
+            f"resume=<run dir>`") if task is not None and task.trains else ""
         import signal  # (here, as in _stop_signals: the start-up of `tformer --version`)
 
         how = "SIGTERM" if SIGNALLED and SIGNALLED[-1] == signal.SIGTERM else "Ctrl-C"  # (a scheduler's stop is no key)

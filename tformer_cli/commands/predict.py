@@ -82,7 +82,7 @@ def load_predictor(opts: dict, own_process: bool = False):
     path = opts["checkpoint"] or newest(opts["outputs_dir"])
     if not opts["checkpoint"]:
         print(f"[tformer] using the newest checkpoint: {terminal(path)}", file=sys.stderr)
-    return Classifier.load(path, device=opts["device"])
+    return Classifier.load(path, device=opts["device"], key="--checkpoint")
 
 
 def main(argv: list[str]) -> int:

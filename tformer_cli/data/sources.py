@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from .. import hub
 from ..console import heartbeat, output, progress
 from ..errors import TformerError
-from ..safe_text import markup
+from ..safe_text import markup, terminal
 from ..store.atomic import sha256_file
 from . import arrow, demo
 from .given import bad_json_line
@@ -60,12 +60,16 @@ def resolve_dir(cfg: DataConfig) -> Path | None:
 
 
 def absolute_locations(cfg: DataConfig) -> dict:
-    """The data config's local paths made absolute (data.dir, and files given relative to the working directory),
-    so a checkpoint's saved config finds its data from any directory. Files named relative to data.dir stay so."""
+    """The data config's local paths made absolute (data.dir, or the folder $TFORMER_DATA_ROOT gave it, and files
+    given relative to the working directory), so a checkpoint's saved config finds its data from any directory.
+    Files named relative to data.dir stay so."""
     out = {}
     if cfg.dir:
         out["dir"] = str(Path(os.path.expanduser(cfg.dir)).resolve())
     else:
+        found = resolve_dir(cfg) if cfg.name not in LOADERS else None  # ($TFORMER_DATA_ROOT/<name>: saved too, so
+        if found is not None:  # that evaluate and a resume find it where the variable is not set)
+            out["dir"] = str(found.resolve())
         for key in ("train_file", "validation_file", "test_file"):
             value = getattr(cfg, key)
             if value and Path(os.path.expanduser(value)).exists():
@@ -126,7 +130,10 @@ def load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[
                 if path.suffix.lower() == ".tsv":
                     kwargs["quoting"] = 3  # csv.QUOTE_NONE: TSV corpora (GLUE) keep quote characters as text
                 if not csv_header:
-                    kwargs["column_names"] = list(csv_names or [])
+                    if not csv_names:  # (datasets would name the columns after pandas' index levels)
+                        raise TformerError(f"data.header=false: {path.name} has no header line to name its columns; "
+                                           f"give them in the file's order, e.g. data.column_names=[text,label]")
+                    kwargs["column_names"] = list(csv_names)
                     kwargs["header"] = None
             cache = [None]
             try:
@@ -354,11 +361,30 @@ def _listed(cfg: DataConfig, folder: Path | None) -> dict[str, Path]:
 FILE_LAYOUT_KEYS = ("text_column", "label_column", "text_separator", "header", "column_names", "label_separator")
 
 
+DEMO_SIZES = ("n_train", "n_validation", "n_test")
+
+
+def _read_here(cfg: DataConfig, folder: Path | None) -> None:
+    """Settings this data would not read, refused rather than dropped: a train file beside generated or fetched
+    data (the run would train on those instead), the demo's sizes beside another dataset (every row trained on)."""
+    fetched = folder is None and cfg.name not in LOADERS and (cfg.hub_id or cfg.name in FETCHERS)
+    if cfg.train_file and (cfg.name == "demo" or fetched):  # (without a folder or a Hub id: _load_from_hub says so)
+        where = "generates its own sentences" if cfg.name == "demo" else "is fetched, not read from a folder"
+        raise TformerError(f"data.train_file={cfg.train_file} is read with data=files (data={cfg.name} {where}): "
+                           f"add data=files")
+    sized = [k for k in DEMO_SIZES if getattr(cfg, k, None) is not None]
+    if sized and cfg.name != "demo":
+        cut = {"n_train": "max_train_samples"}.get(sized[0], "max_eval_samples")
+        raise TformerError(f"data.{sized[0]} sizes the generated demo data (data=demo); to use part of "
+                           f"data={cfg.name} pass data.{cut}=N")
+
+
 def _raw_splits(cfg: DataConfig, file_cfgs: dict | None = None) -> tuple[dict, list[str] | None, str, dict]:
     """{split: Dataset} with the configured columns, label names if known, a description of the source, and
     {split: file} of the local files read; a file given for a split of `file_cfgs` is read with that config's
     layout."""
     folder = None if cfg.name in LOADERS else resolve_dir(cfg)
+    _read_here(cfg, folder)
     raw, names, source = (LOADERS[cfg.name](cfg) if cfg.name in LOADERS else _load_folder(cfg, folder)
                           if folder is not None else FETCHERS.get(cfg.name, _load_from_hub)(cfg))
     listed = _listed(cfg, folder)
@@ -465,7 +491,8 @@ def _to_text_label(ds, cfg, split: str, from_hub: bool = False, texts_only: bool
         if label_column != "__label":
             ds = ds.rename_column(label_column, "__label")
         ds = ds.select_columns(["__text", "__label"]).rename_columns({"__text": "text", "__label": "label"})
-    if getattr(ds.features["text"], "dtype", "string") not in ("string", "large_string"):  # e.g. parquet numbers
+    feature = ds.features["text"]  # (numbers in a parquet column; a JSON column of mixed cells: datasets' Json)
+    if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
         ds = ds.map(lambda b: {"text": [None if t is None else as_text(t, where) for t in b["text"]]}, batched=True,
                     features=datasets.Features({**ds.features, "text": datasets.Value("string")}),
                     desc=f"reading texts as strings ({split})")
@@ -482,6 +509,10 @@ def as_text(value, where: str) -> str:
         except UnicodeDecodeError as exc:
             raise TformerError(f"{where}: its texts are bytes that are not UTF-8 ({exc}); decode them to "
                                f"strings with their encoding first") from None
+    if isinstance(value, (list, tuple, dict)):  # (a JSON cell: one text a row, never a structure's repr)
+        kind = "a mapping" if isinstance(value, dict) else "a list"
+        raise TformerError(f"{where}: a text is {kind} ({terminal(repr(value)[:60])}), not a string; give each row "
+                           f"one text (data.text_column names the column; a list of columns joins them)")
     return str(value)
 
 

@@ -433,11 +433,11 @@ def build_run(session: Session, prepared: Prepared, objective=None, train: Token
 
 
 def report_run(session: Session, state: TrainingState) -> None:
-    """history.json, training curves, and the best checkpoint's metrics and reports on the test split."""
+    """Training curves, calibration, and the best checkpoint's metrics and reports on the test split (history.json,
+    the run's finished mark, is written after these: session.py)."""
     config, run_dir, console, prepared = session.config, session.run_dir, session.console, session.prepared
     report.print_history(state.history, console)
-    with timing.phase("reports"):
-        write_json(run_dir.history, state.history)
+    with timing.phase("reports"):  # (history.json, the run's finished mark, is written after these: session.py)
         if state.history:
             training_curves_png(run_dir.training_curves, state.history, state.best_metrics.get("epoch"))
     best = state.best_metrics

@@ -286,8 +286,7 @@ class PretrainJob:
 
     def report(self, session: Session, state: TrainingState) -> float:
         config, run_dir, console = session.config, session.run_dir, session.console
-        report.print_history(state.history, console)  # (its pretraining columns)
-        write_json(run_dir.history, state.history)
+        report.print_history(state.history, console)  # (its pretraining columns; history.json: session.py)
         if state.history:  # the same plot as train's, of the masked-LM loss and masked-token accuracy
             training_curves_png(run_dir.training_curves, state.history, state.best_metrics.get("epoch"),
                                 metric="mlm_", name="masked-LM ")

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ..errors import TformerError
+from ..hydra_setup import config_dir, group_defaults
 from ..model.encoder import init_shape_keys
 from ..store.layout import CheckpointDir, RunDir, SweepDir, newest_checkpoints, resolve_resumable
 from ..console import output
@@ -127,10 +128,19 @@ LR_SOURCES = frozenset({"model.recommended_lr", "model.lr_texts", "model.lr_shor
 def _as_it_was(saved: dict, keys: list[str]) -> str:
     """' (add: data.long_text=truncate ...)': the overrides that put back the run's values, which is also what a
     run from an older tformer needs when a default has changed since (where the values are plain scalars)."""
+    group = []
+    name = get(saved, "data.name")
+    if "data.name" in keys and isinstance(name, str) and (Path(config_dir()) / "data" / f"{name}.yaml").is_file():
+        # another dataset: its config group, then what the run set apart from that group's defaults
+        defaults = {**group_defaults("data", "_base"), **group_defaults("data", name)}
+        keys = [k for k in keys if not k.startswith("data.") or
+                (k not in ("data.name", "data.dir") and get(saved, k) != defaults.get(k.split(".", 1)[1]))]
+        group = [f"data={name}", *([f"data.dir={get(saved, 'data.dir')}"] if get(saved, "data.dir") else [])]
     values = [get(saved, k) for k in keys]
     if not all(v is None or isinstance(v, (str, int, float, bool)) for v in values):
         return ""
-    return " (add: " + " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in zip(keys, values)) + ")"
+    return " (add: " + " ".join(group + [f"{k}={v if isinstance(v, str) else json.dumps(v)}"
+                                         for k, v in zip(keys, values)]) + ")"
 
 
 def get(d, dotted: str):

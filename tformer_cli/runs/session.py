@@ -5,6 +5,7 @@ runs/pretraining.py): what it loads, how it builds the `Run` for the loop, and w
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shlex
@@ -24,10 +25,11 @@ import yaml
 from .. import cores, timing
 from .. import checkpoint
 from ..console import Output, output
-from ..errors import TformerError
+from ..errors import TformerError, interrupted_by
 from ..overrides import override_value, typed_keys
 from ..safe_text import markup
 from ..hardware import keep_freed_host_memory, pick_device, pick_precision
+from ..store.atomic import write_json
 from ..store.layout import CheckpointDir, RunDir
 from ..training import distributed, recipe
 from ..training.loggers import build_logger
@@ -128,6 +130,12 @@ def resume_session(session: Session, ckpt: CheckpointDir) -> None:
     optimizer = getattr(session.config, "optimizer", None)
     if optimizer is not None and recipe.said_auto(optimizer.lr):
         optimizer.lr = session.tree["optimizer"]["lr"]
+    saved = (session.resume.config.get("data") or {}) if isinstance(session.resume.config, dict) else {}
+    if data is not None and not data.dir and saved.get("dir") and saved.get("name") == data.name and \
+            "data.dir" not in typed_keys(session.overrides):  # (data.dir=null typed: the Hub, as asked)
+        # the folder the run read (a data.dir, or $TFORMER_DATA_ROOT's, which this shell may not set): read again
+        session.config.data = dataclasses.replace(data, dir=saved["dir"])
+        session.tree["data"]["dir"] = saved["dir"]
 
 
 def load_resume(job: Job, ckpt: CheckpointDir, tree: dict, multi_label: bool = False, typed=()) -> Resume:
@@ -221,7 +229,15 @@ def _run_started(session: Session) -> float:
         finally:
             restore()  # Ctrl-C while reporting: the generic one-line stop (the checkpoints are complete)
             distributed.shutdown()  # (the other ranks are done: rank 0 reports alone)
-        best = session.job.report(session, state)
+        try:
+            best = session.job.report(session, state)
+        except BaseException as exc:  # trained to its end, not yet calibrated, tested or reported: unfinished
+            if not (isinstance(exc, KeyboardInterrupt) or interrupted_by(exc)):
+                raise
+            status = "KILLED"
+            raise Interrupted(f"interrupted after training, before its reports (calibration, test) were all "
+                              f"written; {resume_hint(session)}") from None
+        write_json(run_dir.history, state.history)  # the run's finished mark (layout.RunDir.finished): last
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"

@@ -5,7 +5,7 @@ everything else asks a `RunDir` or a `CheckpointDir` for a path.
       checkpoints/best/             the best epoch so far            (a CheckpointDir)
       checkpoints/last/             the newest state, with the training state needed to resume
       checkpoints/.last.old         the previous `last`, present only if a crash hit between two renames (atomic.py)
-      history.json                  per-epoch metrics, written when training finished
+      history.json                  per-epoch metrics, written last, once the reports are (the finished mark)
       test_metrics.json, test_report/, training_curves.png
       metrics.json                  (evaluate runs) the metrics of the evaluated split; (calibrate runs) the fit
       data_report.json              what the data checks found (train and evaluate runs; data/sanity.py)
@@ -280,7 +280,8 @@ class RunDir:
 
     @property
     def finished(self) -> bool:
-        """Training ran to its end (a killed or interrupted run has no history file yet)."""
+        """The run ran to its end, reports and all: history.json is its last write (a killed or interrupted run,
+        also one stopped while it calibrated or tested its best checkpoint, has none yet)."""
         return self.history.is_file()
 
     lock_file = property(lambda self: self.root / ".lock")

@@ -285,9 +285,12 @@ def _restore(run: Run, state: TrainingState, opt: Optimization) -> None:
                            f"of processes may continue it)")
     opt.load_state_dict(tensors, saved)
     state.load_state_dict(tensors, saved)  # last: it also restores the random number generators
-    run.say(f"resuming at epoch {state.epoch + 1}, batch {state.batches_done} (step {state.step})", highlight=False)
     if state.stopper.should_stop or state.epoch >= run.trainer.epochs:
-        run.say("the run had already finished; nothing to do")
+        run.say(f"resuming after epoch {state.epoch} (step {state.step}): training had already ended; its reports "
+                f"follow", highlight=False)
+    else:
+        run.say(f"resuming at epoch {state.epoch + 1}, batch {state.batches_done} (step {state.step})",
+                highlight=False)
 
 
 def _training_files(state: TrainingState, opt: Optimization, world: int = 1) -> tuple[dict, dict]:
