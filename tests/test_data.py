@@ -125,6 +125,9 @@ def test_a_folder_found_through_the_data_root_is_saved_and_settings_it_would_not
     with pytest.raises(TformerError, match=r"data.n_train sizes the generated demo data \(data=demo\); to use part "
                                            r"of data=files pass data.max_train_samples=N"):
         sources.load(files_cfg(train_file="my.csv", n_train=300))
+    with pytest.raises(TformerError, match=r"data.dir=/nowhere is the folder of a named dataset \(data=imdb, ...\); "
+                                           r"data=files does not read it: name the files with data.train_file"):
+        sources.load(files_cfg(train_file="my.csv", dir="/nowhere"))  # (evaluate data_dir= of a files run: ignored)
 
 
 def test_a_json_text_cell_that_is_a_number_is_read_as_written_and_a_list_is_refused(tmp_path):

@@ -64,6 +64,16 @@ def test_class_names_alike_up_to_case_space_or_unicode_form_are_warned_about(tmp
     # only a retrain can act on them, so they are not said there)
 
 
+def test_class_names_that_are_numbers_among_names_are_warned_about(tmp_path):
+    """A CSV label column with `1` among `ENTY`, `HUM` trained a class named "1", unsaid."""
+    path = write_csv(tmp_path / "train.csv", [(f"text number {i}", ["ENTY", "HUM", "1"][i % 3]) for i in range(60)])
+    report = sanity.build(sources.load(data_config("files", train_file=str(path))))
+    assert report["class_names_that_are_numbers"] == ["1"]
+    assert any("class name(s) '1' are numbers among names (e.g. 'ENTY')" in w for w in report["warnings"])
+    path = write_csv(tmp_path / "ids.csv", [(f"text number {i}", i % 3) for i in range(60)])
+    assert sanity.build(sources.load(data_config("files", train_file=str(path))))["warnings"] == []  # (ids alone)
+
+
 def test_a_text_column_of_numbers_is_read_as_written(tmp_path):
     path = write_csv(tmp_path / "train.csv", [("007", 0), ("1.50", 1)] * 10)
     data = sources.load(data_config("files", train_file=str(path), validation_fraction=0.5))

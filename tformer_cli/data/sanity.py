@@ -175,7 +175,8 @@ def build(data, evaluated: str | None = None) -> dict:
         [evaluated] if evaluated != "train" else []
     report: dict = {"checked": "train" if evaluated is None else f"evaluate {evaluated}", "splits": {},
                     "same_file_as_train": [], "overlap_with_train": {}, "classes_without_train_rows": [],
-                    "label_names_read_as_missing_by_pandas": [], "classes_alike": [], "warnings": []}
+                    "label_names_read_as_missing_by_pandas": [], "classes_alike": [],
+                    "class_names_that_are_numbers": [], "warnings": []}
     warnings = report["warnings"]
     for split, ds in splits.items():
         report["splits"][split] = {"rows": len(ds), "dropped_texts_without_visible_characters":
@@ -226,6 +227,12 @@ def build(data, evaluated: str | None = None) -> dict:
         warnings.append(f"{len(alike)} group(s) of class names differ only in case, spacing or Unicode form ({shown}"
                         f"{'; ...' if len(alike) > 3 else ''}): each is a class of its own; if they are one, write "
                         f"its name one way in the label column")
+    numbers = [n for n in names if isinstance(n, str) and n.strip().isdigit()]
+    report["class_names_that_are_numbers"] = numbers if numbers and len(numbers) < len(names) else []
+    if report["class_names_that_are_numbers"]:  # (a CSV's `1` among `ENTY`, `HUM`: a class of its own, or an id?)
+        warnings.append(f"class name(s) {', '.join(map(repr, numbers[:5]))} are numbers among names (e.g. "
+                        f"{next(n for n in names if n not in numbers)!r}): each is a class of its own here; if they "
+                        f"are ids of the named classes, write the names")
     na_like = [n for n in names if n in PANDAS_NA_STRINGS]
     report["label_names_read_as_missing_by_pandas"] = na_like
     if na_like:

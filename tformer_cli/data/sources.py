@@ -372,6 +372,10 @@ def _read_here(cfg: DataConfig, folder: Path | None) -> None:
         where = "generates its own sentences" if cfg.name == "demo" else "is fetched, not read from a folder"
         raise TformerError(f"data.train_file={cfg.train_file} is read with data=files (data={cfg.name} {where}): "
                            f"add data=files")
+    if cfg.dir and cfg.name in LOADERS:  # (a named dataset's folder: data=files reads the files it names)
+        fix = "name the files with data.train_file / data.test_file" if cfg.name == "files" else "drop it"
+        raise TformerError(f"data.dir={cfg.dir} is the folder of a named dataset (data=imdb, ...); data={cfg.name} "
+                           f"does not read it: {fix}")
     sized = [k for k in DEMO_SIZES if getattr(cfg, k, None) is not None]
     if sized and cfg.name != "demo":
         cut = {"n_train": "max_train_samples"}.get(sized[0], "max_eval_samples")
