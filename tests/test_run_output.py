@@ -237,6 +237,16 @@ def test_shell_completion_registers_tformer_and_completes_each_command(tmp_path)
     assert "model=small" in answers["tformer train model="] and "model=minilm_l6" in answers["tformer train model="]
     assert answers["tformer train trainer.ep"] == ["trainer.epochs="]
     assert answers["tformer evaluate spl"] == ["split="]
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # (`tformer -sc install=bash | true`: no reader; Hydra printed the BrokenPipeError's traceback)
+    try:
+        r = subprocess.run([TFORMER, "-sc", "install=bash"], stdout=write, stderr=subprocess.PIPE, cwd=tmp_path,
+                           timeout=120)
+    finally:
+        os.close(write)
+    assert r.returncode == 141 and r.stderr == b"", r.stderr[-1000:]
 
 
 def test_help_shows_resolved_values_with_their_descriptions(tmp_path):

@@ -104,4 +104,14 @@ def shell_completion(args: list[str], commands) -> None:
     def never_run(cfg) -> None:  # with -sc Hydra completes and returns without running the task
         raise AssertionError("shell completion ran the task")
 
-    hydra.main(version_base="1.3", config_path=config_dir(), config_name=task)(never_run)()
+    # Hydra prints what its completion raises as a traceback: raised to us instead, a closed pipe (`| head`) ends
+    # quietly as everywhere else (cli.main)
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        hydra.main(version_base="1.3", config_path=config_dir(), config_name=task)(never_run)()
+    finally:
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full_error
