@@ -1,6 +1,7 @@
 """`tformer audit`: a planted wrong label is found, an interrupted audit resumes to the same answer, checkpoint=
 scores with an existing model, copies are listed, and bad input is one line."""
 import random
+import re
 import sys
 
 import datasets
@@ -73,6 +74,8 @@ def test_an_interrupted_audit_resumes_with_its_finished_folds(audited, labelled_
     resumed = run_tformer(*args, f"resume={folder}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "fold 1/3: done earlier" in resumed.stdout
+    assert len(re.findall(r"^epoch +1/3 ", resumed.stdout, re.M)) == 2  # (folds 2 and 3 show their epochs)
+    assert "flagged by cleanlab (prune_by_noise_rate," in " ".join(resumed.stdout.split())
     assert pd.read_csv(folder / "label_issues.csv")["text"].tolist() == audited.issues["text"].tolist()
     assert len(list(tmp_path.glob("outputs/audit/*/*"))) == 1  # the resume's own new folder was not left behind
 

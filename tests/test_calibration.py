@@ -217,6 +217,15 @@ def test_calibrate_false_saves_no_temperature(tmp_path):
 
 
 @pytest.mark.slow  # trains
+def test_with_many_classes_the_temperature_takes_a_sample_and_the_cuts_every_text(tmp_path, monkeypatch):
+    monkeypatch.setattr(calibration, "FIT_ENTRIES", 20)  # (2 classes: a sample of 10 validation texts)
+    result = train(tiny(), run_dir=tmp_path / "run", quiet=True)
+    n = checkpoint.load(result.best_checkpoint).conformal["n"]
+    log = (result.run_dir / "train.log").read_text()
+    assert n > 10 and f"a seeded sample of 10 of the {n:,} validation texts" in log
+
+
+@pytest.mark.slow  # trains
 def test_multi_label_gets_one_temperature_per_label_and_the_same_label_sets(tmp_path):
     from test_multi_label import make
 
@@ -292,3 +301,14 @@ def test_thresholds_move_with_the_temperature_and_decide_the_same_labels():
     refit = calibration.rescaled_thresholds(moved, [1.5, 1.5, 1.5], temps)  # a refit starts from the raw cuts
     np.testing.assert_allclose(refit, calibration.rescaled_thresholds(raw_cuts, [1.5, 1.5, 1.5]), atol=1e-12)
     np.testing.assert_allclose(calibration.rescaled_thresholds(moved, None, temps), raw_cuts, atol=1e-12)
+
+
+@pytest.mark.parametrize("multi_label, temperature", [(False, 1.7), (True, [0.5, 1.0, 2.0, 1.3, 0.9])])
+def test_probabilities_taken_a_block_of_rows_at_a_time_are_the_whole_arrays(monkeypatch, multi_label, temperature):
+    """A multi-label evaluation's texts x labels would be copied several times over in float64: probabilities are
+    taken a block of rows at a time past BLOCK_ENTRIES numbers, with the same result."""
+    logits = np.random.default_rng(0).normal(size=(23, 5)) * 4
+    whole = calibration.probabilities(logits, temperature, multi_label)
+    monkeypatch.setattr(calibration, "BLOCK_ENTRIES", 12)  # (blocks of 2 rows)
+    blocked = calibration.probabilities(logits, temperature, multi_label)
+    assert blocked.dtype == np.float32 and np.array_equal(blocked, whole)

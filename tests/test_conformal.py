@@ -2,6 +2,7 @@
 multi-label false-negative control, and the sets a trained checkpoint gives through predict, evaluate and the
 Python API."""
 import json
+import os
 import subprocess
 
 import numpy as np
@@ -129,6 +130,8 @@ def test_a_trained_run_saves_its_cuts_and_predict_and_evaluate_use_them(tiny_run
     assert all(len(a["label_set"]) == 2 for a in clf.predict(texts, coverage=0.99)) or \
         meta["conformal"]["cuts"]["0.99"] is not None
     assert "label_set" not in clf.predict(texts)[0]  # the default answer stays one label
+    blank = clf.predict(["", "dull"], coverage=0.9)[0]  # (a reader of label_set finds the key on every answer)
+    assert blank["empty"] and blank["label_set"] is None and blank["coverage"] == 0.9
     metrics = json.loads((run / "test_metrics.json").read_text())
     assert set(metrics["label_sets"]["0.90"]) == {"coverage", "mean_set_size", "empty"}
     assert (run / "test_report" / "label_sets.png").is_file()
@@ -140,6 +143,24 @@ def test_a_trained_run_saves_its_cuts_and_predict_and_evaluate_use_them(tiny_run
     r = subprocess.run([TFORMER, "predict", f"--checkpoint={run}", "--coverage", "0.905", "x"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "two decimals" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_a_big_files_answers_are_written_a_chunk_at_a_time_in_order(tiny_run, tmp_path):
+    from tformer_cli import Classifier
+    from tformer_cli.commands.predict import CHUNK
+
+    texts = [f"review {i}: " + ("a gripping film" if i % 3 else "dull and lifeless") for i in range(CHUNK + 5)]
+    (tmp_path / "many.txt").write_text("\n".join(texts) + "\n")
+    r = subprocess.run([TFORMER, "predict", f"--checkpoint={tiny_run.run_dir}", "--coverage", "0.8", "--json",
+                        "--file", str(tmp_path / "many.txt")], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "TFORMER_PROGRESS_SECONDS": "0"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [a["text"] for a in got] == texts  # N lines in, N answers out, in order, across the chunks
+    want = Classifier.load(tiny_run.run_dir).predict([texts[0], texts[-1]], coverage=0.8)
+    assert [(a["label"], a["label_set"]) for a in (got[0], got[-1])] == [(a["label"], a["label_set"]) for a in want]
+    assert f"labelling: {CHUNK:,}/{len(texts):,} texts" in r.stderr  # (stdout is a pipe: progress on stderr)
 
 
 @pytest.mark.slow
@@ -172,3 +193,22 @@ def test_calibration_texts_too_few_for_the_highest_levels_are_said():
     assert "32 calibration texts" in conformal.too_few(few) and "sets above 0.96 hold every label" in \
         conformal.too_few(few)
     assert conformal.too_few(conformal.fit_cuts(probs, labels, False)) is None
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_cuts_fitted_a_block_at_a_time_in_any_order_are_the_cuts_of_all_texts(multi_label):
+    """A calibration on a sample of its texts (many classes) fits its cuts on every text in blocks, as the forward
+    pass makes them: the same cuts as one fit on all of them, whatever order the blocks come in."""
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(500, 12)) * 3
+    if multi_label:
+        probs, labels = 1 / (1 + np.exp(-logits)), (rng.random((500, 12)) < 0.2).astype(np.float32)
+    else:
+        probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+        labels = np.array([rng.choice(12, p=p) for p in probs])
+    whole = conformal.fit_cuts(probs, labels, multi_label, seed=5)
+    fit, order = conformal.CutFit(500, multi_label, seed=5), rng.permutation(500)
+    for block in np.array_split(order, 7):
+        fit.add(block, probs[block], labels[block])
+    assert fit.result() == whole and whole["n"] == 500
+    assert all(c is not None for c in whole["cuts"].values())

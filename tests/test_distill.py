@@ -6,6 +6,7 @@ import math
 import random
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -23,6 +24,7 @@ from tformer_cli.runs.distill import distill
 from tformer_cli.runs.pretraining import pretrain
 from tformer_cli import checkpoint
 from tformer_cli.store.layout import RunDir
+from tformer_cli.store.mapped import ShardedRows, mapped_safetensors
 from tformer_cli.data import tokenization
 from tformer_cli.model.encoder import EncoderConfig, TransformerClassifier
 from tformer_cli.runs.distill import Distillation, attention_loss, distillation_loss, relation_loss
@@ -196,6 +198,35 @@ def test_the_encoder_gives_its_last_blocks_queries_keys_and_values(norm):
     assert features.shape == (3, 16) and qkv.shape == (3, 7, 48)
     inside = seen[-1]  # what the block itself computed: its real tokens first (N rounded up to 16 with padding)
     assert inside.dim() == 2 and torch.allclose(qkv[mask], inside[:int(mask.sum())], atol=1e-6)
+
+
+def test_cached_teacher_rows_are_read_in_place_as_one_table(tmp_path):
+    """The teacher's logits are read from the cache's files memory-mapped (rows x classes never in the process):
+    the shards read as one table give the rows the concatenated tensors give, in the index's order."""
+    import safetensors.torch
+
+    gen = torch.Generator().manual_seed(0)
+    logits, vectors = torch.randn(11, 7, generator=gen), torch.randn(11, 5, generator=gen).to(torch.bfloat16)
+    shards = []
+    for k, start in enumerate(range(0, 11, 4)):  # shards of 4, 4 and 3 rows
+        path = tmp_path / f"shard{k}.safetensors"
+        safetensors.torch.save_file({"logits": logits[start:start + 4].contiguous(),
+                                     "features": vectors[start:start + 4].contiguous()}, str(path))
+        shards.append(mapped_safetensors(path))
+    pointer, maps = shards[0]["logits"].data_ptr(), Path("/proc/self/maps").read_text().splitlines()
+    assert any(line.endswith(str(tmp_path / "shard0.safetensors")) and
+               int(line.split("-")[0], 16) <= pointer < int(line.split()[0].split("-")[1], 16) for line in maps)
+    table = ShardedRows([s["logits"] for s in shards], 4, 7, torch.float32)
+    index = torch.tensor([10, 0, 5, 5, 3, 8])
+    assert len(table) == 11 and table.shape == (11, 7) and torch.equal(table[index], logits[index])
+    features = ShardedRows([s["features"] for s in shards], 4, 5, torch.bfloat16)
+    assert features[index].dtype == torch.bfloat16 and torch.equal(features[index], vectors[index])
+    with pytest.raises(IndexError):
+        table[torch.tensor([11])]
+    whole = (tmp_path / "shard0.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(whole[:-8])  # (a shard cut short: computed again, never misread)
+    with pytest.raises(ValueError):
+        mapped_safetensors(tmp_path / "cut.safetensors")
 
 
 def test_splits_concatenate_with_their_documents_numbered_on():
@@ -425,8 +456,12 @@ def test_the_teachers_logits_are_kept_reused_and_recomputed_for_a_changed_teache
     with pytest.raises(TformerError, match="interrupted while the teacher scored the texts; 80 of 192 are kept"):
         run_distill(tmp_path, "a", f"teacher={teacher.run_dir}", "trainer.epochs=1")
     interrupt, calls[:] = False, []
+    reads, read = [], distill_module._read_shard
+    monkeypatch.setattr(distill_module, "_read_shard", lambda *a: reads.append(read(*a)) or reads[-1])
     first = run_distill(tmp_path, "b", f"teacher={teacher.run_dir}", "trainer.epochs=1")
     assert len(calls) == 3 and "112 texts" in (first.root / "distill.log").read_text()  # only the 3 shards not kept
+    # the 2 kept shards, then the 3 new ones read back as they are written: all 5 memory-mapped, none held in memory
+    assert [r is not None for r in reads] == [True, True, False, False, False, True, True, True]
     calls.clear()
     again = run_distill(tmp_path, "c", f"teacher={teacher.run_dir}", "trainer.epochs=1", "distill.temperature=4")
     assert calls == [] and "logits of 192 texts read from the cache" in (again.root / "distill.log").read_text()

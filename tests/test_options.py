@@ -6,6 +6,7 @@ import pytest
 from helpers import run_tformer
 from tformer_cli.commands import export, predict, push, serve, suggest
 from tformer_cli.errors import TformerError
+from tformer_cli.typed_config import given_twice, typed_keys, typed_values
 
 
 def test_predict_flags_in_both_spellings_and_with_or_without_equals():
@@ -114,13 +115,25 @@ def test_an_option_given_twice_with_two_values_is_refused_naming_both(tmp_path):
     with pytest.raises(TformerError, match=r"explain is given twice \(--explain and --explain=rollout\)"):
         predict.parse_args(["--explain", "--explain=rollout", "a text"])
     assert predict.parse_args(["--json", "--json", "a text"])[0]["json"] is True
-    from tformer_cli.typed_config import given_twice
-
+    assert predict.parse_args(["--json", "--json=yes", "a text"])[0]["json"] is True  # (one yes, two spellings)
+    with pytest.raises(TformerError, match=r"json is given twice \(--json and --json=no\)"):
+        predict.parse_args(["--json", "--json=no", "a text"])
     given_twice(["trainer.epochs=2", "model=small", "trainer.epochs=5", "resume=outputs/train/x"])  # (the hints'
     # way to train longer: the run's overrides, then the change)
+    given_twice(["trainer.epochs=2", "trainer.epochs=5", "resume=Yes"])
+    for no in ("false", "OFF", "0", "null", ""):  # (a resume= that resumes nothing is no resume)
+        with pytest.raises(TformerError, match=r"trainer.epochs is given twice"):
+            given_twice(["trainer.epochs=2", "trainer.epochs=5", f"resume={no}"])
     r = run_tformer("evaluate", "checkpoint=A", "checkpoint=B", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr == "error: checkpoint is given twice (checkpoint=A and checkpoint=B); " \
                                              "give it once\n"
     r = run_tformer("train", "model=tiny", "+model=small", cwd=tmp_path)
     assert r.returncode == 2 and "model is given twice (model=tiny and +model=small)" in r.stderr
     assert not (tmp_path / "outputs").exists()
+
+
+def test_typed_overrides_are_read_one_way_with_their_prefixes():
+    typed = ["-m", "+trainer.devices=2", "~data.dir=x", "++model.dropout=0.1", "model=tiny", "trainer.devices=3",
+             "--cfg=job", "a text"]
+    assert typed_keys(typed) == ["trainer.devices", "data.dir", "model.dropout", "model", "trainer.devices"]
+    assert typed_values(typed, "trainer.devices") == ["2", "3"] and typed_values(typed, "seed") == []

@@ -94,9 +94,15 @@ def test_a_request_may_ask_for_label_sets_and_gets_the_classifiers(server, run):
     assert status == 200 and [p["label_set"] for p in body["predictions"]] == [e["label_set"] for e in expected]
     for query, level, words in [("?coverage=0.8", 0.9, "disagree"), ("?coverage=abc", 0.9, "must be a number"),
                                 ("?coverage=0.9", 0.905, "two decimals"), ("?cov=0.9", 0.9, "unknown query parameter"),
-                                ("?coverage=0.9&coverage=0.8", 0.9, "?coverage= is given 2 times; give it once")]:
+                                ("?coverage=0.9&coverage=0.8", 0.9, "?coverage= is given 2 times with different "
+                                                                    "values; give it once")]:
         status, body = server.request(f"/predict{query}", {"texts": texts, "coverage": level})
         assert status == 400 and words in body["error"], (query, body)
+    status, body = server.request("/predict?coverage=0.9&coverage=0.9", texts)  # (the same value again: one choice)
+    assert status == 200 and [p["label_set"] for p in body["predictions"]] == [e["label_set"] for e in expected]
+    status, body = server.request("/predict", raw=b'{"texts": ["dull"], "top_k": 2, "top_k": 2}',
+                                  headers={"Content-Type": "application/json"})
+    assert status == 200 and len(body["predictions"][0]["top_k"]) == 2
 
 
 @pytest.mark.parametrize("body, status, words", [

@@ -158,6 +158,8 @@ class TextPredictor:
                                f"runtime does not give; use explain=occlusion, or the torch runtime (the checkpoint)")
         texts, filled, windows = self._encode(texts)
         blank = {"labels": [], "probabilities": {}} if self.multi_label else {"label": None, "probability": None}
+        if cut is not None:  # (the keys a label set's reader looks up: no set for a text with nothing to read)
+            blank.update(label_set=None, coverage=cut[0])
         results = [{"text": t, **blank, "empty": True, "top_k": []} for t in texts]
         if not filled:
             return results

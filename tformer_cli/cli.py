@@ -164,12 +164,16 @@ class Stopped(Exception):
         task = TASKS.get(_command[0]) if _command else None
         job = _hydra_job()  # (between two jobs of a sweep too: the last one's)
         sweep = task is not None and task.resumes_sweeps and bool({"-m", "--multirun"} & set(sys.argv[1:]))
-        again = ((f". The sweep continues with the same `tformer {_command[0]} -m ...` command plus "
-                  f"{shlex.quote(f'resume={job.sweep.dir}')}") if job is not None else
-                 f". No job of the sweep had begun: run the same `tformer {_command[0]} -m ...` command again") \
-            if sweep else (
-            f". A run that had saved a checkpoint continues with `tformer {_command[0]} <same overrides> "
-            f"resume=<run dir>`") if task is not None and task.trains else ""
+        if sweep and job is not None:
+            again = (f". The sweep continues with the same `tformer {_command[0]} -m ...` command plus "
+                     f"{shlex.quote(f'resume={job.sweep.dir}')}")
+        elif sweep:
+            again = f". No job of the sweep had begun: run the same `tformer {_command[0]} -m ...` command again"
+        elif task is not None and task.trains:
+            again = (f". A run that had saved a checkpoint continues with `tformer {_command[0]} <same overrides> "
+                     f"resume=<run dir>`")
+        else:
+            again = ""
         import signal  # (here, as in _stop_signals: the start-up of `tformer --version`)
 
         how = "SIGTERM" if SIGNALLED and SIGNALLED[-1] == signal.SIGTERM else "Ctrl-C"  # (a scheduler's stop is no key)

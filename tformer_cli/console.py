@@ -106,6 +106,20 @@ class Output:
         if self.log_console is not None:
             self.log_console.print(*objects, **kwargs)
 
+    @contextlib.contextmanager
+    def filtered(self, keep):
+        """While inside, the screen shows only the prints `keep(objects)` accepts (the log still gets them all):
+        a sweep's job, an audit's fold. Where a filter is on already (an audit run as a sweep's job), it stays and
+        this yields None."""
+        if self.screen_filter is not None:
+            yield None
+            return
+        self.screen_filter = keep
+        try:
+            yield keep
+        finally:
+            self.screen_filter = None
+
     def open_log(self, path: Path, header: str = "", defer: bool = False) -> None:
         """Start (or, for a resumed run, continue) the run log; `header` goes first (the composed config).
         defer=True keeps the lines in memory until `commit_log()`: a resume that is refused leaves the run's
@@ -181,7 +195,7 @@ def progress(iterable=None, *, total: int | None = None, desc: str = "", unit: s
     # one process of a torchrun launch shows progress; none where the screen is quiet (train(quiet=True))
     enabled = enabled and os.environ.get("RANK", "0") == "0" and not (_output is not None and _output.screen.quiet)
     if not enabled or sys.stderr.isatty():
-        from tqdm.auto import tqdm  # deferred: ~60 ms; predict imports this module and shows no bar
+        from tqdm.auto import tqdm  # deferred: ~60 ms; predict imports this module, and shows a bar for big files only
 
         return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, leave=False, dynamic_ncols=True,
                     disable=not enabled, unit_scale=unit_scale)

@@ -28,11 +28,13 @@ def predict_logits(model, split: TokenizedSplit, *, batch_size: int, pad_id: int
     probabilities, for calibration: an overconfident model's small probabilities underflow to 0 in float32, and
     log(0) would lose what a temperature needs. Holds documents x classes numbers: scoring a split with many
     classes goes through `logit_blocks` (evaluation/rows.py keeps a few numbers per text)."""
-    logits = torch.empty(split.n_docs, model.cfg.num_classes)
+    logits, multi, total = torch.empty(split.n_docs, model.cfg.num_classes), bool(model.cfg.multi_label), 0.0
+    labels = split.doc_labels  # (built on each read where texts are windows: read once)
     for index, block in logit_blocks(model, split, batch_size=batch_size, pad_id=pad_id, device=device,
                                      precision=precision, progress=progress):
         logits[index] = block
-    return logits, loss_of(logits, split.doc_labels, bool(model.cfg.multi_label), loss_weight)
+        total += loss_of(block, labels[index], multi, loss_weight, reduction="sum")  # (no whole-split copies)
+    return logits, total / max(logits.numel() if multi else len(logits), 1)
 
 
 def weighted_bce(logits: torch.Tensor, targets: torch.Tensor, pos_weight: torch.Tensor | None = None,

@@ -17,6 +17,7 @@ import time
 
 from . import cores
 from .errors import TformerError
+from .typed_config import typed_overrides, typed_values
 
 LAUNCHER_PID = "TFORMER_LAUNCHER_PID"  # set for the ranks `launch_ranks` starts
 PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
@@ -74,12 +75,8 @@ def distributed_args(args: list[str]) -> list[str]:
     if multirun:
         raise TformerError("trainer.devices>1 with -m is not supported yet; run the sweep's jobs one at a time "
                            "(or launch each with torchrun)")
-    sys.exit(launch_ranks(n, [a for a in args if a.lstrip("+").split("=", 1)[0] != "trainer.devices"]))
-
-
-def typed_values(args: list[str], key: str) -> list[str]:
-    """The values typed for `key` (`key=`, `+key=`, `++key=`), in order."""
-    return [a.split("=", 1)[1] for a in args if "=" in a and a.lstrip("+").split("=", 1)[0] == key]
+    devices = {typed for key, _, typed in typed_overrides(args) if key == "trainer.devices"}
+    sys.exit(launch_ranks(n, [a for a in args if a not in devices]))
 
 
 def visible_gpus(device: str) -> int:

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import ArgumentTypeError, ConfigError, TformerError
+from .typed_config import typed_overrides
 from .safe_text import valid_unicode
 from .store.atomic import write_with
 from .store.layout import in_memory_data as in_memory_data_path
@@ -38,12 +39,6 @@ def as_overrides(given, name: str = "train") -> list[str]:
         raise ArgumentTypeError(f"{name}() takes a list of key=value strings, e.g. {name}(['model=small']), or a "
                                 f"dict, e.g. {name}({{'model': 'small'}}), not {given!r:.80}")
     return overrides
-
-
-def typed_keys(overrides) -> list[str]:
-    """The keys typed on a command line (`data`, `data.dir`, `model.dropout`, ...): what a run derived from another
-    (a teacher's, a pretraining run's) takes from the user rather than from that run."""
-    return [o.lstrip("+~").split("=", 1)[0] for o in overrides if "=" in o]
 
 
 def override_value(key, value, text: bool = False, name: str = "train") -> str:
@@ -109,8 +104,8 @@ def in_memory_data(overrides: list[str], splits: dict, name: str = "train") -> l
         return []
     if "train" not in given:
         raise ArgumentTypeError("validation_data= and test_data= go with data= (the train split)")
-    clash = [o for o in overrides if o.split("=", 1)[0] in ("data", "data.train_file", "data.validation_file",
-                                                            "data.test_file")]
+    clash = [typed for key, _, typed in typed_overrides(overrides)
+             if key in ("data", "data.train_file", "data.validation_file", "data.test_file")]
     if clash:
         raise TformerError(f"{name}(data=...) reads the data given; drop {clash[0]} (or drop data=)")
     return ["data=files", *[f"data.{split}_file={override_value('data', str(stored(frame_of(frame, split), split)))}"

@@ -17,7 +17,7 @@ import typing
 from typing import Any, Union
 
 from .errors import ConfigError
-from .yesno import parse_bool
+from .yesno import is_bool_word, parse_bool
 
 def plain(node: Any) -> Any:
     """An OmegaConf node (or anything) as plain Python containers, interpolations resolved. OmegaConf is looked up,
@@ -166,20 +166,48 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
+def typed_overrides(overrides) -> list[tuple[str, str, str]]:
+    """(key, value, the override as typed) of each `key=value` on a command line, in order: `+key=`, `++key=` and
+    `~key=` name `key`; options (`-m`, `--cfg`) and words without `=` are none. The one reading of typed keys
+    (launch, resume, distillation and the checks below use it): light, as launch.py is imported by every
+    command before Hydra."""
+    out = []
+    for typed in overrides:
+        if isinstance(typed, str) and "=" in typed and not typed.startswith("-"):
+            key, value = typed.split("=", 1)
+            out.append((key.lstrip("+~"), value, typed))
+    return out
+
+
+def typed_keys(overrides) -> list[str]:
+    """The keys typed on a command line (`data`, `data.dir`, `model.dropout`, ...): what a run derived from another
+    (a teacher's, a pretraining run's) takes from the user rather than from that run."""
+    return [key for key, _, _ in typed_overrides(overrides)]
+
+
+def typed_values(overrides, key: str) -> list[str]:
+    """The values typed for `key` (`key=`, `+key=`, `++key=`), in order (not a deletion's, `~key=value`)."""
+    return [value for name, value, typed in typed_overrides(overrides) if name == key and typed[:1] != "~"]
+
+
 def given_twice(overrides, name: str = "") -> None:
     """A key given twice with two values (`checkpoint=A checkpoint=B`, `model=tiny model=small`) would be settled by
     its last value, unsaid: refused, naming both. (The same value twice chooses nothing and passes.) Not in a
     command that resumes: that is the run's own overrides with changes added (`trainer.epochs=<more> resume=...`,
     what the hints print), and the last value is the change. name: the API function the user called, as its
     errors name it; empty for a command line."""
-    pairs = [o.split("=", 1) for o in overrides if isinstance(o, str) and "=" in o and not o.startswith("-")]
-    if any(key.lstrip("+~") == "resume" and value.strip().lower() not in ("", "null", "false", "no", "0", "off")
-           for key, value in pairs):
+    typed = typed_overrides(overrides)
+    if any(key == "resume" and _resumes(value) for key, value, _ in typed):
         return
     seen: dict[str, tuple[str, str]] = {}  # key -> (value, the override as typed)
-    for key, value in pairs:
-        if key.lstrip("+~") in seen and seen[key.lstrip("+~")][0] != value:
+    for key, value, override in typed:
+        if key in seen and seen[key][0] != value:
             where = f"{name}(): " if name else ""
-            raise ConfigError(f"{where}{key.lstrip('+~')} is given twice ({seen[key.lstrip('+~')][1]} and "
-                              f"{key}={value}); give it once")
-        seen[key.lstrip("+~")] = (value, f"{key}={value}")
+            raise ConfigError(f"{where}{key} is given twice ({seen[key][1]} and {override}); give it once")
+        seen[key] = (value, override)
+
+
+def _resumes(value: str) -> bool:
+    """Whether `resume=<value>` resumes a run (a yes, or a path), as `yesno.bool_or_path` reads it."""
+    word = value.strip()
+    return word.lower() not in ("", "null") and (not is_bool_word(word) or parse_bool(word, "resume"))

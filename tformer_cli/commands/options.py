@@ -50,14 +50,19 @@ def old_style_key(arg: str, defaults: dict) -> str | None:
     return key_of(m.group(1)) if m and key_of(m.group(1)) in defaults else None
 
 
-def given(opts: dict, typed: dict, key: str, value: str, spelled: str) -> None:
+def given(opts: dict, typed: dict, key: str, value: str, spelled: str, yes_no: bool = False) -> None:
     """Put a typed value in; a key typed twice with two values (`checkpoint=A checkpoint=B`) is refused rather
-    than settled by the last one, unsaid (the same value twice passes)."""
-    if key in typed and typed[key][1] != value:
+    than settled by the last one, unsaid (the same value twice passes, and for a yes/no key, `yes_no`, so do two
+    spellings of one answer: `--json --json=yes`)."""
+    if key in typed and not (typed[key][1] == value or yes_no and _same_answer(typed[key][1], value)):
         raise TformerError(f"{terminal(key)} is given twice ({terminal(typed[key][0])} and {terminal(spelled)}); "
                            f"give it once")
     typed[key] = (spelled, value)
     opts[key] = value
+
+
+def _same_answer(a: str, b: str) -> bool:
+    return is_bool_word(a) and is_bool_word(b) and parse_bool(a, "") == parse_bool(b, "")
 
 
 def parse_key_values(argv: list[str], defaults: dict, usage: str, command: str) -> dict:
@@ -73,9 +78,9 @@ def parse_key_values(argv: list[str], defaults: dict, usage: str, command: str) 
         if found is not None:
             if found[1] is None:
                 raise TformerError(f"{arg} needs a value: write {arg}=VALUE (or {found[0]}=VALUE)")
-            given(opts, typed, found[0], found[1], arg)
+            given(opts, typed, found[0], found[1], arg, isinstance(defaults[found[0]], bool))
         elif key is not None:
-            given(opts, typed, key, arg.split("=", 1)[1], arg)
+            given(opts, typed, key, arg.split("=", 1)[1], arg, isinstance(defaults[key], bool))
         else:
             raise TformerError(f"unknown argument {terminal(repr(arg))}; {command} takes "
                                f"{', '.join(f'{k}=' for k in defaults)} (or --key=value)")
@@ -107,7 +112,8 @@ def parse_flags(argv: list[str], defaults: dict, usage: str, command: str, *, sh
                     raise TformerError(f"{arg} needs a value; see `tformer {command} --help`")
                 i += 1
                 value = argv[i]
-            given(opts, typed, key, value, arg if "=" in arg or key in switches else f"{arg} {value}")
+            given(opts, typed, key, value, arg if "=" in arg or key in switches else f"{arg} {value}",
+                  key in switches or isinstance(defaults.get(key), bool))
         elif old_style_key(arg, defaults):
             shown = terminal(arg if len(arg) <= 80 else arg[:77] + "...")
             raise TformerError(f"{shown!r} looks like an option: write --{shown}, or put -- before texts to "

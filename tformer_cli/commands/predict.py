@@ -2,8 +2,10 @@
 safetensors and tokenizers (no transformers, datasets or scikit-learn); --runtime onnx: onnxruntime, not torch."""
 from __future__ import annotations
 
+import contextlib
 import sys
 
+from ..console import progress
 from ..data.given import texts_of
 from ..data.visible import has_visible
 from ..classifier import EXPLAIN_METHODS, MAX_BATCH
@@ -37,6 +39,7 @@ DEFAULTS = {"checkpoint": None, "top_k": 1, "file": None, "json": False, "explai
             "batch_size": 64, "device": "auto", "runtime": "torch", "max_chars": 100_000, "max_lines": 1_000_000,
             "outputs_dir": "outputs", "coverage": None, "text_column": None}
 _SHORT = {"-k": "top_k", "-f": "file"}
+CHUNK = 4096  # texts labelled and written at a time (a table: one per chunk)
 
 
 def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
@@ -101,11 +104,20 @@ def main(argv: list[str]) -> int:
     blank = sum(not has_visible(t) for t in texts)
     if blank:
         print(f"[tformer] {blank} empty text(s) have no label (marked empty)", file=sys.stderr)
-    results = clf.predict(texts, top_k=opts["top_k"], explain=opts["explain"], batch_size=opts["batch_size"],
-                          calibrated=not opts["raw"], coverage=opts["coverage"])
     k = min(opts["top_k"], len(clf.labels))
-    if opts["json"]:
-        answers.print_json_lines(results, k)
-    else:
-        answers.print_table(results, k, opts["explain"], clf.word_pieces if opts["explain"] else None)
+    starts = range(0, len(texts), CHUNK)
+    # a file's answers come out a chunk at a time: memory stays flat in rows, and a stopped run keeps what it wrote
+    with progress(total=len(texts), desc="labelling", unit="text") if len(starts) > 1 and not sys.stdout.isatty() \
+            else contextlib.nullcontext() as bar:
+        for start in starts:
+            part = texts[start:start + CHUNK]
+            results = clf.predict(part, top_k=opts["top_k"], explain=opts["explain"], batch_size=opts["batch_size"],
+                                  calibrated=not opts["raw"], coverage=opts["coverage"])
+            if opts["json"]:
+                answers.print_json_lines(results, k)
+            else:
+                answers.print_table(results, k, opts["explain"], clf.word_pieces if opts["explain"] else None)
+            sys.stdout.flush()
+            if bar is not None:
+                bar.update(len(part))
     return 0

@@ -94,7 +94,7 @@ def bad_json_line(path: Path) -> str | None:
                     json.load(f)
                     return None  # (it reads whole: the cause is elsewhere)
                 except json.JSONDecodeError as exc:
-                    whole = f"line {exc.lineno}: {exc.msg} (column {exc.colno})"
+                    whole = _json_error(exc.lineno, exc)
                 except (ValueError, RecursionError):
                     whole = None
                 f.seek(0)
@@ -108,7 +108,7 @@ def bad_json_line(path: Path) -> str | None:
                 try:
                     json.load(f)
                 except json.JSONDecodeError as exc:
-                    return f"line {exc.lineno}: {exc.msg} (column {exc.colno})"
+                    return _json_error(exc.lineno, exc)
                 except (UnicodeDecodeError, ValueError, RecursionError):
                     return None
                 return None
@@ -118,7 +118,7 @@ def bad_json_line(path: Path) -> str | None:
                 try:
                     value = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    return f"line {n}: {exc.msg} (column {exc.colno})"
+                    return _json_error(n, exc)
                 except UnicodeDecodeError:
                     return f"line {n} is not UTF-8"
                 except (ValueError, RecursionError):
@@ -129,6 +129,10 @@ def bad_json_line(path: Path) -> str | None:
     except OSError:
         return None
     return None
+
+
+def _json_error(line: int, exc: json.JSONDecodeError) -> str:
+    return f"line {line}: {exc.msg} (column {exc.colno})"
 
 
 def _text(value, shown: str) -> str:

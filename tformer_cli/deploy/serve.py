@@ -224,17 +224,19 @@ class BadRequest(Exception):
 
 
 def unique_keys(pairs: list[tuple]) -> dict:
-    """A JSON object whose key is given twice would keep its last value unsaid ({"top_k": 1, "top_k": 5}): refused."""
+    """A JSON object whose key is given twice with two values would keep its last value unsaid ({"top_k": 1,
+    "top_k": 5}): refused. (The same value twice chooses nothing and passes, as on a command line.)"""
     seen = {}
-    for key, value in pairs:
-        if key in seen:
-            raise BadRequest(f"the key {json.dumps(key)[:80]} is given twice in one JSON object; give it once")
+    for key, value in pairs:  # (compared as JSON: true is not 1)
+        if key in seen and json.dumps(seen[key], sort_keys=True) != json.dumps(value, sort_keys=True):
+            raise BadRequest(f"the key {json.dumps(key)[:80]} is given twice in one JSON object with two values; "
+                             f"give it once")
         seen[key] = value
     return seen
 
 
 def read_body(body: bytes):
-    """The JSON value of a /predict body (a key given twice in an object refused), or BadRequest."""
+    """The JSON value of a /predict body (a key given twice with two values in an object refused), or BadRequest."""
     try:
         return json.loads(body, object_pairs_hook=unique_keys)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -278,6 +280,20 @@ def parse_request(body: bytes, limits: ServeLimits, n_labels: int) -> tuple[list
         raise BadRequest(f"top_k={repr(top_k)[:40]} must be an integer from 1 to {limits.max_top_k}")
     # a lone surrogate ("\ud800" is valid JSON) is U+FFFD, as predict reads it: no UTF-8 answer could echo it
     return [valid_unicode(t) for t in data], min(top_k, n_labels)
+
+
+def parse_query(body: bytes, query, classifier) -> tuple[bool, float | None]:
+    """(raw, coverage) of a /predict request: its ?raw= and ?coverage= (`query`: Starlette's multi-dict), or the
+    same keys of its JSON body; any other query parameter, and one given twice with two values, refused."""
+    unknown = sorted(set(query) - {"raw", "coverage"})
+    if unknown:
+        raise BadRequest(f"unknown query parameter {unknown[0][:40]!r}; /predict takes ?raw= and ?coverage= (or the "
+                         f"same keys in a JSON body)")
+    for key in ("raw", "coverage"):
+        values = query.getlist(key)
+        if len(set(values)) > 1:  # (the same value again chooses nothing and passes, as on a command line)
+            raise BadRequest(f"?{key}= is given {len(values)} times with different values; give it once")
+    return parse_raw(body, query.get("raw")), parse_coverage(body, classifier, query.get("coverage"))
 
 
 def parse_raw(body: bytes, query: str | None) -> bool:
@@ -460,15 +476,7 @@ def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: in
             return Response(status_code=400)
         try:
             texts, top_k = parse_request(bytes(body), limits, len(classifier.labels))
-            unknown = sorted(set(request.query_params) - {"raw", "coverage"})
-            if unknown:
-                raise BadRequest(f"unknown query parameter {unknown[0][:40]!r}; /predict takes ?raw= and ?coverage= "
-                                 f"(or the same keys in a JSON body)")
-            twice = next((k for k in ("raw", "coverage") if len(request.query_params.getlist(k)) > 1), None)
-            if twice:
-                raise BadRequest(f"?{twice}= is given {len(request.query_params.getlist(twice))} times; give it once")
-            raw = parse_raw(bytes(body), request.query_params.get("raw"))
-            coverage = parse_coverage(bytes(body), classifier, request.query_params.get("coverage"))
+            raw, coverage = parse_query(bytes(body), request.query_params, classifier)
         except BadRequest as exc:
             return error(str(exc), exc.status)
         stats["requests"] += 1

@@ -152,7 +152,18 @@ def scaled(logits, temperature) -> np.ndarray:
 def probabilities(logits, temperature=None, multi_label: bool = False) -> np.ndarray:
     """(N, C) float32 probabilities of (N, C) document logits at `temperature` (None: the raw model's):
     softmax(z / T), or sigmoid(z_c / T_c) per label. float64 inside, so that torch's and the ONNX runtime's
-    answers differ only by their logits."""
+    answers differ only by their logits. A block of rows at a time: the float64 steps never hold more than
+    BLOCK_ENTRIES numbers (a multi-label evaluation's texts x labels would take them several times over)."""
+    z = np.asarray(logits)
+    if z.ndim != 2 or z.size <= BLOCK_ENTRIES:
+        return _probabilities(z, temperature, multi_label)
+    out, rows = np.empty(z.shape, dtype=np.float32), max(1, BLOCK_ENTRIES // max(z.shape[1], 1))
+    for start in range(0, len(z), rows):
+        out[start:start + rows] = _probabilities(z[start:start + rows], temperature, multi_label)
+    return out
+
+
+def _probabilities(logits, temperature, multi_label: bool) -> np.ndarray:
     s = scaled(logits, temperature)
     if multi_label:
         return (1 / (1 + np.exp(-s))).astype(np.float32)
@@ -315,15 +326,17 @@ def describe(temperature) -> str:
 
 
 def fitted(logits, labels, multi_label: bool, seed: int = 0, thresholds=None, old_temperature=None,
-           refit: bool = False) -> dict:
+           refit: bool = False, every_text=None) -> dict:
     """What a checkpoint saves after a fit on labelled texts it never trained on (training's validation split, or
     `tformer calibrate`'s texts): the temperature, the label-set cuts on the probabilities at that temperature
     (conformal.py) and, for a multi-label model, its thresholds moved to the new scale (no decision changes).
-    refit: old_temperature is kept where these texts cannot fit it again (`fit_temperature`'s keep)."""
+    refit: old_temperature is kept where these texts cannot fit it again (`fit_temperature`'s keep). every_text:
+    where `logits` are a sample of the texts (`fit_rows`), the cuts of every text at a temperature (a function of
+    it): one number pins a temperature down on a sample, while each cut is a quantile that wants every text."""
     temperature = fit_temperature(logits, labels, multi_label, keep=old_temperature if refit else None)
     changes = {"temperature": temperature,
-               "conformal": conformal.fit_cuts(probabilities(logits, temperature, multi_label), labels, multi_label,
-                                               seed)}
+               "conformal": every_text(temperature) if every_text is not None else conformal.fit_cuts(
+                   probabilities(logits, temperature, multi_label), labels, multi_label, seed)}
     if multi_label:  # the cuts follow the probabilities they are applied to
         changes["thresholds"] = rescaled_thresholds(thresholds, temperature, old_temperature)
     return changes

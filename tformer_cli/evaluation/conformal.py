@@ -135,11 +135,19 @@ def cuts(scores: np.ndarray, levels=LEVELS) -> dict[str, float | None]:
 def fnr_cuts(probs: np.ndarray, targets: np.ndarray, levels=LEVELS) -> dict[str, float | None]:
     """Multi-label: per level the highest cut t on the label probabilities with (sum of missed shares + 1) / (n + 1)
     <= 1 - L (conformal risk control, module docstring); None where n is too small (every label)."""
+    p, weight = _true_labels(probs, targets)
+    return _fnr_cuts(p, weight, len(probs), levels)
+
+
+def _true_labels(probs: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the probability of each true label, its share of its text's loss): all the risk control reads of a text."""
     y = np.asarray(targets) > 0.5
-    n = len(y)
     rows, cols = np.nonzero(y)
-    weight = 1.0 / np.maximum(y.sum(axis=1), 1)[rows]  # each true label's share of its text's loss
-    p = np.asarray(probs, dtype=np.float64)[rows, cols]
+    weight = 1.0 / np.maximum(y.sum(axis=1), 1)[rows]
+    return np.asarray(probs, dtype=np.float64)[rows, cols], weight
+
+
+def _fnr_cuts(p: np.ndarray, weight: np.ndarray, n: int, levels=LEVELS) -> dict[str, float | None]:
     order = np.argsort(p, kind="stable")
     p, missed = p[order], np.concatenate([[0.0], np.cumsum(weight[order])])  # missed[k]: loss if the k lowest miss
     out = {}
@@ -158,10 +166,34 @@ def fnr_cuts(probs: np.ndarray, targets: np.ndarray, levels=LEVELS) -> dict[str,
 
 def fit_cuts(probs: np.ndarray, labels: np.ndarray, multi_label: bool, seed: int = 0) -> dict:
     """What a checkpoint saves: the method, the number of calibration texts, and the cut per level."""
-    if multi_label:
-        return {"method": "crc-fnr", "n": int(len(probs)), "cuts": fnr_cuts(probs, labels)}
-    u = draws(seed).random(len(probs))
-    return {"method": "aps", "n": int(len(probs)), "cuts": cuts(aps_scores(probs, np.asarray(labels), u))}
+    fit = CutFit(len(probs), multi_label, seed)
+    fit.add(np.arange(len(probs)), probs, labels)
+    return fit.result()
+
+
+class CutFit:
+    """`fit_cuts` a block of rows at a time (rows in any order, each once): per text one APS score, or per true
+    label of a multi-label text two numbers, so the cuts are fitted on every calibration text whatever the number
+    of classes (the probabilities of all of them at once would be texts x classes)."""
+
+    def __init__(self, n: int, multi_label: bool, seed: int = 0):
+        self.n, self.multi = n, multi_label
+        self.u = None if multi_label else draws(seed).random(n)  # (row i's draw, whatever order rows come in)
+        self.scores = None if multi_label else np.full(n, np.nan)
+        self.parts: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def add(self, index, probs: np.ndarray, labels: np.ndarray) -> None:
+        index = np.asarray(index)
+        if self.multi:
+            self.parts.append(_true_labels(probs, labels))
+        else:
+            self.scores[index] = aps_scores(probs, np.asarray(labels), self.u[index])
+
+    def result(self) -> dict:
+        if self.multi:
+            p, weight = (np.concatenate(x) for x in zip(*self.parts)) if self.parts else (np.zeros(0), np.zeros(0))
+            return {"method": "crc-fnr", "n": int(self.n), "cuts": _fnr_cuts(p, weight, self.n)}
+        return {"method": "aps", "n": int(self.n), "cuts": cuts(self.scores)}
 
 
 def too_few(table: dict) -> str | None:
@@ -220,12 +252,12 @@ class Tally:
         self.empty = np.zeros(len(self.levels))
 
     def add(self, probs: np.ndarray, labels: np.ndarray) -> None:
-        p = np.asarray(probs, dtype=np.float64)
+        p, labels = np.asarray(probs), np.asarray(labels)
         if not len(p):
             return
         block = _rows_per_block(p.shape[1])
-        for start in range(0, len(p), block):
-            self._add(p[start:start + block], np.asarray(labels)[start:start + block])
+        for start in range(0, len(p), block):  # (float64 a block at a time: never a copy of the whole)
+            self._add(p[start:start + block].astype(np.float64), labels[start:start + block])
         self.n += len(p)
 
     def _add(self, p: np.ndarray, labels: np.ndarray) -> None:

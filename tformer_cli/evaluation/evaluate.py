@@ -45,17 +45,17 @@ def score_split(model, split, label_names, *, pad_id, device, precision, batch_s
     if bool(model.cfg.multi_label):
         logits, loss = predict_logits(model, split, batch_size=batch_size, pad_id=pad_id, device=device,
                                       precision=precision, loss_weight=loss_weight, progress=progress)
-        logits = logits.numpy()
+        logits, labels = logits.numpy(), y.numpy()
         probs = calibration.probabilities(logits, temperature, True)
-        cuts = thresholds if thresholds is not None else tune_thresholds(y.numpy(), probs)
-        metrics = compute_multi_label(y.numpy(), probs, cuts, label_names, loss)
+        cuts = thresholds if thresholds is not None else tune_thresholds(labels, probs)
+        metrics = compute_multi_label(labels, probs, cuts, label_names, loss)
         if calibration_metrics:
-            metrics.update(calibration.metrics(logits, y.numpy(), True, temperature))
+            metrics.update(calibration.metrics(logits, labels, True, temperature))
         if label_sets is not None:
             tally = conformal.Tally(label_sets, True)
-            tally.add(probs, y.numpy())
+            tally.add(probs, labels)
             metrics["label_sets"] = tally.result()
-        return Scored(metrics, logits=logits, labels=y.numpy(), temperature=temperature)
+        return Scored(metrics, logits=logits, labels=labels, temperature=temperature)
     loss_sum = [0.0]
     tally = conformal.Tally(label_sets, False) if label_sets is not None else None
 
@@ -74,6 +74,22 @@ def score_split(model, split, label_names, *, pad_id, device, precision, batch_s
     if tally is not None:
         metrics["label_sets"] = tally.result()
     return Scored(metrics, rows=rows, temperature=temperature)
+
+
+def every_text_cuts(model, split, multi_label: bool, seed: int, **scoring):
+    """For a calibration whose temperature is fitted on a sample of the texts (calibration.fit_rows: many classes):
+    the function of a temperature that gives the conformal cuts (conformal.CutFit) of every text of the split, from
+    one more pass over it (scoring: logit_blocks' pad_id, device, precision, batch_size). A cut is a quantile of
+    the texts' scores, which a sample would leave noisy, and a few numbers per text are all the pass keeps."""
+
+    def cuts(temperature) -> dict:
+        fit, labels = conformal.CutFit(split.n_docs, multi_label, seed), split.doc_labels.numpy()
+        for index, logits in logit_blocks(model, split, progress="label-set cuts", **scoring):
+            rows = index.numpy()
+            fit.add(rows, calibration.probabilities(logits.numpy(), temperature, multi_label), labels[rows])
+        return fit.result()
+
+    return cuts
 
 
 def evaluate_split(model, split, label_names, *, pad_id, device, precision, batch_size, loss_weight=None,

@@ -225,6 +225,9 @@ def suggest(run=None, texts=None, *, n: int = 100, text_column: str | None = Non
                           f"{dropped} of them empty, repeated or already labelled); ask for n={max(len(keep), 1)} "
                           f"or fewer, or add texts")
     thresholds = clf.thresholds if clf.multi_label else None
+    if not quiet:  # (a big pool's first progress line comes a while later in a log)
+        output().print(f"scoring the {len(pool):,} texts of the pool ({len(keep):,} of them can be suggested)",
+                       highlight=False)
     pool_scores = _scored(clf, pool, batch_size, quiet, uncertainty, thresholds)
     seeds = None
     if seen and pool_factor > 1:

@@ -44,10 +44,11 @@ from ..overrides import as_overrides, in_memory_data, override_value
 from ..safe_text import markup, rich
 from .. import checkpoint as ckpt
 from ..store.atomic import write_json, write_with
-from ..typed_config import given_twice
+from ..typed_config import given_twice, typed_keys
 from ..store.layout import AuditDir, RunDir, resolve_checkpoint, resolve_resumable
 from ..store.locate import locate
 from ..store.ownership import is_ours, new_run_dir
+from ..sweeps.job_output import QuietJob
 from ..training.loop import Interrupted
 from ..typed_config import build
 from ..yesno import bool_or_path
@@ -159,7 +160,9 @@ def run_audit(tree: dict, overrides: list[str], run_dir: RunDir) -> AuditResult:
         else:
             probs, folds = _checkpoint_probs(loaded_path, rows, names, options, config), None
         labels = rows["label"].to_numpy()
+        rule = options.filter_by
         if len(names) > confident.CLEANLAB_CLASSES:  # cleanlab's K x K matrices: gigabytes at 10,000 classes
+            rule = "confident learning's rule, row by row"
             console.print(f"[bold]label issues[/] of {len(names):,} classes by confident learning's rule, row by "
                           f"row (audit.filter_by={markup(options.filter_by)} applies up to "
                           f"{confident.CLEANLAB_CLASSES:,} classes: cleanlab builds {len(names):,} x {len(names):,} "
@@ -171,8 +174,8 @@ def run_audit(tree: dict, overrides: list[str], run_dir: RunDir) -> AuditResult:
         scores = pd.DataFrame({
             "split": rows["split"], "row": rows["row"], "text": rows["text"],
             "given_label": [names[i] for i in labels], "suggested_label": [names[i] for i in probs.argmax(1)],
-            "score": np.round(quality, 6),
-            "given_probability": np.round(probs[np.arange(len(labels)), labels], 6),
+            "score": quality,  # (not rounded: at thousands of classes the lowest scores differ past 6 decimals)
+            "given_probability": probs[np.arange(len(labels)), labels],
             "fold": folds if folds is not None else pd.array([pd.NA] * len(rows), dtype="Int64"),
             "flagged": flagged})
         order = np.lexsort((scores["row"].to_numpy(), quality))  # lowest quality first; ties in row order
@@ -182,7 +185,7 @@ def run_audit(tree: dict, overrides: list[str], run_dir: RunDir) -> AuditResult:
         write_with(run_dir.root / DUPLICATES, lambda tmp: dups.to_csv(tmp, index=False))
         write_with(run_dir.root / ISSUES, lambda tmp: issues.to_csv(tmp, index=False))
         console.open_log(run_dir.log("audit"))  # (a fold's training had the log)
-        _report(issues, len(rows), dups, options, mode, loaded_path, run_dir)
+        _report(issues, len(rows), dups, options, mode, loaded_path, run_dir, rule)
         return AuditResult(run_dir.root, issues, scores, dups, mode,
                            {"label_issues": run_dir.root / ISSUES, "duplicates": run_dir.root / DUPLICATES,
                             "plan": run_dir.root / PLAN})
@@ -214,7 +217,7 @@ def _checkpoint_data(checkpoint: str, config, overrides):
     validation rows are the rows it had), unless data=<name> is given; data.<key>=value replaces a key."""
     found = locate(checkpoint)  # (refused before the data is read: no folder left behind for a wrong path)
     saved = ckpt.read_config(found) if found.config.is_file() else None
-    typed = {o.split("=", 1)[0] for o in overrides}
+    typed = set(typed_keys(overrides))
     if saved is None or "data" in typed or not saved.get("data"):
         return found.path, config.data, config.seed
     keys = {k.split(".", 1)[1] for k in typed if k.startswith("data.")}
@@ -345,7 +348,7 @@ def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
             held = np.flatnonzero(fold_of == i)
             fold = RunDir(run_dir.root / f"fold_{i + first}")
             done = fold.root / OUT_OF_FOLD
-            started = time.monotonic()
+            started, seen = time.monotonic(), None
             if done.is_file():
                 with np.load(done, allow_pickle=False) as saved:
                     if not np.array_equal(saved["rows"], held):
@@ -366,8 +369,10 @@ def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
                 elif fold.root.exists() and is_ours(fold.root, "run"):  # stopped before its first checkpoint
                     shutil.rmtree(fold.root)
                 console.print(f"fold {i + 1}/{k}: training on {len(rows) - len(held):,} rows ...", highlight=False)
-                with _composable():
-                    best = resolve_checkpoint(train_overrides(args, fold.root, quiet=True).run_dir)
+                # the screen shows the fold's progress and epoch lines, as a sweep's job does (a fold of a million
+                # rows would be silent for its whole training otherwise); its train.log has everything
+                with _composable(), console.filtered(QuietJob()) as seen:
+                    best = resolve_checkpoint(train_overrides(args, fold.root).run_dir)
             clf = Classifier.load(best.path, device=config.trainer.device)
             fold_probs = scored(clf, rows["text"].iloc[held].tolist(), options.batch_size)
             write_with(done, lambda tmp: _save_arrays(tmp, rows=held, probs=fold_probs))
@@ -377,8 +382,10 @@ def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
             data_file.unlink(missing_ok=True)
             console.open_log(run_dir.log("audit"))  # the fold's training had the log; the audit's continues
             accuracy = float((fold_probs.argmax(1) == labels[held]).mean())
+            hidden = f"; {seen.warnings} warning{'s' * (seen.warnings != 1)} in {markup(fold.log('train'))}" \
+                if seen is not None and seen.warnings else ""
             console.print(f"fold {i + 1}/{k}: {len(held):,} held-out rows scored, agreement with their labels "
-                          f"{accuracy:.3f} ({time.monotonic() - started:.0f} s)", highlight=False)
+                          f"{accuracy:.3f} ({time.monotonic() - started:.0f} s){hidden}", highlight=False)
     except (Exception, KeyboardInterrupt) as exc:  # Ctrl-C (also one that Hydra, composing the next fold's
         if not isinstance(exc, Interrupted) and not interrupted_by(exc):  # config, turned into an error of its
             raise  # own): finished folds are whole (atomic writes), so the audit continues there
@@ -451,10 +458,11 @@ def duplicates(data) -> pd.DataFrame:
     return pd.DataFrame(out, columns=columns)
 
 
-def _report(issues, n_rows, dups, options, mode, checkpoint, run_dir: RunDir) -> None:
+def _report(issues, n_rows, dups, options, mode, checkpoint, run_dir: RunDir, rule: str) -> None:
     console = output()
     share = 100 * len(issues) / max(n_rows, 1)
     source = "out-of-fold probabilities" if mode == "folds" else f"probabilities of {checkpoint}"
+    by = f"cleanlab ({markup(rule)}, " if rule in FILTERS else f"{markup(rule)} ("  # (above CLEANLAB_CLASSES: ours)
     if len(issues) and options.top:
         shown = issues.head(options.top)
         table = Table(title=rich(f"suspected label errors ({len(shown)} of {len(issues):,}, most suspicious first)"),
@@ -473,8 +481,8 @@ def _report(issues, n_rows, dups, options, mode, checkpoint, run_dir: RunDir) ->
                      f"{r.score:.3f}"]
             table.add_row(*cells, *([str(int(r.fold))] if mode == "folds" else []))
         console.print(table)
-    console.print(f"[bold]label issues[/] {len(issues):,} of {n_rows:,} rows ({share:.1f}%) flagged by cleanlab "
-                  f"({options.filter_by}, from {markup(source)}); all in {markup(run_dir.root / ISSUES)}",
+    console.print(f"[bold]label issues[/] {len(issues):,} of {n_rows:,} rows ({share:.1f}%) flagged by "
+                  f"{by}from {markup(source)}); all in {markup(run_dir.root / ISSUES)}",
                   highlight=False)
     if len(dups):
         g = dups.groupby("group").agg(across=("across_splits", "first"), differ=("labels_differ", "first"))

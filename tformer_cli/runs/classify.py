@@ -26,12 +26,11 @@ from ..evaluation import report
 from ..evaluation.artifacts import training_curves_png
 from ..hydra_setup import config_dir, group_defaults
 from ..evaluation import calibration, conformal
-from ..evaluation.evaluate import count, score_split, write_reports
+from ..evaluation.evaluate import count, every_text_cuts, score_split, write_reports
 from ..inference import logit_blocks
 from ..model import pretrained
 from ..model.encoder import CLASSIFIER_KEYS, EncoderConfig, TransformerClassifier, init_shape_keys
 from ..model.mlm import encoder_state
-from ..overrides import typed_keys
 from ..store.layout import PRETRAINING, CheckpointDir, RunDir, read_small
 from ..tasks import TASKS
 from ..store.locate import locate
@@ -42,6 +41,7 @@ from ..training import recipe
 from ..training.early_stopping import mode_for
 from ..training.objectives import Classification
 from ..training.state import TrainingState
+from ..typed_config import typed_keys, typed_values
 from .resume import check_same_data, resume_plan
 from .session import Session, Trained, execute
 
@@ -322,7 +322,8 @@ def check_init_model(tree: dict, overrides) -> None:
                               f"default from-scratch recipe: add {_preset_of(theirs)}, the preset it was pretrained "
                               f"with")
         return
-    said = "model.pretrained" if "model.pretrained" in typed else f"model={_typed_value(overrides, 'model')}"
+    preset = (typed_values(overrides, "model") or [""])[-1]
+    said = "model.pretrained" if "model.pretrained" in typed else f"model={preset}"
     if not mine and not begun or mine and begun and (mine == theirs or _same_weights(model, meta)):
         return
     names = f"names {mine}" if mine else "is a model trained from scratch"
@@ -348,10 +349,6 @@ def _same_weights(model: dict, meta: dict) -> bool:
         return False
     folder = pretrained.local_model(model["pretrained"], model.get("pretrained_package"))
     return folder is not None and sha256_file(pretrained.weights_file(folder)) == weights
-
-
-def _typed_value(overrides, key: str) -> str:
-    return next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), "")
 
 
 def _cut_from_teacher(config: TrainConfig, student: TeacherLayers, data, tok, tokenized, fingerprint) -> Prepared:
@@ -485,14 +482,19 @@ def calibrate(session: Session) -> checkpoint.Loaded:
                             pad_id=prepared.pad_id, device=session.device, precision=session.precision)
     y = validation.doc_labels.numpy()
     y = y if fitted_on is None else y[fitted_on]
-    changes = calibration.fitted(logits, y, multi, config.seed, loaded.thresholds, loaded.temperature)
+    every_text = None if fitted_on is None else every_text_cuts(
+        loaded.model, validation, multi, config.seed, pad_id=prepared.pad_id, device=session.device,
+        precision=session.precision, batch_size=config.trainer.eval_batch_size)
+    changes = calibration.fitted(logits, y, multi, config.seed, loaded.thresholds, loaded.temperature,
+                                 every_text=every_text)
     temperature, sets = changes["temperature"], changes["conformal"]
     checkpoint.update_meta(run_dir.best, changes)
     before, after = (calibration.ece(calibration.probabilities(logits, t, multi), y, multi)
                      for t in (None, temperature))
     edge = calibration.at_the_edge(temperature)
-    sample = "" if fitted_on is None else (f", fitted on {len(fitted_on):,} of {validation.n_docs:,} validation texts "
-                                           f"(a seeded sample: {len(loaded.label_names):,} classes)")
+    sample = "" if fitted_on is None else (f" (the temperature and ECE on a seeded sample of {len(fitted_on):,} of "
+                                           f"the {validation.n_docs:,} validation texts: "
+                                           f"{len(loaded.label_names):,} classes)")
     console.print(f"calibration: temperature {calibration.describe(temperature)}{edge}; validation ECE {before:.4f} -> "
                   f"{after:.4f}{sample} (saved in {markup(run_dir.best)})", highlight=False)
     at = sets["cuts"][conformal.key(conformal.DEFAULT_LEVEL)]

@@ -18,7 +18,7 @@ from ..model import pretrained
 from ..model.pretrained import EmbeddingInitConfig
 from ..training import optim, recipe
 from ..training.config import LoggerConfig, LossConfig, OptimizerConfig, ScheduleConfig, TrainerConfig
-from ..typed_config import build, number_or_auto, plain
+from ..typed_config import build, number_or_auto, plain, typed_keys
 from ..yesno import bool_or_path
 
 # Filled in from the data and the tokenizer (or a pretrained model), never from the model YAML.
@@ -157,8 +157,7 @@ class EvaluateConfig:
         if "name" not in node:  # no data group chosen: evaluate.yaml's own all-null `data:` keys
             tree["data"], typed = None, {k: v for k, v in node.items() if v is not None}
         else:
-            keys = {o.split("=", 1)[0].lstrip("+~").split(".")[1] for o in overrides
-                    if o.lstrip("+~").startswith("data.") and "=" in o}
+            keys = {key.split(".")[1] for key in typed_keys(overrides) if key.startswith("data.")}
             typed = {k: node[k] for k in keys if k in node}
         config = build(cls, tree)
         config.data_typed = typed
@@ -236,7 +235,7 @@ class CalibrateConfig(EvaluateConfig):
     @classmethod
     def from_hydra(cls, cfg, overrides=()) -> "CalibrateConfig":
         config = super().from_hydra(cfg, overrides)
-        typed = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+        typed = set(typed_keys(overrides))
         named = [f"{k}={v}" for k, v in (("file", config.file), ("test_file", config.test_file),
                                          ("data.test_file", config.data_typed.get("test_file"))) if v is not None]
         if any(not str(v).strip() for v in (config.file, config.test_file, config.data_typed.get("test_file"))

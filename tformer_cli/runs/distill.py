@@ -37,7 +37,6 @@ import datasets
 import safetensors.torch
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
 
 from ..data import sanity, sources, tokenization
 from ..data.tokenization import LongText, TokenizedSplit
@@ -45,16 +44,16 @@ from ..errors import ConfigError, TformerError
 from ..console import progress
 from ..inference import logit_blocks, weighted_bce
 from ..model import pretrained
-from ..overrides import typed_keys
 from ..safe_text import markup
 from .. import checkpoint
 from ..store.atomic import sha256_file, write_json, write_with
 from ..store.layout import DISTILLED_FROM, TEACHER_WEIGHTS, CheckpointDir, RunDir, TeacherCache, read_small
 from ..tasks import TASKS
 from ..store.locate import locate
+from ..store.mapped import ShardedRows, mapped_safetensors
 from ..training.loop import Interrupted, Optimization, Run, sliced_update
 from ..training.objectives import Classification
-from ..typed_config import build
+from ..typed_config import build, typed_keys
 from .classify import ClassifierJob, Prepared, TeacherLayers, build_run, class_weights_of, configure, prepare
 from .resume import check_unchanged, resume_plan
 from .session import Session, Trained, execute
@@ -583,9 +582,10 @@ def shard_key(texts: list[str]) -> str:
 def teacher_logits(teacher: CheckpointDir, weights_sha256: str, texts: list[str], cache_root: Path, device,
                    precision, batch_size: int, console, with_features: bool = False, loaded=None):
     """(len(texts), classes) float32 logits of the teacher and, with_features, its (len(texts), D) pooled vectors
-    (else None), read from its cache where they were computed before, else computed SHARD_TEXTS texts at a time,
-    each shard kept as it is done (Ctrl-C loses at most one). A shard holds both, the vectors in bfloat16 (only
-    their cosines are used; half the memory of float32 for a million texts); one written without vectors is
+    (else None): `ShardedRows` tables over the cache's files, memory-mapped (texts x classes never in the process's
+    own memory). Shards computed before are read from the cache; the others are computed SHARD_TEXTS texts at a
+    time, each kept as it is done (Ctrl-C loses at most one). A shard holds both, the vectors in bfloat16 (only
+    their cosines are used; half the bytes of float32 for a million texts); one written without vectors is
     computed again when they are asked for. loaded: the teacher's checkpoint already loaded on `device` (else
     loaded here)."""
     loaded = loaded if loaded is not None else checkpoint.load(teacher, device)
@@ -600,11 +600,10 @@ def teacher_logits(teacher: CheckpointDir, weights_sha256: str, texts: list[str]
     done = {k: t for k, (part, f) in enumerate(zip(parts, files))
             if (t := _read_shard(f, len(part), classes, wanted)) is not None}
 
-    def joined():
-        if not parts:
-            return torch.zeros(0, classes), (torch.zeros(0, width, dtype=torch.bfloat16) if with_features else None)
-        logits = torch.cat([done[k][0] for k in range(len(parts))])
-        return logits, (torch.cat([done[k][1] for k in range(len(parts))]) if with_features else None)
+    def joined():  # (read in place: the shards stay files in the page cache, rows x classes never in memory)
+        logits = ShardedRows([done[k][0] for k in range(len(parts))], SHARD_TEXTS, classes, torch.float32)
+        return logits, (ShardedRows([done[k][1] for k in range(len(parts))], SHARD_TEXTS, width, torch.bfloat16)
+                        if with_features else None)
 
     kept = sum(len(parts[k]) for k in done)
     what = "logits and pooled vectors" if with_features else "logits"
@@ -635,7 +634,7 @@ def teacher_logits(teacher: CheckpointDir, weights_sha256: str, texts: list[str]
                                    f"checkpoint of a run that trained well")
             write_with(file, lambda tmp, t=logits, v=vectors: safetensors.torch.save_file(
                 {"logits": t, "features": v}, str(tmp)))
-            done[k] = (logits, vectors if with_features else None)
+            done[k] = _read_shard(file, len(part), classes, wanted) or (logits, vectors if with_features else None)
             bar.update(len(part))
     except KeyboardInterrupt:
         kept = sum(len(parts[k]) for k in done)
@@ -647,15 +646,15 @@ def teacher_logits(teacher: CheckpointDir, weights_sha256: str, texts: list[str]
 
 
 def _read_shard(path: Path, rows: int, classes: int, width: int | None = None):
-    """(logits, pooled vectors in bfloat16 or None) of a cache shard when the file is whole, of the expected shapes
-    and finite, and has the vectors when `width` asks for them; else None (computed again)."""
+    """(logits, pooled vectors in bfloat16 or None) of a cache shard, memory-mapped, when the file is whole, of the
+    expected shapes and finite, and has the vectors when `width` asks for them; else None (computed again)."""
     if not path.is_file():
         return None
     try:
-        with safetensors.safe_open(str(path), "pt") as f:
-            logits = f.get_tensor("logits")
-            vectors = f.get_tensor("features") if width is not None else None
-    except (OSError, SafetensorError, KeyError, ValueError):
+        tensors = mapped_safetensors(path)
+        logits = tensors["logits"]
+        vectors = tensors["features"] if width is not None else None
+    except (OSError, KeyError, ValueError, TypeError):
         return None
     ok = logits.shape == (rows, classes) and logits.dtype == torch.float32 and bool(torch.isfinite(logits).all())
     if ok and vectors is not None:

@@ -43,7 +43,7 @@ from ..data.batching import BatchLoader
 from ..training.loop import Optimization, Run, sliced_update
 from ..training import recipe
 from ..training.state import TrainingState
-from ..typed_config import build
+from ..typed_config import build, typed_overrides
 from .classify import build_tokenizer_and_embeddings, configure
 from .resume import check_unchanged, find_resumable
 from .session import Session, execute
@@ -296,9 +296,9 @@ class PretrainJob:
                           f"validation texts was masked: mlm.mask_prob={self.options.mask_prob:g} is too small for "
                           f"them, or they are too short); the weights are in {markup(run_dir.last)}", highlight=False)
             return float("nan")
-        same = [o for o in session.overrides if o.split("=", 1)[0] in ("data", "data.dir", "model", "model.max_len",
-                                                                         "model.pretrained", "seed",
-                                                                         "model.pretrained_package")]
+        same = [typed for key, _, typed in typed_overrides(session.overrides)
+                if key in ("data", "data.dir", "model", "model.max_len", "model.pretrained", "seed",
+                           "model.pretrained_package")]
         if self.model_name and not any(o.startswith("model=") for o in same):
             same.append(f"model={self.model_name}")  # (pretrain's default preset may not be train's)
         if not any(o.startswith("data=") for o in same):

@@ -22,6 +22,7 @@ from ..safe_text import markup
 from ..store.atomic import sha256_file, write_json
 from ..store.layout import RunDir
 from ..store.locate import locate
+from ..evaluation.evaluate import every_text_cuts
 from .classify import sampled_logits
 from .config import CalibrateConfig
 from .scoring import checked_data, reading, tokenized
@@ -66,26 +67,30 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     logits = sampled_logits(loaded.model, split, rows, count, batch_size=config.batch_size,
                             pad_id=tokenization.pad_id(tok), device=device, precision=precision)
     y = labels if rows is None else labels[rows]
-    if len(y) < MIN_TEXTS:
-        raise TformerError(f"{_texts(len(y))} of {what} are too few to calibrate on: a temperature and label-set cuts "
-                           f"fitted on them would be noise; give at least {MIN_TEXTS} labelled texts (a few hundred "
-                           f"make the 0.90 level steady)")
-    if multi and len(y) and not np.asarray(y).any():  # (every text would count as covered by an empty set)
-        raise TformerError(f"none of the {_texts(len(y))} of {what} has a label: label sets fitted on them would "
+    if len(labels) < MIN_TEXTS:
+        raise TformerError(f"{_texts(len(labels))} of {what} are too few to calibrate on: a temperature and label-set "
+                           f"cuts fitted on them would be noise; give at least {MIN_TEXTS} labelled texts (a few "
+                           f"hundred make the 0.90 level steady)")
+    if multi and len(labels) and not np.asarray(labels).any():  # (every text would count as covered by an empty set)
+        raise TformerError(f"none of the {_texts(len(labels))} of {what} has a label: label sets fitted on them would "
                            f"always be empty; give texts with their labels in the `{data_cfg.label_column}` column")
-    changes = calibration.fitted(logits, y, multi, seed, loaded.thresholds, loaded.temperature,
-                                 refit=True)
+    every_text = None if rows is None else every_text_cuts(loaded.model, split, multi, seed, device=device,
+                                                            pad_id=tokenization.pad_id(tok), precision=precision,
+                                                            batch_size=config.batch_size)
+    changes = calibration.fitted(logits, y, multi, seed, loaded.thresholds, loaded.temperature, refit=True,
+                                 every_text=every_text)
     changes["calibrated_on"] = {"checkpoint": str(loaded.path.resolve()), "data": data_cfg.name, "split": config.split,
                                 "file": Path(read).name if read else None,
-                                "file_sha256": sha256_file(Path(read)) if read else None, "texts": int(len(y))}
+                                "file_sha256": sha256_file(Path(read)) if read else None, "texts": int(len(labels))}
     write_json(run_dir.data_report, checked)
     checkpoint.copy_with_meta(loaded.files, run_dir.best, changes)
     checkpoint.load(run_dir.best)  # (what predict will read: checked as it checks it)
     summary = _summary(logits, y, multi, loaded, changes, tally)
     write_json(run_dir.eval_metrics, summary)
-    sample = "" if rows is None else f" (a seeded sample of {split.n_docs:,}: {len(loaded.label_names):,} classes)"
-    console.print(f"calibration on {_texts(len(y))}{sample}: temperature {calibration.describe(loaded.temperature)} "
-                  f"-> {calibration.describe(changes['temperature'])}"
+    sample = "" if rows is None else (f" (the temperature and the figures here on a seeded sample of {len(y):,}: "
+                                      f"{len(loaded.label_names):,} classes; the label-set cuts on every text)")
+    console.print(f"calibration on {_texts(len(labels))}{sample}: temperature "
+                  f"{calibration.describe(loaded.temperature)} -> {calibration.describe(changes['temperature'])}"
                   f"{calibration.at_the_edge(changes['temperature'])}; on these texts log loss "
                   f"{summary['nll_before']:.4f} -> {summary['nll']:.4f}, ECE {summary['ece_before']:.4f} -> "
                   f"{summary['ece']:.4f} (binned: on few texts it may move either way)", highlight=False)

@@ -26,8 +26,9 @@ from .. import cores, timing
 from .. import checkpoint
 from ..console import Output, output
 from ..errors import TformerError, interrupted_by
-from ..overrides import override_value, typed_keys
+from ..overrides import override_value
 from ..safe_text import markup
+from ..typed_config import typed_keys
 from ..hardware import keep_freed_host_memory, pick_device, pick_precision
 from ..store.atomic import write_json
 from ..store.layout import CheckpointDir, RunDir
@@ -122,8 +123,8 @@ def resume_session(session: Session, ckpt: CheckpointDir) -> None:
     """session.resume from the run's `last` checkpoint, checked; an `auto` the run resolved (trainer.epochs,
     optimizer.lr) takes the run's own value, in the config as in the tree (every rank of a DDP run the same)."""
     data = getattr(session.config, "data", None)
-    session.resume = load_resume(session.job, ckpt, session.tree, bool(getattr(data, "multi_label", False)),
-                                 typed_keys(session.overrides))
+    typed = typed_keys(session.overrides)
+    session.resume = load_resume(session.job, ckpt, session.tree, bool(getattr(data, "multi_label", False)), typed)
     trainer = getattr(session.config, "trainer", None)
     if trainer is not None and recipe.said_auto(trainer.epochs):
         trainer.epochs = session.tree["trainer"]["epochs"]
@@ -132,7 +133,7 @@ def resume_session(session: Session, ckpt: CheckpointDir) -> None:
         optimizer.lr = session.tree["optimizer"]["lr"]
     saved = (session.resume.config.get("data") or {}) if isinstance(session.resume.config, dict) else {}
     if data is not None and not data.dir and saved.get("dir") and saved.get("name") == data.name and \
-            "data.dir" not in typed_keys(session.overrides):  # (data.dir=null typed: the Hub, as asked)
+            "data.dir" not in typed:  # (data.dir=null typed: the Hub, as asked)
         # the folder the run read (a data.dir, or $TFORMER_DATA_ROOT's, which this shell may not set): read again
         session.config.data = dataclasses.replace(data, dir=saved["dir"])
         session.tree["data"]["dir"] = saved["dir"]

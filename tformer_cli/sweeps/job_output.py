@@ -51,11 +51,8 @@ def quiet(hydra_job):
         yield
         return
     job = QuietJob()
-    out.screen_filter = job
-    try:
+    with out.filtered(job):
         yield
-    finally:
-        out.screen_filter = None
     out.print(final_line(hydra_job, job), highlight=False)
 
 

@@ -28,6 +28,7 @@ from .naming import round_floats
 from ..store.atomic import write_text
 from ..console import output
 from ..errors import Refused, TformerError
+from ..typed_config import typed_overrides
 from ..store.layout import RunDir, SweepDir, newest_sweep
 from ..tasks import TASKS
 from ..safe_text import csv_row, markup, rich
@@ -299,8 +300,9 @@ def resume_args(args: list[str], task: str = "train") -> list[str]:
     saved = [o for o in ran or [] if not o.startswith("resume=")]
     changes = plan.resume_changes(saved, args, plan.is_grid(sweep)) if ran is not None else []
     if changes:  # other values would get other jobs under the same numbers, and a job done twice counted twice
-        moved = [a for a in args if a.lstrip("+").startswith("data.dir=")]  # (where the data is now: the user's)
-        kept = [o for o in saved if not (moved and o.lstrip("+").startswith("data.dir="))]
+        moved = [typed for key, _, typed in typed_overrides(args) if key == "data.dir"]  # (where the data is now)
+        dirs = {typed for key, _, typed in typed_overrides(saved) if key == "data.dir"}
+        kept = [o for o in saved if not (moved and o in dirs)]
         again = shlex.join(["tformer", task, "-m", *kept, *moved, *plan.saved_hydra_overrides(sweep),
                             f"resume={sweep}"])
         free = " and ".join(f"{k}=" for k in plan.FREE if k != "resume")
