@@ -255,3 +255,35 @@ def test_pretraining_refuses_auto_epochs(tmp_path):
     r = run_tformer("pretrain", "trainer.epochs=auto", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().startswith("error: trainer.epochs=auto is chosen from labelled "
                                                              "data"), r.stderr[-500:]
+
+
+def test_multi_label_metrics_are_scikit_learns_counted_a_block_at_a_time():
+    """compute_multi_label counts per label and per text in blocks of rows (no texts x labels copies): the same
+    figures and report as scikit-learn's, samples average and labels never on (or never predicted) included."""
+    from sklearn import metrics as sk
+
+    from tformer_cli.evaluation.metrics import compute_multi_label
+
+    rng = np.random.default_rng(1)
+    for trial in range(12):
+        n, k = int(rng.integers(1, 40)), int(rng.integers(2, 8))
+        y = (rng.random((n, k)) < rng.random()).astype(np.float32)
+        if trial % 3 == 0:
+            y[: n // 2] = 0  # texts with no label
+        if trial % 4 == 0:
+            y[:, 0] = 0  # a label never on
+        probs, cuts = rng.random((n, k)).astype(np.float32), rng.random(k) * (1.5 if trial % 5 == 0 else 1)
+        names = [f"l{i}" for i in range(k)]
+        got = compute_multi_label(y, probs, cuts, names, block_entries=7)  # (blocks of one to three texts)
+        truth, pred = y.astype(np.int8), (probs >= cuts[None, :]).astype(np.int8)
+        labels = list(range(k))
+        p, r, f1, _ = sk.precision_recall_fscore_support(truth, pred, average="micro", labels=labels, zero_division=0)
+        want = {"accuracy": sk.accuracy_score(truth, pred), "precision": p, "recall": r, "f1": f1,
+                "f1_macro": sk.f1_score(truth, pred, average="macro", labels=labels, zero_division=0),
+                "hamming_loss": sk.hamming_loss(truth, pred)}
+        assert {key: got[key] for key in want} == pytest.approx(want, abs=1e-12)
+        report = sk.classification_report(truth, pred, labels=labels, target_names=names, output_dict=True,
+                                          zero_division=0)
+        assert got["per_class"].keys() == report.keys()
+        for name, row in report.items():
+            assert got["per_class"][name] == pytest.approx(row, abs=1e-12), (trial, name)

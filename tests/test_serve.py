@@ -98,7 +98,7 @@ def test_a_request_may_ask_for_label_sets_and_gets_the_classifiers(server, run):
                                                                     "values; give it once")]:
         status, body = server.request(f"/predict{query}", {"texts": texts, "coverage": level})
         assert status == 400 and words in body["error"], (query, body)
-    status, body = server.request("/predict?coverage=0.9&coverage=0.9", texts)  # (the same value again: one choice)
+    status, body = server.request("/predict?coverage=0.9&coverage=0.90&raw=no&raw=false", texts)  # (one value)
     assert status == 200 and [p["label_set"] for p in body["predictions"]] == [e["label_set"] for e in expected]
     status, body = server.request("/predict", raw=b'{"texts": ["dull"], "top_k": 2, "top_k": 2}',
                                   headers={"Content-Type": "application/json"})

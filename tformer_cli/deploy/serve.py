@@ -40,7 +40,7 @@ from ..classifier import MAX_BATCH, whole_number
 from ..errors import TformerError
 from ..evaluation import conformal
 from ..safe_text import terminal, valid_unicode
-from ..yesno import parse_bool
+from ..yesno import is_bool_word, parse_bool
 
 
 @dataclass
@@ -249,9 +249,10 @@ def read_body(body: bytes):
         raise BadRequest("the body nests JSON too deeply; send a flat list of texts") from None
 
 
-def parse_request(body: bytes, limits: ServeLimits, n_labels: int) -> tuple[list[str], int]:
-    """(texts, top_k) of a /predict body, or BadRequest saying what is wrong with it (its "raw": `parse_raw`)."""
-    data = read_body(body)
+def parse_request(body, limits: ServeLimits, n_labels: int) -> tuple[list[str], int]:
+    """(texts, top_k) of a /predict body (its bytes, or its JSON value as `read_body` read it), or BadRequest saying
+    what is wrong with it (its "raw" and "coverage": `parse_query`)."""
+    data = read_body(body) if isinstance(body, (bytes, bytearray)) else body
     top_k = 1
     if isinstance(data, dict):
         unknown = sorted(set(data) - {"texts", "top_k", "raw", "coverage"})
@@ -282,25 +283,26 @@ def parse_request(body: bytes, limits: ServeLimits, n_labels: int) -> tuple[list
     return [valid_unicode(t) for t in data], min(top_k, n_labels)
 
 
-def parse_query(body: bytes, query, classifier) -> tuple[bool, float | None]:
+def parse_query(data, query, classifier) -> tuple[bool, float | None]:
     """(raw, coverage) of a /predict request: its ?raw= and ?coverage= (`query`: Starlette's multi-dict), or the
-    same keys of its JSON body; any other query parameter, and one given twice with two values, refused."""
+    same keys of its JSON body (`data`: the body's JSON value, checked by parse_request); any other query
+    parameter, and one given twice with two values, refused."""
     unknown = sorted(set(query) - {"raw", "coverage"})
     if unknown:
         raise BadRequest(f"unknown query parameter {unknown[0][:40]!r}; /predict takes ?raw= and ?coverage= (or the "
                          f"same keys in a JSON body)")
-    for key in ("raw", "coverage"):
+    for key, meaning in (("raw", lambda v: parse_bool(v, "raw") if is_bool_word(v) else v),
+                         ("coverage", lambda v: conformal.level_of(v, "?coverage"))):
         values = query.getlist(key)
-        if len(set(values)) > 1:  # (the same value again chooses nothing and passes, as on a command line)
+        if len({meaning(v) for v in values}) > 1:  # (one value twice, or two spellings of it, choose nothing)
             raise BadRequest(f"?{key}= is given {len(values)} times with different values; give it once")
-    return parse_raw(body, query.get("raw")), parse_coverage(body, classifier, query.get("coverage"))
+    return parse_raw(data, query.get("raw")), parse_coverage(data, classifier, query.get("coverage"))
 
 
-def parse_raw(body: bytes, query: str | None) -> bool:
+def parse_raw(data, query: str | None) -> bool:
     """Whether a /predict request asks for raw (uncalibrated) probabilities: "raw": true|false in a JSON object
-    body, or ?raw=true|false (yes/no/1/0/on/off too, as yesno.parse_bool reads them); both given must agree.
-    Called after parse_request, so the body is known to be valid JSON."""
-    data = read_body(body)
+    body (`data`: its JSON value), or ?raw=true|false (yes/no/1/0/on/off too, as yesno.parse_bool reads them);
+    both given must agree."""
     given = data.get("raw") if isinstance(data, dict) else None
     if given is not None and not isinstance(given, bool):
         raise BadRequest(f"raw={json.dumps(given)[:80]} must be true or false")
@@ -315,10 +317,9 @@ def parse_raw(body: bytes, query: str | None) -> bool:
     return bool(given)
 
 
-def parse_coverage(body: bytes, classifier, query: str | None = None) -> float | None:
-    """The label-set level a /predict request asks for ("coverage": 0.9 in a JSON object body, or ?coverage=0.9;
-    both given must agree; None: no set), or BadRequest. Called after parse_request, so the body is valid JSON."""
-    data = read_body(body)
+def parse_coverage(data, classifier, query: str | None = None) -> float | None:
+    """The label-set level a /predict request asks for ("coverage": 0.9 in a JSON object body, `data` its JSON
+    value, or ?coverage=0.9; both given must agree; None: no set), or BadRequest."""
     given = data.get("coverage") if isinstance(data, dict) else None
     if given is not None and (isinstance(given, bool) or not isinstance(given, (int, float))):
         raise BadRequest(f"coverage={json.dumps(given)[:80]} must be a number from 0.50 to 0.99")
@@ -475,8 +476,9 @@ def create_app(classifier, *, limits: ServeLimits = ServeLimits(), max_batch: in
         except ClientDisconnect:  # gone, or its body too slow: the protocol has logged it; no one reads this
             return Response(status_code=400)
         try:
-            texts, top_k = parse_request(bytes(body), limits, len(classifier.labels))
-            raw, coverage = parse_query(bytes(body), request.query_params, classifier)
+            data = read_body(bytes(body))
+            texts, top_k = parse_request(data, limits, len(classifier.labels))
+            raw, coverage = parse_query(data, request.query_params, classifier)
         except BadRequest as exc:
             return error(str(exc), exc.status)
         stats["requests"] += 1

@@ -1,6 +1,7 @@
-"""Classification metrics: binary averaging for two classes, macro otherwise (scikit-learn's definitions and
-output, tested against it; single-label metrics are counted here with numpy, so `tformer train` starts without
-importing scikit-learn and SciPy, a second of every start).
+"""Classification metrics: binary averaging for two classes, macro otherwise, micro for multi-label (scikit-learn's
+definitions and output, tested against it; counted here with numpy, so `tformer train` starts without importing
+scikit-learn and SciPy, a second of every start, and a multi-label split is counted a block of rows at a time
+instead of through scikit-learn's copies of it).
 
 Everything here grows with texts plus classes, never with their product's square: up to DENSE_CONFUSION_CLASSES
 classes the whole confusion matrix is kept (`confusion_matrix`, K x K counts), above that only its most frequent
@@ -119,23 +120,57 @@ def tune_thresholds(y_true, probs, block_entries: int = 1 << 22) -> list[float]:
     return [float(t) if positives[c] else 0.5 for c, t in enumerate(best)]
 
 
-def compute_multi_label(y_true, probs, thresholds, label_names: list[str], loss: float | None = None) -> dict:
+def compute_multi_label(y_true, probs, thresholds, label_names: list[str], loss: float | None = None,
+                        block_entries: int = 1 << 22) -> dict:
     """Multi-label metrics: subset accuracy (every label of a text right) as `accuracy`, micro-averaged
     precision/recall/F1 as the headline (`average: micro`), macro F1, Hamming loss, and the per-label report
-    (scikit-learn's, with its samples average: imported here, where a multi-label run needs it)."""
-    from sklearn import metrics as sk  # (deferred: see the module's docstring)
-
-    y_true = (np.asarray(y_true) > 0.5).astype(np.int8)
-    pred = (np.asarray(probs) >= np.asarray(thresholds)[None, :]).astype(np.int8)
-    labels = list(range(len(label_names)))
-    p, r, f1, _ = sk.precision_recall_fscore_support(y_true, pred, average="micro", labels=labels, zero_division=0)
-    pm, rm, f1m, _ = sk.precision_recall_fscore_support(y_true, pred, average="macro", labels=labels, zero_division=0)
-    out = {"accuracy": float(sk.accuracy_score(y_true, pred)), "precision": float(p), "recall": float(r),
-           "f1": float(f1), "average": "micro", "f1_macro": float(f1m), "precision_macro": float(pm),
-           "recall_macro": float(rm), "hamming_loss": float(sk.hamming_loss(y_true, pred)), "n": int(len(y_true)),
-           "multi_label": True, "thresholds": [float(t) for t in thresholds],
-           "per_class": sk.classification_report(y_true, pred, labels=labels, target_names=label_names,
-                                                 output_dict=True, zero_division=0)}
+    (`multi_label_report`: scikit-learn's, with its samples average). Counted a block of rows at a time: besides
+    the arrays given, memory holds per-label counts, never another texts x labels array."""
+    y_all, p_all = np.asarray(y_true), np.asarray(probs)
+    cuts = np.asarray(thresholds, dtype=np.float64)[None, :]
+    n, k = len(y_all), len(label_names)
+    counts = {"tp": np.zeros(k, np.int64), "fp": np.zeros(k, np.int64), "fn": np.zeros(k, np.int64)}
+    exact, wrong, samples = 0, 0, np.zeros(3)  # samples: summed per-text precision, recall, F1
+    rows = max(1, block_entries // max(k, 1))
+    for start in range(0, n, rows):
+        y, pred = y_all[start:start + rows] > 0.5, p_all[start:start + rows] >= cuts
+        hit = y & pred
+        counts["tp"] += hit.sum(axis=0)
+        counts["fp"] += (pred & ~y).sum(axis=0)
+        counts["fn"] += (y & ~pred).sum(axis=0)
+        differ = (y != pred).sum(axis=1)
+        exact, wrong = exact + int((differ == 0).sum()), wrong + int(differ.sum())
+        tp, predicted, true = hit.sum(axis=1), pred.sum(axis=1), y.sum(axis=1)
+        samples += [_divide(tp, predicted).sum(), _divide(tp, true).sum(), _divide(2 * tp, predicted + true).sum()]
+    report = multi_label_report(counts["tp"], counts["fp"], counts["fn"], samples / max(n, 1), label_names)
+    micro, macro = report["micro avg"], report["macro avg"]
+    out = {"accuracy": exact / n if n else 0.0, "precision": micro["precision"], "recall": micro["recall"],
+           "f1": micro["f1-score"], "average": "micro", "f1_macro": macro["f1-score"],
+           "precision_macro": macro["precision"], "recall_macro": macro["recall"],
+           "hamming_loss": wrong / (n * k) if n and k else 0.0, "n": int(n), "multi_label": True,
+           "thresholds": [float(t) for t in thresholds], "per_class": report}
     if loss is not None:
         out["loss"] = float(loss)
     return out
+
+
+def multi_label_report(tp, fp, fn, samples, label_names: list[str]) -> dict:
+    """scikit-learn's classification_report(output_dict=True, zero_division=0) of a multi-label indicator matrix,
+    from per-label counts and the per-text averages `samples` (precision, recall, F1): per label, then micro,
+    macro, weighted and samples averages."""
+    support, predicted = tp + fn, tp + fp
+    precision, recall, f1 = _divide(tp, predicted), _divide(tp, support), _divide(2 * tp, support + predicted)
+    report = {name: {"precision": float(p), "recall": float(r), "f1-score": float(f), "support": float(m)}
+              for name, p, r, f, m in zip(label_names, precision, recall, f1, support)}
+    total, t = float(support.sum()), int(tp.sum())
+    report["micro avg"] = {"precision": float(_divide(t, predicted.sum())), "recall": float(_divide(t, total)),
+                           "f1-score": float(_divide(2 * t, total + predicted.sum())), "support": total}
+    report["macro avg"] = {"precision": float(np.average(precision)) if len(precision) else 0.0,
+                           "recall": float(np.average(recall)) if len(recall) else 0.0,
+                           "f1-score": float(np.average(f1)) if len(f1) else 0.0, "support": total}
+    weighted = (lambda v: float(np.average(v, weights=support))) if total else (lambda v: 0.0)
+    report["weighted avg"] = {"precision": weighted(precision), "recall": weighted(recall),
+                              "f1-score": weighted(f1), "support": total}
+    report["samples avg"] = {"precision": float(samples[0]), "recall": float(samples[1]),
+                             "f1-score": float(samples[2]), "support": total}
+    return report
