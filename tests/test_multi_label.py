@@ -275,6 +275,7 @@ def test_multi_label_metrics_are_scikit_learns_counted_a_block_at_a_time():
         probs, cuts = rng.random((n, k)).astype(np.float32), rng.random(k) * (1.5 if trial % 5 == 0 else 1)
         names = [f"l{i}" for i in range(k)]
         got = compute_multi_label(y, probs, cuts, names, block_entries=7)  # (blocks of one to three texts)
+        assert compute_multi_label(y.astype(np.uint8), probs, cuts, names, block_entries=7) == got  # (one byte)
         truth, pred = y.astype(np.int8), (probs >= cuts[None, :]).astype(np.int8)
         labels = list(range(k))
         p, r, f1, _ = sk.precision_recall_fscore_support(truth, pred, average="micro", labels=labels, zero_division=0)

@@ -48,7 +48,10 @@ def collate(split: TokenizedSplit, idx: torch.Tensor, pad_id: int, multiple: int
     mask = pos < lengths.unsqueeze(1)  # (B, T)
     gather = (starts.unsqueeze(1) + pos).clamp(max=max(split.values.shape[0] - 1, 0))
     ids = torch.where(mask, split.values[gather].long(), torch.full_like(gather, pad_id))
-    return {"input_ids": ids, "attention_mask": mask, "labels": split.labels[idx], "index": idx}
+    labels = split.labels[idx]
+    if labels.dtype == torch.uint8:  # (multi-label: the split's one-byte multi-hot rows, as the loss's float targets)
+        labels = labels.float()
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels, "index": idx}
 
 
 class BatchLoader:

@@ -102,17 +102,18 @@ def tune_thresholds(y_true, probs, block_entries: int = 1 << 22) -> list[float]:
     the cut nearest 0.5, and a label with no positive example here keeps 0.5. Tuned on validation, stored in the
     checkpoint, applied unchanged to test and predictions. Counted for every label at once, a block of rows at a
     time (10,000 labels: 19 passes over the probabilities, not 190,000 F1 calls)."""
-    y_true, probs = np.asarray(y_true) > 0.5, np.asarray(probs)
+    y_true, probs = np.asarray(y_true), np.asarray(probs)
     rows = max(1, block_entries // max(probs.shape[1], 1))
     tp = np.zeros((len(THRESHOLD_GRID), probs.shape[1]), dtype=np.int64)
     predicted = np.zeros_like(tp)
+    positives = np.zeros(probs.shape[1], dtype=np.int64)  # (labels,)
     for start in range(0, len(probs), rows):
-        p, y = probs[start:start + rows], y_true[start:start + rows]
+        p, y = probs[start:start + rows], y_true[start:start + rows] > 0.5
+        positives += y.sum(axis=0)
         for i, cut in enumerate(THRESHOLD_GRID):
             above = p >= cut
             tp[i] += (above & y).sum(axis=0)
             predicted[i] += above.sum(axis=0)
-    positives = y_true.sum(axis=0)  # (labels,)
     denominator = predicted + positives  # 2 tp + fp + fn
     f1 = np.where(denominator > 0, 2 * tp / np.maximum(denominator, 1), 0.0)  # (sklearn's F1, zero_division 0)
     scores = np.round(f1, 12)[_TIE_ORDER]  # (cuts in tie order, labels): argmax takes the first best

@@ -549,7 +549,7 @@ def class_weights(labels, num_classes: int, mode: str | None):
     if mode != "balanced":
         raise TformerError(f"loss.class_weights={mode} must be auto, null or balanced")
     if labels.dim() == 2:
-        positives = labels.float().sum(0)
+        positives = labels.sum(0).float()  # (summed as integers: no float copy of the split)
         return ((len(labels) - positives).clamp(min=1) / positives.clamp(min=1)).sqrt()
     counts = torch.bincount(labels, minlength=num_classes).float().clamp(min=1)
     return counts.sum() / (num_classes * counts)
