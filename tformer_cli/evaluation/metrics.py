@@ -52,17 +52,30 @@ def classification_report(y_true: np.ndarray, y_pred: np.ndarray, label_names: l
     support = np.bincount(y_true, minlength=k)[:k]
     predicted = np.bincount(y_pred, minlength=k)[:k]
     tp = np.bincount(y_true[y_true == y_pred], minlength=k)[:k]
-    precision, recall, f1 = _divide(tp, predicted), _divide(tp, support), _divide(2 * tp, support + predicted)
-    report = {name: {"precision": float(p), "recall": float(r), "f1-score": float(f), "support": float(n)}
-              for name, p, r, f, n in zip(label_names, precision, recall, f1, support)}
+    report = _per_label(label_names, tp, predicted, support)
     report["accuracy"] = float(np.mean(y_true == y_pred)) if len(y_true) else 0.0
+    return {**report, **_averages(report, label_names)}
+
+
+def _per_label(label_names: list[str], tp, predicted, support) -> dict:
+    """classification_report's row of each class (or label) from its counts."""
+    precision, recall, f1 = _divide(tp, predicted), _divide(tp, support), _divide(2 * tp, support + predicted)
+    return {name: {"precision": float(p), "recall": float(r), "f1-score": float(f), "support": float(n)}
+            for name, p, r, f, n in zip(label_names, precision, recall, f1, support)}
+
+
+def _averages(report: dict, label_names: list[str]) -> dict:
+    """classification_report's macro avg and weighted avg (by support) of the rows of `label_names`."""
+    rows = [report[name] for name in label_names]
+    support = np.array([row["support"] for row in rows])
     total = float(support.sum())
-    report["macro avg"] = {"precision": float(np.average(precision)), "recall": float(np.average(recall)),
-                           "f1-score": float(np.average(f1)), "support": total}
-    weighted = (lambda v: float(np.average(v, weights=support))) if total else (lambda v: 0.0)
-    report["weighted avg"] = {"precision": weighted(precision), "recall": weighted(recall),
-                              "f1-score": weighted(f1), "support": total}
-    return report
+    out = {}
+    for average, weights in (("macro avg", None), ("weighted avg", support)):
+        out[average] = {metric: float(np.average([row[metric] for row in rows], weights=weights))
+                        if rows and (weights is None or total) else 0.0
+                        for metric in ("precision", "recall", "f1-score")}
+        out[average]["support"] = total
+    return out
 
 
 def confusions(y_true, y_pred, label_names: list[str]) -> dict:
@@ -160,18 +173,11 @@ def multi_label_report(tp, fp, fn, samples, label_names: list[str]) -> dict:
     from per-label counts and the per-text averages `samples` (precision, recall, F1): per label, then micro,
     macro, weighted and samples averages."""
     support, predicted = tp + fn, tp + fp
-    precision, recall, f1 = _divide(tp, predicted), _divide(tp, support), _divide(2 * tp, support + predicted)
-    report = {name: {"precision": float(p), "recall": float(r), "f1-score": float(f), "support": float(m)}
-              for name, p, r, f, m in zip(label_names, precision, recall, f1, support)}
+    report = _per_label(label_names, tp, predicted, support)
     total, t = float(support.sum()), int(tp.sum())
     report["micro avg"] = {"precision": float(_divide(t, predicted.sum())), "recall": float(_divide(t, total)),
                            "f1-score": float(_divide(2 * t, total + predicted.sum())), "support": total}
-    report["macro avg"] = {"precision": float(np.average(precision)) if len(precision) else 0.0,
-                           "recall": float(np.average(recall)) if len(recall) else 0.0,
-                           "f1-score": float(np.average(f1)) if len(f1) else 0.0, "support": total}
-    weighted = (lambda v: float(np.average(v, weights=support))) if total else (lambda v: 0.0)
-    report["weighted avg"] = {"precision": weighted(precision), "recall": weighted(recall),
-                              "f1-score": weighted(f1), "support": total}
+    report.update(_averages(report, label_names))
     report["samples avg"] = {"precision": float(samples[0]), "recall": float(samples[1]),
                              "f1-score": float(samples[2]), "support": total}
     return report

@@ -382,8 +382,7 @@ def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
             data_file.unlink(missing_ok=True)
             console.open_log(run_dir.log("audit"))  # the fold's training had the log; the audit's continues
             accuracy = float((fold_probs.argmax(1) == labels[held]).mean())
-            hidden = f"; {seen.warnings} warning{'s' * (seen.warnings != 1)} in {markup(fold.log('train'))}" \
-                if seen is not None and seen.warnings else ""
+            hidden = f"; {seen.warned(str(fold.log('train')))}" if seen is not None and seen.warnings else ""
             console.print(f"fold {i + 1}/{k}: {len(held):,} held-out rows scored, agreement with their labels "
                           f"{accuracy:.3f} ({time.monotonic() - started:.0f} s){hidden}", highlight=False)
     except (Exception, KeyboardInterrupt) as exc:  # Ctrl-C (also one that Hydra, composing the next fold's

@@ -56,10 +56,7 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     multi = bool(loaded.model.cfg.multi_label)
     rows = calibration.fit_rows(split.n_docs, len(loaded.label_names), seed)
     labels = split.doc_labels.numpy()
-    if not multi and len(labels) and len(np.unique(labels)) < 2:  # (the fit would learn to be surer of it alone)
-        raise TformerError(f"all {_texts(len(labels))} of {what} are of one class ({loaded.label_names[int(labels[0])]}):"
-                           f" a temperature and label sets fitted on them would describe that class alone; give "
-                           f"labelled texts of the classes the model answers with")
+    _refuse_unfittable(labels, multi, what, loaded.label_names, data_cfg.label_column)  # (before the model's pass)
     # what the checkpoint's own cuts cover of these texts, counted as `tformer evaluate` counts (its draws, its order)
     tally = conformal.Tally(loaded.conformal, multi) if loaded.conformal is not None else None
     count = None if tally is None else (lambda index, block: tally.add(
@@ -67,13 +64,6 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     logits = sampled_logits(loaded.model, split, rows, count, batch_size=config.batch_size,
                             pad_id=tokenization.pad_id(tok), device=device, precision=precision)
     y = labels if rows is None else labels[rows]
-    if len(labels) < MIN_TEXTS:
-        raise TformerError(f"{_texts(len(labels))} of {what} are too few to calibrate on: a temperature and label-set "
-                           f"cuts fitted on them would be noise; give at least {MIN_TEXTS} labelled texts (a few "
-                           f"hundred make the 0.90 level steady)")
-    if multi and len(labels) and not np.asarray(labels).any():  # (every text would count as covered by an empty set)
-        raise TformerError(f"none of the {_texts(len(labels))} of {what} has a label: label sets fitted on them would "
-                           f"always be empty; give texts with their labels in the `{data_cfg.label_column}` column")
     every_text = None if rows is None else every_text_cuts(loaded.model, split, multi, seed, device=device,
                                                             pad_id=tokenization.pad_id(tok), precision=precision,
                                                             batch_size=config.batch_size)
@@ -113,6 +103,23 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     console.print(f"new checkpoint: {markup(run_dir.best)} (weights unchanged; {markup(loaded.path)} is as it was); "
                   f"use checkpoint={markup(run_dir.root)}", highlight=False)
     return float(summary["ece"])
+
+
+def _refuse_unfittable(labels, multi: bool, what: str, names: list[str], label_column: str) -> None:
+    """Labelled texts no temperature or label-set cuts can be fitted on, refused in one line: texts of one class
+    (the fit would learn to be surer of it alone), too few, or for a multi-label model none with a label (every
+    text would count as covered by an empty set)."""
+    if not multi and len(labels) and len(np.unique(labels)) < 2:
+        raise TformerError(f"all {_texts(len(labels))} of {what} are of one class ({names[int(labels[0])]}): a "
+                           f"temperature and label sets fitted on them would describe that class alone; give "
+                           f"labelled texts of the classes the model answers with")
+    if len(labels) < MIN_TEXTS:
+        raise TformerError(f"{_texts(len(labels))} of {what} are too few to calibrate on: a temperature and label-set "
+                           f"cuts fitted on them would be noise; give at least {MIN_TEXTS} labelled texts (a few "
+                           f"hundred make the 0.90 level steady)")
+    if multi and len(labels) and not np.asarray(labels).any():
+        raise TformerError(f"none of the {_texts(len(labels))} of {what} has a label: label sets fitted on them would "
+                           f"always be empty; give texts with their labels in the `{label_column}` column")
 
 
 def _texts(n: int) -> str:

@@ -1,14 +1,15 @@
 """Tensor files read in place: a safetensors file's tensors memory-mapped (file pages of the page cache, which the
 kernel drops when it needs the memory and reads again, rather than the process's own memory), and shards of rows
-read as one table. A distillation's teacher logits
-are texts x classes numbers (a million texts of 5,000 classes: 20 GB); held in process memory they would bound the
-data a student can learn from by RAM, where mapped they are read a batch of rows at a time.
+read as one table. A distillation's teacher logits are texts x classes numbers (a million texts of 5,000 classes: 20
+GB); held in process memory they would bound the data a student can learn from by RAM, where mapped they are read a
+batch of rows at a time.
 
 The file format is safetensors' own (an 8-byte little-endian header length, a JSON header of each tensor's dtype,
 shape and byte offsets, then the bytes): the header is parsed here as JSON, nothing is unpickled."""
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -41,10 +42,7 @@ def mapped_safetensors(path: str | Path, names=None) -> dict[str, torch.Tensor]:
                 continue
             dtype, shape = DTYPES[info["dtype"]], tuple(int(n) for n in info["shape"])
             begin, end = (int(n) for n in info["data_offsets"])
-            count = 1
-            for n in shape:
-                count *= n
-            if min(shape, default=0) < 0 or end - begin != count * dtype.itemsize or start + end > size:
+            if min(shape, default=0) < 0 or end - begin != math.prod(shape) * dtype.itemsize or start + end > size:
                 raise ValueError(f"{name}'s bytes do not match its shape")
             if (start + begin) % dtype.itemsize:
                 raise ValueError(f"{name} is not aligned")

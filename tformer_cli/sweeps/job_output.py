@@ -40,6 +40,11 @@ class QuietJob:
         self.kept = self.kept or text.endswith("; not retrained")
         return False
 
+    def warned(self, log: str) -> str:
+        """'2 warnings in <log>' (rich markup) for the warnings kept from the screen; '' for none."""
+        return f"[yellow]{self.warnings} warning{'s' if self.warnings != 1 else ''}[/] in {markup(log)}" \
+            if self.warnings else ""
+
 
 @contextmanager
 def quiet(hydra_job):
@@ -71,8 +76,7 @@ def final_line(hydra_job, seen: QuietJob | None = None) -> str:
     if "accuracy" in job.test:
         parts.append(f"test accuracy {job.test['accuracy']:.4f}")
     if seen is not None and seen.warnings:
-        log = run.log(hydra_job.job.config_name).name
-        parts.append(f"[yellow]{seen.warnings} warning{'s' if seen.warnings != 1 else ''}[/] in {log}")
+        parts.append(seen.warned(run.log(hydra_job.job.config_name).name))
     return "; ".join([*parts, markup(shown_path(run.root))])
 
 
