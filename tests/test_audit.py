@@ -17,6 +17,7 @@ SPORTS = "goal match team score player coach league stadium referee striker".spl
 COOKING = "recipe oven flour sugar bake kitchen pan butter dough whisk".split()
 PLANTED = 10  # a sports text labelled cooking
 FOLDS = tiny("trainer.epochs=3", "audit.folds=3", base=TINY_TRAINING)
+GROUPED = "data.group_column=author"  # two texts an author: a fold holds both or neither
 
 
 def separable_rows() -> pd.DataFrame:
@@ -27,7 +28,7 @@ def separable_rows() -> pd.DataFrame:
     for i in range(160):
         label = "sports" if i % 2 == 0 else "cooking"
         rows.append({"text": " ".join(rng.choice(SPORTS if label == "sports" else COOKING) for _ in range(8)),
-                     "label": label})
+                     "label": label, "author": f"author {i // 4 * 2 + i % 2}"})
     rows[PLANTED]["label"] = "cooking"
     return pd.DataFrame(rows)
 
@@ -81,6 +82,20 @@ def test_an_interrupted_audit_resumes_with_its_finished_folds(audited, labelled_
 
 
 @pytest.mark.slow
+def test_an_audit_by_groups_keeps_each_group_in_one_fold(labelled_csv, tmp_path, monkeypatch):
+    """data.group_column: a fold holds all of an author's texts or none (and each fold model carves its own
+    validation split by the same groups); the planted error is still found."""
+    monkeypatch.chdir(tmp_path)
+    result = audit([*FOLDS, "data=files", f"data.train_file={labelled_csv}", GROUPED], run_dir=tmp_path / "grouped")
+    author = dict(zip(separable_rows()["text"], separable_rows()["author"]))
+    assert result.scores.groupby(result.scores["text"].map(author))["fold"].nunique().max() == 1
+    assert sorted(result.scores["fold"].unique()) == [1, 2, 3]
+    assert result.issues.iloc[0].text == separable_rows().iloc[PLANTED].text
+    assert "groups by group (a group's texts stay on one side)" in (tmp_path / "grouped" / "fold_1" / "train.log"
+                                                                     ).read_text()
+
+
+@pytest.mark.slow
 def test_checkpoint_mode_scores_with_an_existing_model(labelled_csv, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = train([*tiny("trainer.epochs=3", base=TINY_TRAINING), "data=files", f"data.train_file={labelled_csv}"],
@@ -90,6 +105,35 @@ def test_checkpoint_mode_scores_with_an_existing_model(labelled_csv, tmp_path, m
     assert result.issues["fold"].isna().all()
     log = (tmp_path / "quick" / "audit.log").read_text()
     assert "may have trained on" in log
+
+
+def test_folds_keep_groups_whole_and_stay_stratified():
+    """assign_folds with groups: every group in one fold, each class spread over the folds by its groups' rows."""
+    import numpy as np
+
+    from tformer_cli.runs.audit import assign_folds
+
+    rng = np.random.default_rng(0)
+    groups = np.repeat(np.arange(300), rng.integers(1, 8, 300))
+    labels = (groups % 3).astype(np.int64)  # a group's texts share a class
+    fold_of = assign_folds(labels, 5, seed=0, groups=groups)
+    assert all(len(set(fold_of[groups == g])) == 1 for g in range(300))
+    for c in range(3):
+        share = np.bincount(fold_of[labels == c], minlength=5) / (labels == c).sum()
+        assert np.abs(share - 0.2).max() < 0.04  # (half the largest group either way)
+    assert not np.array_equal(fold_of, assign_folds(labels, 5, seed=1, groups=groups))
+    with pytest.raises(TformerError, match=r"^audit.folds=5: the rows fall in 3 groups \(data.group_column\), too few "
+                                           r"to fill 5 folds; lower audit.folds"):
+        assign_folds(np.array([0, 0, 1, 1, 1, 0]), 5, seed=0, groups=np.array([0, 0, 1, 1, 2, 2]))
+    lone = np.r_[labels, [3, 3, 3]]  # a class whose 3 rows share one group: one fold model would never see it
+    with pytest.raises(TformerError, match=r"^audit.folds=5: every row of class 'd' \(3, in 1 group of "
+                                           r"data.group_column\) falls in one fold, whose model would never see"):
+        assign_folds(lone, 5, seed=0, names=list("abcd"), groups=np.r_[groups, [300, 300, 300]])
+    unseen = np.where(labels == 1, 2, labels)  # (a class with no audited row, only test rows: nothing to refuse)
+    assert len(set(assign_folds(unseen, 5, seed=0, names=list("abc"), groups=groups))) == 5
+    two = np.repeat(np.arange(100), 3)  # (classes of 2 equal groups: always in 2 folds, whatever the seed)
+    for seed in range(10):
+        assert len(set(assign_folds(two // 2, 5, seed=seed, groups=two)[two // 2 == 7])) == 2
 
 
 def test_copies_within_and_across_splits_are_listed():

@@ -212,3 +212,19 @@ def test_cuts_fitted_a_block_at_a_time_in_any_order_are_the_cuts_of_all_texts(mu
         fit.add(block, probs[block], labels[block])
     assert fit.result() == whole and whole["n"] == 500
     assert all(c is not None for c in whole["cuts"].values())
+
+
+def test_an_empty_set_on_screen_says_what_it_means(capsys):
+    """A sure text's set may be empty (randomised APS): the table says once what {} means, and only when one shows."""
+    from tformer_cli.evaluation.answers import print_table
+
+    answer = {"text": "a gripping film", "label": "pos", "probability": 0.99, "coverage": 0.9, "top_k": []}
+    print_table([{**answer, "label_set": []}, {**answer, "label_set": []}], 1, False)
+    shown = " ".join(capsys.readouterr().out.split())
+    assert shown.count("{}: an empty set: the model is surer than the level 0.90 needs") == 1
+    assert "its label is the answer" in shown
+    print_table([{**answer, "label_set": ["pos"]}], 1, False)
+    assert "empty set" not in capsys.readouterr().out
+    multi = {"text": "a", "labels": [], "probabilities": {}, "coverage": 0.9, "top_k": [], "label_set": []}
+    print_table([multi], 1, False)  # (no label reached the cut: nothing to explain as randomised)
+    assert "empty set" not in capsys.readouterr().out

@@ -89,6 +89,135 @@ def test_a_class_seen_once_stays_in_train_and_the_rest_is_stratified(tmp_path, m
         test_size=0.25, seed=0, stratify_by_column="label")["test"]["text"]
 
 
+def _grouped_csv(path, groups=60, seed=0):
+    """Texts of `groups` authors (1 to 6 texts each), each author writing in one of 3 classes."""
+    import random
+    rng = random.Random(seed)
+    rows = ["text,label,author"]
+    for g in range(groups):
+        rows += [f"post {i} by author{g},{'abc'[g % 3]},author{g}" for i in range(rng.randint(1, 6))]
+    path.write_text("\n".join(rows) + "\n")
+    return len(rows) - 1
+
+
+def test_a_group_column_keeps_each_group_on_one_side(tmp_path, monkeypatch):
+    """data.group_column: an author's (a thread's, a customer's) texts are all in train or all in validation, about
+    the fraction asked is carved, stratified as far as groups allow, seeded; the column is not kept."""
+    p = tmp_path / "train.csv"
+    n = _grouped_csv(p)
+    said = []
+
+    class Said:
+        def print(self, line, **kw):
+            said.append(line)
+    monkeypatch.setattr(sources, "output", Said)
+    data = sources.load(files_cfg(train_file=str(p), group_column="author"))
+    train, val = data.splits["train"], data.splits["validation"]
+    author = lambda texts: {t.split(" by ")[1] for t in texts}  # noqa: E731
+    assert not author(train["text"]) & author(val["text"]) and len(train) + len(val) == n
+    assert abs(len(val) - 0.25 * n) <= 18  # (a group's texts, at most 6, either way per class)
+    assert set(val["label"]) == {0, 1, 2} and set(train.column_names) == set(val.column_names) == {"text", "label"}
+    assert any(f"validation split: {len(val)} texts, {len(author(val['text']))} of 60 groups by author" in line
+               for line in said)
+    again = sources.load(files_cfg(train_file=str(p), group_column="author")).splits["validation"]["text"]
+    other = sources.load(files_cfg(train_file=str(p), group_column="author"), seed=1).splits["validation"]["text"]
+    assert again == val["text"] and set(other) != set(val["text"])
+    plain = sources.load(files_cfg(train_file=str(p))).splits["validation"]["text"]
+    assert author(plain) & author(sources.load(files_cfg(train_file=str(p))).splits["train"]["text"])  # (what it fixes)
+    # a test split carved from train keeps groups whole too; a text without a group is a group of its own
+    rows = p.read_text().splitlines()
+    p.write_text("\n".join(rows + ["a text of nobody,a,"]) + "\n")
+    data = sources.load(files_cfg(train_file=str(p), group_column="author", test_fraction=0.2))
+    sides = [author(t for t in data.splits[s]["text"] if " by " in t) for s in ("train", "validation", "test")]
+    assert not (sides[0] & sides[1] or sides[0] & sides[2] or sides[1] & sides[2])
+    assert sum(len(data.splits[s]) for s in data.splits) == n + 1
+
+
+def test_group_column_refusals_and_multi_label(tmp_path):
+    p = tmp_path / "train.csv"
+    _grouped_csv(p)
+    with pytest.raises(TformerError, match=r"^data.group_column='writer': no such column in the train split; it has "
+                                           r"columns text, label, author; name the column"):
+        sources.load(files_cfg(train_file=str(p), group_column="writer"))
+    one = tmp_path / "one.csv"
+    one.write_text("text,label,site\n" + "".join(f"text {i},{'ab'[i % 2]},same\n" for i in range(20)))
+    refused = (r"^data.group_column='{}': the train split's 20 rows fall in {}, none of which can go to a validation "
+               r"split without leaving a class no train rows \(or taking most of them\); add rows from more groups")
+    with pytest.raises(TformerError, match=refused.format("site", "1 group")):
+        sources.load(files_cfg(train_file=str(one), group_column="site"))
+    with pytest.raises(TformerError, match=refused.format("label", "2 groups")):  # (a group per class)
+        sources.load(files_cfg(train_file=str(one), group_column="label"))
+    nested = tmp_path / "nested.parquet"
+    pd.DataFrame({"text": ["a", "b"] * 10, "label": [0, 1] * 10, "tags": [["x"], ["y"]] * 10}).to_parquet(nested)
+    with pytest.raises(TformerError, match=r"^data.group_column='tags': its cells are lists or mappings; give one"):
+        sources.load(files_cfg(train_file=str(nested), group_column="tags"))
+    sets = tmp_path / "sets.csv"
+    sets.write_text("text,label,author\n" + "".join(f"text {i} by a{i // 3},\"x,y\",a{i // 3}\n" if i % 2 else
+                                                      f"text {i} by a{i // 3},x,a{i // 3}\n" for i in range(60)))
+    data = sources.load(files_cfg(train_file=str(sets), group_column="author", multi_label=True))
+    by = lambda s: {t.split(" by ")[1] for t in data.splits[s]["text"]}  # noqa: E731
+    assert not by("train") & by("validation") and len(data.splits["validation"]) in range(12, 19)
+    texts = sources.load(files_cfg(train_file=str(p), group_column="author"), texts_only=True)  # (pretraining)
+    assert {t.split(" by ")[1] for t in texts.splits["train"]["text"]}.isdisjoint(
+        t.split(" by ")[1] for t in texts.splits["validation"]["text"])
+
+
+def test_grouped_carves_spread_few_groups_and_keep_every_class_in_train():
+    """However few a class's groups, each side gets its share in expectation (a seeded turn per class): 50 classes
+    of 2 equal groups give about 20%, not all-or-nothing; a blank cell is a group of its own; a class whose rows all
+    sit in other classes' groups keeps rows in train."""
+    import numpy as np
+    import pyarrow as pa
+
+    codes = np.repeat(np.arange(100), 4)
+    for seed in range(3):
+        held = sources.carved_rows(codes, (codes // 2).astype(np.int64), 0.2, seed)
+        assert 0.1 < held.mean() < 0.3 and (np.bincount((codes // 2)[~held], minlength=50) > 0).all()
+    got = sources.group_codes(pa.chunked_array([pa.array(["a", "", "b", None]), pa.array([" ", "a", "b", "c"])]))
+    assert got[0] == got[5] and got[2] == got[6] and len(set(got[[1, 3, 4]])) == 3 and len(set(got)) == 6
+    big = np.r_[np.zeros(1000, dtype=np.int64), np.arange(1, 11)]  # one group of 1,000 rows and ten of 1
+    for seed in range(20):  # (more than half its class: never carved, whatever the draw)
+        assert not sources.carved_rows(big, np.zeros(1010, dtype=np.int64), 0.2, seed)[:1000].any()
+    few = np.repeat(np.arange(6), 5)  # 2 classes of 3 groups: some group is carved at any seed, even at 0.1
+    assert all(sources.carved_rows(few, few // 3, 0.1, seed).any() for seed in range(30))
+    labels = np.array([0] * 8 + [1] * 8 + [0, 2])  # class 2 only inside a class-0 group
+    codes = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8])
+    for seed in range(20):
+        held = sources.carved_rows(codes, labels, 0.5, seed)
+        assert (np.bincount(labels[~held], minlength=3) > 0).all()
+
+
+def test_a_posts_thread_is_its_subject_without_reply_prefixes(tmp_path, monkeypatch):
+    """group_column=thread (20 Newsgroups' default): read from each post's header block before data.remove
+    strips it, so that a thread's replies are never split between train and validation."""
+    from tformer_cli.data.newsgroups import thread
+
+    assert thread("From: a@b\nSubject: Re: RE:Fwd:  Help   with X11\n\nbody") == "help with x11"
+    assert thread("subject: re^2: Help with X11\nLines: 3\n\nSubject: not this") == "help with x11"
+    assert thread("From: a@b\n\nSubject: in the body only") is None
+    assert thread("Subject: Re:\n\nbody") is None and thread("no header at all") is None
+    rows = []
+    for t in range(30):
+        rows += [{"text": f"From: u{t}{r}@x\nSubject: {'Re: ' * r}Topic {t}\n\npost {r} of thread {t}",
+                  "label": t % 2} for r in range(3)]
+    pd.DataFrame(rows).to_parquet(tmp_path / "train.parquet")
+    data = sources.load(files_cfg(train_file=str(tmp_path / "train.parquet"), group_column="thread",
+                                  remove="[headers]"))
+    of = lambda s: {t.split()[-1] for t in data.splits[s]["text"]}  # noqa: E731
+    assert not of("train") & of("validation") and "Subject" not in data.splits["train"][0]["text"]
+    assert len(data.splits["validation"]) % 3 == 0 and len(data.splits["validation"]) > 0
+    said = []
+
+    class Said:
+        def print(self, line, **kw):
+            said.append(line)
+    monkeypatch.setattr(sources, "output", Said)
+    pd.DataFrame({"text": [r["text"].split("\n\n")[1] for r in rows], "label": [r["label"] for r in rows]}).to_parquet(
+        tmp_path / "bare.parquet")  # (headers stripped already: no thread to read)
+    sources.load(files_cfg(train_file=str(tmp_path / "bare.parquet"), group_column="thread"))
+    assert any("no text of the train split has a Subject: header" in line for line in said)
+
+
 def test_short_text_sets_build_from_trec_and_newsgroups(shared_data, tmp_path):
     """benchmarks/short_texts.py: TREC's questions with their fine labels, 20 Newsgroups' subject lines."""
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "short_texts.py"), "--trec", str(shared_data / "trec"),

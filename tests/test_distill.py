@@ -479,8 +479,11 @@ def test_the_teachers_logits_are_kept_reused_and_recomputed_for_a_changed_teache
     checkpoint.save(changed.best, loaded.model, model_config=loaded.model_config,
                     tokenizer_json=loaded.tokenizer_file.read_text(), label_names=loaded.label_names,
                     config_yaml=loaded.files.config.read_text(), metrics=loaded.metrics, meta=loaded.meta)
+    monkeypatch.setattr(distill_module, "_read_shard", lambda *a: None)  # (a file system that cannot map them)
     run_distill(tmp_path, "d", f"teacher={changed.root}", "trainer.epochs=1")
     assert len(calls) == 5
+    said = " ".join((tmp_path / "d" / "distill.log").read_text().split())
+    assert said.count("was written but cannot be memory-mapped back; its rows stay in memory") == 1  # (once)
     # that teacher trained further since (its best replaced): the distillation from it is not resumed
     with torch.no_grad():
         loaded.model.head.weight.mul_(0.5)
@@ -489,6 +492,24 @@ def test_the_teachers_logits_are_kept_reused_and_recomputed_for_a_changed_teache
                     config_yaml=loaded.files.config.read_text(), metrics=loaded.metrics, meta=loaded.meta)
     with pytest.raises(TformerError, match="the teacher's weights changed since the distillation began"):
         run_distill(tmp_path, "d", f"teacher={changed.root}", "trainer.epochs=2", f"resume={tmp_path / 'd'}")
+
+
+@pytest.mark.slow
+def test_a_teacher_saved_before_a_data_key_existed_is_distilled_from(teacher, tmp_path):
+    """A teacher's saved data config lacks the keys added since (data.group_column): the student's data takes
+    the defaults that teacher trained with, not a refusal that the key is missing."""
+    import yaml
+
+    old = RunDir(tmp_path / "old_teacher")
+    loaded = checkpoint.load(teacher.best_checkpoint)
+    saved = yaml.safe_load(loaded.files.config.read_text())
+    del saved["data"]["group_column"]
+    shutil.copytree(teacher.run_dir, old.root)
+    checkpoint.save(old.best, loaded.model, model_config=loaded.model_config,
+                    tokenizer_json=loaded.tokenizer_file.read_text(), label_names=loaded.label_names,
+                    config_yaml=yaml.safe_dump(saved), metrics=loaded.metrics, meta=loaded.meta)
+    student = run_distill(tmp_path, "s", f"teacher={old.root}", "trainer.epochs=1")
+    assert yaml.safe_load(student.best.config.read_text())["data"]["group_column"] is None
 
 
 def test_a_student_matching_its_teachers_relations_relates_texts_as_the_teacher_does(teacher, topic_files,

@@ -42,6 +42,20 @@ def test_a_new_file_is_read_with_the_runs_column_settings(overrides):
     assert cfg.test_file.endswith("new.csv") and cfg.train_file == "/data/train.csv"
 
 
+def test_a_runs_splits_are_carved_as_it_carved_them():
+    """data=<the run's dataset> does not bring that config's split keys over the run's: a 20 Newsgroups run saved
+    without data.group_column (random validation rows) is evaluated on those rows, not on whole threads some of
+    which it trained on; a typed key still wins."""
+    saved = {"name": "twenty_newsgroups", "dir": "/d/ng", "remove": ["headers", "footers", "quotes"],
+             "validation_fraction": 0.3}
+    assert typed("data=twenty_newsgroups", "split=validation").data_config(saved, "run").group_column is None
+    assert typed("split=validation").data_config(saved, "run").validation_fraction == 0.3
+    assert typed("data=twenty_newsgroups").data_config({**saved, "group_column": "thread"}, "run").group_column == \
+        "thread"
+    assert typed("data=twenty_newsgroups", "data.group_column=thread").data_config(saved, "run").group_column == \
+        "thread"
+
+
 def test_typed_data_keys_win_over_the_runs():
     config = typed("data.test_file=new.csv", "data.text_column=body", "data.header=false", "+data.column_names=[b,y]",
                    "data.label_offset=0")

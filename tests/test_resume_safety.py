@@ -85,6 +85,8 @@ def test_resume_refuses_changed_data_and_says_what_changed(csv_run):
     write_csv(data / "train.csv", reviews(120, labels=("bad", "good", "meh")))  # a class added
     r = run_tformer("train", *args, f"resume={run}", cwd=work)
     assert r.returncode == 2 and "labels [bad, good] -> [bad, good, meh]" in r.stderr, r.stderr
+    r = run_tformer("train", *args, "data.group_column=text", f"resume={run}", cwd=work)  # (another validation split)
+    assert r.returncode == 2 and "the config differs in data.group_column (None -> 'text')" in r.stderr, r.stderr
     assert snapshot(run) == before
     write_csv(data / "train.csv", reviews(120, flip=True))
     r = run_tformer("train", *args, f"resume={run}", "resume_ignore_data_change=true", cwd=work)
@@ -233,3 +235,20 @@ def test_a_resume_of_a_run_on_another_dataset_is_told_its_data_group_not_each_ke
     saved = plain(compose_config("train", "data=imdb", "data.dir=/d/imdb", "data.max_train_samples=300"))
     tree = plain(compose_config("train"))
     assert _as_it_was(saved, config_diff(saved, tree)) == " (add: data=imdb data.dir=/d/imdb data.max_train_samples=300)"
+
+
+def test_a_run_saved_before_group_column_resumes_only_with_its_random_validation_rows():
+    """A 20 Newsgroups run saved without data.group_column carved random rows: resumed under the new default
+    (whole threads) its validation split would change, so the key is compared as null and the fix is named."""
+    from helpers import compose_config
+    from tformer_cli.runs.resume import _as_it_was, config_diff
+    from tformer_cli.typed_config import plain
+
+    tree = plain(compose_config("train", "data=twenty_newsgroups"))
+    saved = plain(compose_config("train", "data=twenty_newsgroups"))
+    del saved["data"]["group_column"]
+    assert config_diff(saved, tree) == ["data.group_column"]
+    assert _as_it_was(saved, ["data.group_column"]) == " (add: data.group_column=null)"
+    assert config_diff(saved, plain(compose_config("train", "data=twenty_newsgroups", "data.group_column=null"))) == []
+    files = plain(compose_config("train", "data=files"))
+    assert config_diff({**files, "data": {k: v for k, v in files["data"].items() if k != "group_column"}}, files) == []

@@ -28,6 +28,7 @@ class DataConfig:
     header: bool  # CSV/TSV: false when the file has no header row
     column_names: list[str] | None  # CSV/TSV without header: the names to give the columns
     validation_fraction: float  # carved from train (stratified, seeded) when there is no validation split
+    group_column: str | None  # rows sharing its value stay on one side of a carved split; thread: derived
     test_fraction: float | None  # carved from train when the data has no test split
     remove: list[str]  # 20 Newsgroups: headers, footers, quotes
     truncation: str  # right: keep the start of long texts; left: keep the end

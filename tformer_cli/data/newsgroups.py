@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+_SUBJECT = re.compile(r"^subject:[ \t]*(.*)$", re.IGNORECASE | re.MULTILINE)
+_REPLY = re.compile(r"^((re|fwd?|aw|sv)(\^?\d+|\[\d+\])?[ \t]*:[ \t]*)+", re.IGNORECASE)
 _QUOTE_LINE = re.compile(r"(writes in|writes:|wrote:|says:|said:|^In article|^Quoted from|^\||^>)")
 
 
@@ -14,6 +16,17 @@ def strip_header(text: str) -> str:
     """Drop everything up to the first blank line (the RFC 822 header block)."""
     _before, _blank, after = text.partition("\n\n")
     return after
+
+
+def thread(text: str) -> str | None:
+    """The thread a post belongs to: its Subject header, lower-cased, with Re:/Fwd: prefixes and runs of spaces
+    dropped (None without one). Replies share their thread's words and often its answer, so a validation split
+    that keeps whole threads on one side scores the model as new threads will (random rows let it score replies to
+    threads it trained on)."""
+    header, _blank, _body = text.partition("\n\n")
+    found = _SUBJECT.search(header)
+    subject = " ".join(_REPLY.sub("", found.group(1).strip()).split()).lower() if found else ""
+    return subject or None
 
 
 def strip_quotes(text: str) -> str:

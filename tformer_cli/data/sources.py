@@ -28,10 +28,13 @@ from ..store.atomic import sha256_file
 from . import arrow, demo
 from .given import bad_json_line
 from .config import DataConfig
-from .newsgroups import clean
+from .newsgroups import clean, thread
 from .sanity import check_label_names, normalized_text
 from .visible import has_visible
 
+# How a run carved its validation and test splits: read again from its checkpoint, never from a dataset config
+# composed later (evaluate split=validation must score the rows that run held out).
+SPLIT_KEYS = ("validation_fraction", "test_fraction", "group_column")
 SPLIT_ALIASES = {"train": ["train"], "validation": ["validation", "valid", "val", "dev"], "test": ["test"]}
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
 
@@ -468,10 +471,10 @@ def _from_hub(source: str) -> bool:
     return source.startswith("hub:")
 
 
-def _to_text_label(ds, cfg, split: str, from_hub: bool = False, texts_only: bool = False):
+def _to_text_label(ds, cfg, split: str, from_hub: bool = False, texts_only: bool = False, grouped: bool = False):
     """Rename/derive the configured columns to `text` and `label` (`text` alone: `texts_only`), with a clear error
     for unknown names. Hub copies may name columns differently from the original files (hub_text_column /
-    hub_label_column)."""
+    hub_label_column). `grouped`: data.group_column's values too, as `group` (the split is carved, or audited)."""
     text_column = (from_hub and cfg.hub_text_column) or cfg.text_column
     label_column = (from_hub and cfg.hub_label_column) or cfg.label_column
     text_columns = list(text_column) if not isinstance(text_column, str) else [text_column]
@@ -481,6 +484,20 @@ def _to_text_label(ds, cfg, split: str, from_hub: bool = False, texts_only: bool
             f"column {missing[0]!r} not found in the {split} split; it has columns {', '.join(ds.column_names)}; "
             f"set data.text_column{'' if texts_only else ' / data.label_column'}"
         )
+    group = cfg.group_column if grouped else None
+    if group is not None and group not in ds.column_names and group != "thread":
+        if split != "train":  # (audit's folds: a split read from its own file may have no groups; a row is one)
+            group = None
+        else:
+            raise TformerError(f"data.group_column={terminal(repr(group))}: no such column in the train split; it "
+                               f"has columns {', '.join(ds.column_names)}; name the column whose rows stay together "
+                               f"(or thread: a post's Subject line)")
+    if group is not None and group in ds.column_names:  # (a column of that name wins over a derived thread)
+        values = arrow.column(ds, group)
+        if pa.types.is_nested(values.type):
+            raise TformerError(f"data.group_column={terminal(repr(group))}: its cells are lists or mappings; give "
+                               f"one value a row (a thread, an author or a customer's name or id)")
+        ds = ds.add_column("__group", values)  # (a copy: the group may be the text or the label)
     separator, where = cfg.text_separator, f"the {split} split"
     if text_columns != ["text"]:
         ds = ds.map(lambda b: {"__text": [separator.join(t for t in (as_text(v, where) for v in vals if v is not None)
@@ -489,12 +506,18 @@ def _to_text_label(ds, cfg, split: str, from_hub: bool = False, texts_only: bool
                     batched=True, desc=f"joining text columns ({split})")
     else:
         ds = ds.rename_column("text", "__text")
-    if texts_only:
-        ds = ds.select_columns(["__text"]).rename_column("__text", "text")
-    else:
-        if label_column != "__label":
-            ds = ds.rename_column(label_column, "__label")
-        ds = ds.select_columns(["__text", "__label"]).rename_columns({"__text": "text", "__label": "label"})
+    if group is not None and "__group" not in ds.column_names:  # thread: derived before headers are removed
+        ds = ds.map(lambda b: {"__group": [None if t is None else thread(as_text(t, where)) for t in b["__text"]]},
+                    batched=True, features=datasets.Features({**ds.features, "__group": datasets.Value("string")}),
+                    desc=f"reading each post's thread ({split})")
+        if len(ds) and arrow.column(ds, "__group").null_count == len(ds):
+            output().print(f"data.group_column=thread: no text of the {split} split has a Subject: header (read "
+                           f"before data.remove strips headers): each row is a group of its own")
+    kept = {"__text": "text", **({} if texts_only else {"__label": "label"}), "__group": "group"}
+    if not texts_only and label_column != "__label":
+        ds = ds.rename_column(label_column, "__label")
+    ds = ds.select_columns([c for c in kept if c in ds.column_names]).rename_columns(
+        {c: name for c, name in kept.items() if c in ds.column_names})
     feature = ds.features["text"]  # (numbers in a parquet column; a JSON column of mixed cells: datasets' Json)
     if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
         ds = ds.map(lambda b: {"text": [None if t is None else as_text(t, where) for t in b["text"]]}, batched=True,
@@ -824,9 +847,12 @@ def too_few_to_carve(rows: int, fraction: float, classes: int) -> bool:
     return part < classes or rows - part < classes
 
 
-def _carve(ds, fraction: float, seed: int, name: str):
+def _carve(ds, fraction: float, seed: int, name: str, group: str | None = None):
     """(rest, a stratified seeded `fraction` of ds) with a clear error when ds is too small to split.
-    Label sets (multi-label) cannot be stratified, nor texts without labels: their split is random (seeded)."""
+    Label sets (multi-label) cannot be stratified, nor texts without labels: their split is random (seeded).
+    With a `group` column (data.group_column) whole groups are carved: `_carve_groups`."""
+    if "group" in ds.column_names:
+        return _carve_groups(ds, fraction, seed, name, group)
     if not hasattr(ds.features.get("label"), "names"):
         if too_few_to_carve(len(ds), fraction, 1):
             raise TformerError(f"the train split has {len(ds)} rows: too few to carve a {name} split of "
@@ -859,19 +885,114 @@ def _carve(ds, fraction: float, seed: int, name: str):
     return datasets.concatenate_datasets([parts["train"], ds.select(np.flatnonzero(lone))]), parts["test"]
 
 
-def load(cfg: DataConfig, seed: int = 0, file_layouts: dict | None = None, texts_only: bool = False) -> LoadedData:
+def group_codes(values: pa.ChunkedArray) -> np.ndarray:
+    """Each row's group as 0..G-1, the values numbered in order of first appearance, then a group for each row
+    whose value is missing or blank (Arrow's dictionary encoding of one contiguous array: no Python object per row;
+    strings as large_string, past 2 GiB)."""
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        values = values.cast(pa.large_string())
+        values = pc.if_else(pc.equal(pc.utf8_trim_whitespace(values), ""), pa.scalar(None, values.type), values)
+    # (combined first: a split selected from a bigger one reads as a chunk a row, and a dictionary each)
+    whole = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    out = pc.fill_null(pc.dictionary_encode(whole).indices, -1).to_numpy().astype(np.int64)
+    lone = out < 0
+    if lone.any():
+        out[lone] = out.max(initial=-1) + 1 + np.arange(int(lone.sum()))
+    return out
+
+
+def group_places(codes: np.ndarray, labels: np.ndarray | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each group's place in [0, 1), its class), for groups 0..G-1: each class's groups, in a seeded order, laid
+    end to end around a circle of that class's rows, turned by a seeded amount of its own; a group's place is where
+    its middle row falls. A carve of a fraction f takes the groups placed below f, and k folds give a group the
+    fold floor(k x place): every class gives each side its share in expectation, however few or uneven its groups
+    (groups of one size spread evenly). A group counts for the class of its first row (labels None: one class)."""
+    n_groups = int(codes.max()) + 1 if len(codes) else 0
+    sizes = np.bincount(codes, minlength=n_groups).astype(np.float64)
+    _, first = np.unique(codes, return_index=True)
+    stratum = labels[first] if labels is not None else np.zeros(n_groups, dtype=np.int64)
+    rng = np.random.default_rng([seed, 0x6B0])
+    order = np.lexsort((rng.random(n_groups), stratum))
+    totals = np.bincount(stratum, weights=sizes)
+    before = np.empty(n_groups)
+    before[order] = np.cumsum(sizes[order]) - sizes[order] - (np.cumsum(totals) - totals)[stratum[order]]
+    turn = rng.random(len(totals))
+    return ((before + sizes / 2) / np.maximum(totals[stratum], 1) + turn[stratum]) % 1.0, stratum
+
+
+def carved_rows(codes: np.ndarray, labels: np.ndarray | None, fraction: float, seed: int) -> np.ndarray:
+    """Which rows a grouped carve of `fraction` takes (`group_places`). A group holding more than half of its
+    class's rows stays in train (one draw would otherwise take most of the class); if no group was placed below
+    the fraction, the lowest placed one that may go goes (few groups: a carve does not hang on the seed). Every
+    class keeps rows in train: where all of a class's groups were taken its last one stays, and a class whose rows
+    all went with other classes' groups gets one of those groups back."""
+    place, stratum = group_places(codes, labels, seed)
+    sizes = np.bincount(codes, minlength=len(place))
+    may = sizes <= np.bincount(stratum, weights=sizes)[stratum] / 2
+    chosen = (place < fraction) & may
+    if not chosen.any() and may.any():
+        chosen[np.flatnonzero(may)[np.argmin(place[may])]] = True
+    whole = np.bincount(stratum, weights=chosen) == np.bincount(stratum)  # (per class: every group taken)
+    if whole.any():
+        groups = np.flatnonzero(whole[stratum])
+        groups = groups[np.lexsort((place[groups], stratum[groups]))]
+        chosen[groups[np.r_[stratum[groups][1:] != stratum[groups][:-1], True]]] = False  # each class's last
+    held = chosen[codes]
+    if labels is not None:
+        k = int(labels.max()) + 1 if len(labels) else 0
+        lost = (np.bincount(labels, minlength=k) > 0) & (np.bincount(labels[~held], minlength=k) == 0)
+        if lost.any():
+            rows = np.flatnonzero(lost[labels])
+            _, first = np.unique(labels[rows], return_index=True)
+            chosen[codes[rows[first]]] = False
+            held = chosen[codes]
+    return held
+
+
+def _carve_groups(ds, fraction: float, seed: int, name: str, column: str | None):
+    """(rest, about `fraction` of ds's rows) with every group (data.group_column) wholly on one side: rows that
+    share a thread, an author or a customer would let the model score texts it has nearly seen, and the split
+    that chooses the epoch, fits the temperature and the label-set cuts would promise more than new groups get.
+    Stratified as far as groups allow (`carved_rows`)."""
+    codes = group_codes(arrow.column(ds, "group"))
+    names = getattr(ds.features.get("label"), "names", None)
+    labels = arrow.numbers(ds, "label") if names else None
+    held = carved_rows(codes, labels, fraction, seed)
+    n_groups = int(codes.max()) + 1 if len(codes) else 0
+    what = f"data.group_column={terminal(repr(column))}" if column else "data.group_column"
+    if not held.any():
+        raise TformerError(f"{what}: the train split's {len(codes):,} rows fall in {n_groups:,} group"
+                           f"{'s' if n_groups != 1 else ''}, none of which can go to a {name} split without leaving "
+                           f"a class no train rows (or taking most of them); add rows from more groups, give a "
+                           f"{name} file (data.{name}_file) or set data.group_column=null")
+    rest, part = ds.select(np.flatnonzero(~held)), ds.select(np.flatnonzero(held))
+    note = ""
+    if names:
+        missing = int(((np.bincount(labels[held], minlength=len(names)) == 0) &
+                       (np.bincount(labels, minlength=len(names)) > 0)).sum())
+        if missing:
+            note = (f"; {missing:,} class{'es' if missing != 1 else ''} with too few groups "
+                    f"{'have' if missing != 1 else 'has'} no text in it")
+    output().print(f"{name} split: {int(held.sum()):,} texts, {len(np.unique(codes[held])):,} of {n_groups:,} groups "
+                   f"by {markup(column or 'group')} (a group's texts stay on one side){note}")
+    return rest, part
+
+
+def load(cfg: DataConfig, seed: int = 0, file_layouts: dict | None = None, texts_only: bool = False,
+         keep_groups: bool = False) -> LoadedData:
     """Load, clean, validate and split the dataset named by the `data` config. A refusal that names the test split
     read from a file given for it names the file too: `evaluate test_file=` and `calibrate file=` read theirs as
     the test split, which is not what their user called it. `file_layouts` ({split: {FILE_LAYOUT_KEYS key: value}})
     says how the file given for a split (data.validation_file / data.test_file) is laid out, where that differs from
     the rest of the data. `texts_only` (masked-LM pretraining) reads the text columns alone: a corpus without labels,
-    or of one class, is data too; the validation split is carved at random."""
+    or of one class, is data too; the validation split is carved at random. `keep_groups` (audit's folds) keeps
+    data.group_column's values as a `group` column in the splits that have them."""
     unknown = sorted({k for layout in (file_layouts or {}).values() for k in layout} - set(FILE_LAYOUT_KEYS))
     if unknown:
         raise ValueError(f"file_layouts take {', '.join(FILE_LAYOUT_KEYS)}, not {unknown[0]}")
     file_cfgs = {split: dataclasses.replace(cfg, **layout) for split, layout in (file_layouts or {}).items()}
     try:
-        return _load(cfg, seed, file_cfgs, texts_only)
+        return _load(cfg, seed, file_cfgs, texts_only, keep_groups)
     except TformerError as exc:
         said = str(exc)
         if type(exc) is not TformerError or not cfg.test_file or "the test split" not in said:
@@ -880,7 +1001,8 @@ def load(cfg: DataConfig, seed: int = 0, file_layouts: dict | None = None, texts
                            ) from exc
 
 
-def _load(cfg: DataConfig, seed: int = 0, file_cfgs: dict | None = None, texts_only: bool = False) -> LoadedData:
+def _load(cfg: DataConfig, seed: int = 0, file_cfgs: dict | None = None, texts_only: bool = False,
+          keep_groups: bool = False) -> LoadedData:
     datasets.disable_progress_bars()  # its per-step bars (casting, filtering) would spam terminals and logs
     # its file readers log why a file failed, then raise: the one error line below says it (with the cause)
     logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)
@@ -888,7 +1010,8 @@ def _load(cfg: DataConfig, seed: int = 0, file_cfgs: dict | None = None, texts_o
     from_hub = _from_hub(source)
     where = ("data.label_names" if names is None else f"{Path(source) / 'labels.txt'}" if files else
              f"the label names of {source}")  # for the one line that refuses names that do not fit the labels
-    splits = {s: _to_text_label(ds, (file_cfgs or {}).get(s, cfg), s, from_hub, texts_only)
+    splits = {s: _to_text_label(ds, (file_cfgs or {}).get(s, cfg), s, from_hub, texts_only,  # (train: it may be
+                                grouped=cfg.group_column is not None and (keep_groups or s == "train"))  # carved)
               for s, ds in raw.items() if s in SPLIT_ALIASES}
     if texts_only:
         cfg, names = dataclasses.replace(cfg, label_offset=0, label_names=None), []  # (no labels to read)
@@ -938,9 +1061,12 @@ def _load(cfg: DataConfig, seed: int = 0, file_cfgs: dict | None = None, texts_o
     else:
         splits, names = _encode_labels(splits, names, where)
     if "test" not in splits and cfg.test_fraction:  # datasets without an official split
-        splits["train"], splits["test"] = _carve(splits["train"], cfg.test_fraction, seed, "test")
+        splits["train"], splits["test"] = _carve(splits["train"], cfg.test_fraction, seed, "test", cfg.group_column)
     if "validation" not in splits:
-        splits["train"], splits["validation"] = _carve(splits["train"], cfg.validation_fraction, seed, "validation")
+        splits["train"], splits["validation"] = _carve(splits["train"], cfg.validation_fraction, seed, "validation",
+                                                       cfg.group_column)
+    splits = {s: ds.remove_columns("group") if "group" in ds.column_names and not keep_groups else ds
+              for s, ds in splits.items()}
     for split, limit_key in (("train", "max_train_samples"), ("validation", "max_eval_samples"),
                              ("test", "max_eval_samples")):
         limit = getattr(cfg, limit_key)

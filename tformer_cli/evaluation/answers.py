@@ -39,6 +39,10 @@ def print_table(results: list[dict], k: int, explained: bool, pieces=None) -> No
         table.add_row(*row)
     console = screen_console()
     console.print(table)
+    if level is not None and any(r.get("label_set") == [] and "label" in r for r in results):  # (single-label:
+        # multi-label sets are the labels over a cut, and an empty one means none reached it)
+        console.print(f"{{}}: an empty set: the model is surer than the level {level:.2f} needs (sets are randomised "
+                      f"to cover the level, not more); its label is the answer", highlight=False)
     for r in results if explained else []:
         if not r.get("empty"):  # shading is lost in a file or a pipe: there each word carries its weight as a number
             console.print(render_explanation(r, pieces) if console.is_terminal else plain_explanation(r, pieces))

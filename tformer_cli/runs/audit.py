@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException, OverrideParseException
 from rich.table import Table
@@ -36,7 +37,7 @@ from sklearn.model_selection import StratifiedKFold
 
 from ..classifier import Classifier
 from ..console import output, progress
-from ..data import sanity, sources
+from ..data import arrow, sanity, sources
 from ..evaluation import confident
 from ..errors import ArgumentTypeError, ConfigError, TformerError, hydra_error_line, interrupted_by
 from ..hydra_setup import compose_tree
@@ -139,7 +140,7 @@ def run_audit(tree: dict, overrides: list[str], run_dir: RunDir) -> AuditResult:
         loaded_path, data_cfg, seed = None, config.data, config.seed
     if data_cfg.multi_label:
         raise TformerError("tformer audit finds errors in single labels; data.multi_label=true is not supported")
-    data = sources.load(data_cfg, seed=seed)
+    data = sources.load(data_cfg, seed=seed, keep_groups=mode == "folds")  # (folds keep data.group_column's groups)
     sanity.check(data, run_dir.data_report)  # copies between splits (leakage), as every run checks
     rows = _audited_rows(data, options.splits)
     names = list(data.label_names)
@@ -234,7 +235,13 @@ def _audited_rows(data, splits: list[str]) -> pd.DataFrame:
         ds = data.splits[split]
         parts.append(pd.DataFrame({"split": split, "row": np.arange(len(ds)), "text": ds["text"][:],
                                    "label": np.asarray(ds["label"][:], dtype=np.int64)}))
-    return pd.concat(parts, ignore_index=True)
+    rows = pd.concat(parts, ignore_index=True)
+    grouped = [s for s in splits if "group" in data.splits[s].column_names]
+    if grouped:  # (a split read from its own file has no groups: each of its rows is one)
+        rows["group"] = sources.group_codes(pa.concat_arrays([
+            arrow.column(data.splits[s], "group").cast(pa.large_string()).combine_chunks() if s in grouped else
+            pa.nulls(len(data.splits[s]), pa.large_string()) for s in splits]))
+    return rows
 
 
 def _fingerprint(rows: pd.DataFrame) -> str:
@@ -242,6 +249,8 @@ def _fingerprint(rows: pd.DataFrame) -> str:
     for split, text, label in zip(rows["split"], rows["text"], rows["label"]):
         digest.update(f"{split}\0{label}\0{len(text)}\0".encode())
         digest.update(text.encode("utf-8", "surrogatepass"))
+    if "group" in rows:  # (which rows share a group decides the folds)
+        digest.update(b"groups\0" + rows["group"].to_numpy(dtype=np.int64).tobytes())
     return digest.hexdigest()
 
 
@@ -294,8 +303,30 @@ def fold_overrides(overrides: list[str], data_cfg, names: list[str]) -> list[str
             "trainer.test_after_fit=false"]
 
 
-def assign_folds(labels: np.ndarray, k: int, seed: int, names=None) -> np.ndarray:
-    """Each row's fold, stratified by class and seeded; every class needs k rows (one in each fold)."""
+def assign_folds(labels: np.ndarray, k: int, seed: int, names=None, groups: np.ndarray | None = None) -> np.ndarray:
+    """Each row's fold, stratified by class and seeded; every class needs k rows (one in each fold). With groups
+    (data.group_column, as codes 0..G-1) a group's rows share a fold, the one its place falls in
+    (sources.group_places: each class's groups spread around the folds), so that a fold model never scores a reply
+    to a thread it trained on; a class all of whose rows would share one fold is refused (that fold's model would
+    never see it)."""
+    if groups is not None:
+        place, _ = sources.group_places(groups, labels, seed)
+        fold_of = np.minimum((k * place).astype(np.int64), k - 1)[groups]
+        if (np.bincount(fold_of, minlength=k) == 0).any():
+            raise TformerError(f"audit.folds={k}: the rows fall in {int(groups.max()) + 1:,} groups "
+                               f"(data.group_column), too few to fill {k} folds; lower audit.folds")
+        classes = int(labels.max()) + 1
+        spread = np.bincount(labels * k + fold_of, minlength=classes * k).reshape(classes, k)
+        alone = np.flatnonzero((spread.sum(axis=1) > 0) & (spread.max(axis=1) == spread.sum(axis=1)))
+        if len(alone) and k > 1:
+            c = int(alone[0])
+            which = f"class {names[c]!r}" if names is not None else f"class id {c}"
+            shared = len(np.unique(groups[labels == c]))
+            raise TformerError(f"audit.folds={k}: every row of {which} ({int(spread[c].sum()):,}, in {shared:,} "
+                               f"group{'s' if shared != 1 else ''} of data.group_column) falls in one fold, whose "
+                               f"model would never see the class; add its rows from more groups, or audit with "
+                               f"data.group_column=null")
+        return fold_of
     counts = np.bincount(labels)
     short = [int(c) for c in np.flatnonzero((counts > 0) & (counts < k))]
     if short:
@@ -330,15 +361,33 @@ def check_fold_splits(labels: np.ndarray, fold_of: np.ndarray, names: list[str],
                                f"on both sides; add rows, lower audit.folds or change the fraction")
 
 
+def check_grouped_fold_splits(labels: np.ndarray, groups: np.ndarray, fold_of: np.ndarray, fraction: float,
+                              seed: int) -> None:
+    """Every fold model must be able to carve its validation split by groups from the rows outside its fold, as its
+    data loading will (the same codes, labels and seed): checked for all folds before the first trains."""
+    for i in range(int(fold_of.max()) + 1):
+        rest = fold_of != i
+        codes = sources.group_codes(pa.chunked_array([pa.array(groups[rest])]))
+        if not sources.carved_rows(codes, labels[rest], fraction, seed).any():
+            raise TformerError(f"audit: fold {i + 1}'s model would train on {int(rest.sum()):,} rows in "
+                               f"{int(codes.max()) + 1:,} groups (data.group_column), none of which its validation "
+                               f"split can take without leaving a class no train rows; add rows from more groups or "
+                               f"lower audit.folds")
+
+
 def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
     """(rows, classes) probabilities, each row's from the fold model that did not train on it, and each row's fold."""
     console = output()
     labels = rows["label"].to_numpy()
     k = options.folds
-    fold_of = assign_folds(labels, k, config.seed, names)
-    check_fold_splits(labels, fold_of, names, config.data.validation_fraction)
+    groups = rows["group"].to_numpy() if "group" in rows else None
+    fold_of = assign_folds(labels, k, config.seed, names, groups)
+    if groups is None:
+        check_fold_splits(labels, fold_of, names, config.data.validation_fraction)
+    else:  # (a grouped fold carves its validation split by group: no class need be on both sides)
+        check_grouped_fold_splits(labels, groups, fold_of, config.data.validation_fraction, config.seed)
     probs = np.full((len(rows), len(names)), np.nan, dtype=np.float32)
-    base = fold_overrides(overrides, config.data, names)
+    base = fold_overrides(overrides, config.data, names) + (["data.group_column=group"] if groups is not None else [])
     first = 0 if (run_dir.root / "fold_0").is_dir() else 1  # (an audit begun by an older tformer counted from 0)
     hint = shlex.join(["tformer", "audit", *[o for o in overrides if not o.startswith("resume=")],
                        f"resume={override_value('resume', str(run_dir.root))}"])  # (quoted for Hydra, then the shell)
@@ -358,7 +407,7 @@ def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
                 continue
             data_file = run_dir.root / "data" / f"fold_{i + first}_train.parquet"
             if not data_file.is_file():
-                train_rows = rows.iloc[np.flatnonzero(fold_of != i)][["text", "label"]]
+                train_rows = rows.iloc[np.flatnonzero(fold_of != i)][[c for c in FOLD_COLUMNS if c in rows]]
                 data_file.parent.mkdir(parents=True, exist_ok=True)
                 write_with(data_file, lambda tmp: train_rows.to_parquet(tmp, index=False))
             args = [*base, "data=files", f"data.train_file={override_value('data', str(data_file.resolve()))}"]
@@ -392,6 +441,9 @@ def _out_of_fold(rows, names, options, config, overrides, run_dir: RunDir):
             from None
     shutil.rmtree(run_dir.root / "data", ignore_errors=True)
     return probs, fold_of + 1  # (numbered as the progress lines and the folders number them: from 1)
+
+
+FOLD_COLUMNS = ("text", "label", "group")  # a fold model's train file (group: data.group_column=group)
 
 
 def _save_arrays(path: Path, **arrays) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..data.config import DataConfig
-from ..data.sources import DEMO_SIZES, FILE_LAYOUT_KEYS
+from ..data.sources import DEMO_SIZES, FILE_LAYOUT_KEYS, SPLIT_KEYS
 from ..errors import ConfigError
 from ..hydra_setup import compose_tree, group_defaults
 from ..model.encoder import EncoderConfig
@@ -181,7 +181,7 @@ class EvaluateConfig:
                 raise ConfigError(f"checkpoint {where} has no saved config to say which data it was trained on; "
                                   f"pass data=<name> (or data=files data.train_file=... data.test_file=...)")
             own = {k: v for k, v in (self.data or {}).items()  # (a key the YAML interpolates is not its own)
-                   if k not in base or (base[k] != v and not str(base[k]).startswith("${"))}
+                   if k not in SPLIT_KEYS and (k not in base or (base[k] != v and not str(base[k]).startswith("${")))}
             if own.get("name", saved.get("name")) != "demo":  # (the demo run's sizes: generated data only)
                 saved = {k: v for k, v in saved.items() if k not in DEMO_SIZES}
             tree = {**saved, **own}

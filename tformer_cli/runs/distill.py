@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from ..data import sanity, sources, tokenization
 from ..data.tokenization import LongText, TokenizedSplit
 from ..errors import ConfigError, TformerError
+from ..hydra_setup import group_defaults
 from ..console import progress
 from ..inference import logit_blocks, weighted_bce
 from ..model import pretrained
@@ -142,7 +143,9 @@ def with_teacher_data(tree: dict, overrides: list[str], teacher: CheckpointDir) 
     if not isinstance(saved, dict) or not isinstance(saved.get("data"), dict):
         raise ConfigError(f"teacher {teacher} has no saved config to say which data it was trained on; pass "
                           f"data=<name> (or data=files data.train_file=...)")
-    tree["data"] = with_typed(saved["data"], tree, keys, "data")
+    # (keys the teacher's tformer did not save yet: the defaults it trained with, as evaluate completes them)
+    older = {k: v for k, v in group_defaults("data").items() if k not in saved["data"] and "${" not in str(v)}
+    tree["data"] = with_typed({**older, **saved["data"]}, tree, keys, "data")
     return tree
 
 
@@ -619,6 +622,7 @@ def teacher_logits(teacher: CheckpointDir, weights_sha256: str, texts: list[str]
                   highlight=False)
     pad, layout = tokenization.pad_id(tok), tokenization.special_layout(tok)
     bar = progress(total=len(texts), initial=kept, desc="teacher logits", unit="text")
+    unread = 0
     try:
         for k, (part, file) in enumerate(zip(parts, files)):
             if k in done:
@@ -634,7 +638,15 @@ def teacher_logits(teacher: CheckpointDir, weights_sha256: str, texts: list[str]
                                    f"checkpoint of a run that trained well")
             write_with(file, lambda tmp, t=logits, v=vectors: safetensors.torch.save_file(
                 {"logits": t, "features": v}, str(tmp)))
-            done[k] = _read_shard(file, len(part), classes, wanted) or (logits, vectors if with_features else None)
+            done[k] = _read_shard(file, len(part), classes, wanted)
+            if done[k] is None:  # (written but not readable back mapped: kept in memory, said once)
+                done[k] = (logits, vectors if with_features else None)
+                unread += 1
+                if unread == 1:
+                    console.print(f"[yellow]warning:[/] the teacher cache file {markup(file)} was written but cannot "
+                                  f"be memory-mapped back; its rows stay in memory (as will any other such file's, "
+                                  f"memory growing with the texts) and the next run scores them again: check the "
+                                  f"file system of {markup(cache)}", highlight=False)
             bar.update(len(part))
     except KeyboardInterrupt:
         kept = sum(len(parts[k]) for k in done)

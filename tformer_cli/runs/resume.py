@@ -104,21 +104,26 @@ def built_by_init(saved: dict, tree: dict, typed) -> set[str]:
 
 def config_diff(a: dict, b: dict, prefix: str = "", ignored: frozenset | None = None) -> list[str]:
     """Dotted keys whose values differ between two plain (resolved) config dicts: `a` the saved run's, `b` the
-    new one. A key the saved config lacks came with a newer tformer (the run used its default): not a change."""
+    new one. A key the saved config lacks came with a newer tformer (the run used its default): not a change,
+    unless ADDED_SINCE says what the runs without it did."""
     if ignored is None:  # (the top level: a run that saved its lr as a number is compared on that number)
         ignored = frozenset(RESUME_IGNORED) | (LR_SOURCES if isinstance(get(a, "optimizer.lr"), (int, float)) else frozenset())
     keys = []
     for k in sorted(set(a) | set(b), key=str):
         dotted = f"{prefix}{k}"
-        if dotted in ignored or k not in a:
+        if dotted in ignored or (k not in a and dotted not in ADDED_SINCE):
             continue
-        va, vb = a.get(k), b.get(k)
+        va, vb = a.get(k, ADDED_SINCE.get(dotted)), b.get(k)
         if isinstance(va, dict) and isinstance(vb, dict):
             keys += config_diff(va, vb, dotted + ".", ignored)
         elif va != vb and not (dotted == "model.max_len" and recipe.is_auto({"max_len": vb})):
             keys.append(dotted)  # (model.max_len=auto resumes any run: it keeps the length it trained with)
     return keys
 
+
+# Keys added since runs were first saved whose new default is not what the runs without them did: their absence
+# means this value, so a run resumed under the new default is told which override puts it back.
+ADDED_SINCE = {"data.group_column": None}
 
 # What optimizer.lr is chosen from. Once a run's lr is a number, that number is what shapes it (and is compared), so
 # a preset whose lr became `auto`, or a changed lr_short_texts, still resumes the runs made before.
