@@ -98,13 +98,19 @@ def test_an_audit_by_groups_keeps_each_group_in_one_fold(labelled_csv, tmp_path,
 @pytest.mark.slow
 def test_checkpoint_mode_scores_with_an_existing_model(labelled_csv, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    run = train([*tiny("trainer.epochs=3", base=TINY_TRAINING), "data=files", f"data.train_file={labelled_csv}"],
-                quiet=True)
+    run = train([*tiny("trainer.epochs=3", base=TINY_TRAINING), "data=files", f"data.train_file={labelled_csv}",
+                 "data.validation_fraction=0.25"], quiet=True)
     result = audit([f"checkpoint={run.run_dir}"], run_dir=tmp_path / "quick")
     assert result.mode == "checkpoint" and len(result.scores) == 160
+    assert (result.scores["split"] == "validation").sum() == 40  # the run's own split
     assert result.issues["fold"].isna().all()
     log = (tmp_path / "quick" / "audit.log").read_text()
     assert "may have trained on" in log
+    # data=<the run's own dataset> typed again keeps the split the run carved (as evaluate does)
+    again = audit([f"checkpoint={run.run_dir}", "data=files", f"data.train_file={labelled_csv}"],
+                  run_dir=tmp_path / "typed")
+    validation = lambda r: set(r.scores.loc[r.scores["split"] == "validation", "text"])  # noqa: E731
+    assert validation(again) == validation(result)
 
 
 def test_folds_keep_groups_whole_and_stay_stratified():
@@ -195,6 +201,17 @@ def test_a_resumed_audit_with_other_fold_settings_is_refused(tmp_path):
         _check_plan(path, {**plan, "folds": 5}, resuming=True)
     with pytest.raises(TformerError, match=r": folds \(3 -> 5\), seed \(0 -> 1\) differ from"):
         _check_plan(path, {**plan, "folds": 5, "seed": 1}, resuming=True)
+    _check_plan(path, {**plan, "group_column": None}, resuming=True)
+    # a plan that kept groups without naming its column (its fingerprint holds them): the same data resumes
+    _check_plan(path, {**plan, "group_column": "thread"}, resuming=True)
+    with pytest.raises(TformerError, match=r"the data differs .* \(an audit begun by an older tformer kept no "
+                                           r"groups: add data.group_column=null\)"):
+        _check_plan(path, {**plan, "data": "other", "group_column": "thread"}, resuming=True)
+    grouped = tmp_path / "grouped_plan.json"
+    _check_plan(grouped, {**plan, "group_column": "thread"}, resuming=False)
+    with pytest.raises(TformerError, match=r"data.group_column differs \('thread' -> None\); resume with "
+                                           r"data.group_column=thread"):
+        _check_plan(grouped, {**plan, "data": "other", "group_column": None}, resuming=True)
 
 
 def test_resume_true_continues_the_newest_unfinished_audit(tmp_path, monkeypatch):

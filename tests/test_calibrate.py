@@ -81,6 +81,8 @@ def test_a_refit_is_a_new_checkpoint_with_the_same_answers_and_the_original_unto
     assert r.returncode == 0, r.stderr[-2000:]
     evaluated = json.loads((tmp_path / "ev" / "metrics.json").read_text())
     assert fit["coverage_before"]["0.90"] == evaluated["label_sets"]["0.90"]["coverage"]
+    assert fit["coverage_before_expected"]["0.90"] == evaluated["label_sets"]["0.90"]["expected"]
+    assert "expected (95%)" in r.stdout
     # evaluate names what a refitted checkpoint's sets were fitted on
     r = run_tformer("evaluate", f"checkpoint={tmp_path / 'cal'}", "split=validation", "precision=fp32",
                     f"hydra.run.dir={tmp_path / 'ev2'}", cwd=tmp_path)
@@ -91,6 +93,8 @@ def test_a_refit_is_a_new_checkpoint_with_the_same_answers_and_the_original_unto
     r = run_tformer("report", str(tmp_path / "cal"), cwd=tmp_path)
     assert r.returncode == 0 and "on 200 texts of recent.csv" in " ".join(r.stdout.split()), r.stdout[-2000:]
     assert f"log loss {fit['nll_before']:.4f} -> {fit['nll']:.4f}" in " ".join(r.stdout.split())
+    low, high = fit["coverage_before_expected"]["0.90"]
+    assert f"fitted on: {low:.3f} to {high:.3f} at 0.90" in " ".join(r.stdout.split())
     assert "did not finish" not in r.stdout
 
     # what it must not fit on: one line each, and no folder left behind

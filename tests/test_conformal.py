@@ -90,6 +90,42 @@ def test_multi_label_sets_keep_the_share_of_true_labels_at_the_level():
     assert cuts == sorted(cuts, reverse=True)  # a higher level lowers the cut
 
 
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_the_expected_range_holds_the_coverage_of_95_in_100_draws(multi_label):
+    """Coverage measured on a few hundred texts drawn like a few hundred calibration texts falls inside the range
+    evaluate prints about 95 times in 100 (over 300 seeded draws of both), so a coverage below it is news."""
+    rng = np.random.default_rng(5)
+    inside = []
+    for _ in range(300):
+        if multi_label:
+            draw = lambda n: (lambda p: (p, (rng.uniform(size=p.shape) < p).astype(np.int64)))(  # noqa: E731
+                rng.uniform(size=(n, 6)) ** 2)
+        else:
+            draw = lambda n: _softmax_data(rng, n, classes=6)  # noqa: E731
+        table = conformal.fit_cuts(*draw(500), multi_label, seed=int(rng.integers(1 << 30)))
+        tally = conformal.Tally(table, multi_label, seed=int(rng.integers(1 << 30)))
+        tally.add(*draw(400))
+        row = tally.result()["0.90"]
+        inside.append(row["expected"][0] <= row["coverage"] <= row["expected"][1])
+    assert 0.9 <= np.mean(inside) <= 0.99, np.mean(inside)
+    assert conformal.expected_range(0.95, 9, 100, False) == (1.0, 1.0)  # no cut: every label, coverage 1
+    low, high = conformal.expected_range(0.9, 545, 499, False)  # a calibration and a test split of ~500 texts
+    assert 0.86 < low < 0.87 and 0.93 < high < 0.94  # (several points wide: one seed is one draw)
+    # the exact Beta-binomial range of 100 calibration texts is skewed: longer below the level than above it
+    low, high = conformal.expected_range(0.95, 100, 5000, False)
+    assert 0.95 - low > high - 0.95 > 0
+
+
+def test_a_coverage_below_its_range_is_said_once_with_the_fix():
+    rows = {"0.80": {"coverage": 0.79, "expected": [0.75, 0.85]}, "0.90": {"coverage": 0.84, "expected": [0.86, 0.94]},
+            "0.95": {"coverage": 0.90, "expected": [0.92, 0.98]}}
+    line = conformal.below_expected(rows)
+    assert "coverage at 0.90 is 0.8400, below the 0.860 to 0.940" in line and "tformer calibrate" in line
+    # one level is judged (0.90): three would tell texts drawn like the calibration texts they differ 1 time in 14
+    assert conformal.below_expected({**rows, "0.90": {"coverage": 0.87, "expected": [0.86, 0.94]}}) is None
+    assert conformal.below_expected({"0.90": {"coverage": 0.5}}) is None  # (a table without ranges: nothing said)
+
+
 @pytest.mark.parametrize("value, words", [(0.905, "two decimals"), (1.0, "two decimals"), ("x", "a number"),
                                           (10 ** 400, "a number"),
                                           (True, "two decimals"), (float("nan"), "two decimals")])
@@ -133,7 +169,9 @@ def test_a_trained_run_saves_its_cuts_and_predict_and_evaluate_use_them(tiny_run
     blank = clf.predict(["", "dull"], coverage=0.9)[0]  # (a reader of label_set finds the key on every answer)
     assert blank["empty"] and blank["label_set"] is None and blank["coverage"] == 0.9
     metrics = json.loads((run / "test_metrics.json").read_text())
-    assert set(metrics["label_sets"]["0.90"]) == {"coverage", "mean_set_size", "empty"}
+    assert set(metrics["label_sets"]["0.90"]) == {"coverage", "mean_set_size", "empty", "expected"}
+    low, high = metrics["label_sets"]["0.90"]["expected"]
+    assert low < 0.9 < high
     assert (run / "test_report" / "label_sets.png").is_file()
     r = subprocess.run([TFORMER, "predict", f"--checkpoint={run}", "--coverage", "0.8", "--json", *texts],
                        capture_output=True, text=True, timeout=300)

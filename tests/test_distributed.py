@@ -100,6 +100,7 @@ def single(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_two_processes_take_the_steps_one_process_takes(single, tmp_path):
     r = run_tformer("train", *RUN, "trainer.devices=2", "hydra.run.dir=run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -111,6 +112,7 @@ def test_two_processes_take_the_steps_one_process_takes(single, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_micro_batches_on_each_rank_take_the_single_process_steps(single, tmp_path):
     # each rank's 16 rows as two slices of 8: the first backward accumulates locally (no_sync), the second
     # all-reduces the sum; a slice that skipped the all-reduce would leave the ranks' weights apart

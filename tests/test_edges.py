@@ -314,6 +314,7 @@ def test_pretraining_writes_training_curves(tmp_path):
 
 
 @pytest.mark.slow  # trains in a `tformer` process, twice
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_a_ctrl_c_after_training_before_the_reports_leaves_a_run_that_resumes_to_them(tmp_path):
     """Stopped once history.json was written but before calibration and the test pass, the run read as finished:
     its resume was refused, and it had no temperature, no label-set cuts and no test metrics, unsaid."""

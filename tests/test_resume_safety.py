@@ -174,6 +174,7 @@ def test_the_vocabulary_is_the_same_in_every_process():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_a_finished_run_can_be_trained_longer_and_optimizer_state_can_be_dropped(csv_run):
     from tformer_cli import checkpoint
 

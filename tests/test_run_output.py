@@ -282,6 +282,7 @@ def test_evaluate_scores_a_new_file_with_the_runs_data_settings(tmp_path):
     assert metrics["n"] == 30
 
 
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_ctrl_c_during_validation_saves_and_says_how_to_resume(tmp_path):
     args = ["train", *tiny("data.n_train=64", "data.n_validation=40000", "trainer.epochs=2",
                            "trainer.eval_batch_size=512", base=DEMO)]

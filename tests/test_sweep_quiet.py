@@ -17,6 +17,7 @@ OPTUNA_LR = "0.00031415926535897931"  # a value as an Optuna trial gives it
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_a_four_job_sweep_prints_a_line_per_epoch_and_one_per_job(tmp_path):
     r = run_tformer("train", "-m", f"optimizer.lr=0.003,{OPTUNA_LR}", "seed=1,2", *TINY, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]

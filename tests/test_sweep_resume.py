@@ -79,6 +79,7 @@ def died_sweep(tmp_path_factory):
     return work, sweep
 
 
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_a_died_sweep_reports_its_interrupted_job_apart_and_its_unstarted_job(died_sweep):
     work, sweep = died_sweep
     r = run_tformer("report", str(sweep), cwd=work)
@@ -96,6 +97,7 @@ def test_a_died_sweep_reports_its_interrupted_job_apart_and_its_unstarted_job(di
     assert "over 2 seeds" in r.stdout and "not started" in r.stdout
 
 
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_a_resume_with_other_swept_values_is_refused_in_one_line(died_sweep):
     work, sweep = died_sweep
     before = sorted(p.name for p in sweep.iterdir())

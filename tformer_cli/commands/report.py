@@ -43,7 +43,17 @@ def print_refit(fit: dict, console) -> None:
                   + (f"log loss {fit['nll_before']:.4f} -> {fit['nll']:.4f}, " if "nll" in fit else "")  # (older runs:
                   + f"ECE {fit['ece_before']:.4f} -> {fit['ece']:.4f}"  # none)
                   + ("; the old label sets covered " + ", ".join(f"{float(v):.4f} at {k}" for k, v in before.items())
-                     if before else ""), highlight=False)
+                     if before else "") + expected_note(fit), highlight=False)
+
+
+def expected_note(fit: dict) -> str:
+    """' (texts drawn like the ones they were fitted on: 0.864 to 0.936 at 0.90)', when the run recorded it."""
+    edges = (fit.get("coverage_before_expected") or {}).get("0.90")
+    try:
+        low, high = float(edges[0]), float(edges[1])
+        return f" (texts drawn like the ones they were fitted on: {low:.3f} to {high:.3f} at 0.90)"
+    except (TypeError, ValueError, IndexError):  # (older runs: none; a hand-edited file: left out)
+        return ""
 
 
 def main(argv: list[str]) -> int:

@@ -155,12 +155,17 @@ def reliability_diagram_png(path: Path, curves: dict, multi_label: bool, title: 
 
 def label_sets_png(path: Path, label_sets: dict, multi_label: bool, title: str) -> Path:
     """Conformal label sets (evaluation/conformal.py) against the level asked for: the coverage measured on this
-    split beside the diagonal it is promised to reach, and the mean set size."""
+    split beside the diagonal it is promised to reach and the range it falls in on texts drawn like the
+    calibration texts, and the mean set size."""
     levels = np.array([float(k) for k in label_sets])
     coverage = np.array([v["coverage"] for v in label_sets.values()])
     size = np.array([v["mean_set_size"] for v in label_sets.values()])
     fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(5.5, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     top.plot(levels, levels, linestyle="--", color="gray", linewidth=1, label="promised (the level)")
+    ranges = [v.get("expected") for v in label_sets.values()]
+    if all(r is not None for r in ranges):  # (where texts drawn like the calibration texts land, 95% of the time)
+        low, high = np.array(ranges, dtype=float).T
+        top.fill_between(levels, low, high, color="gray", alpha=0.2, linewidth=0, label="expected range (95%)")
     top.plot(levels, coverage, "o-", color="tab:blue", markersize=3,
              label="true labels in the set (share)" if multi_label else "texts whose set holds the true label")
     top.set_ylabel("coverage")

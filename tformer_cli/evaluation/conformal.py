@@ -235,6 +235,49 @@ def sets(probs: np.ndarray, cut: float | None, multi_label: bool, u: np.ndarray 
     return out
 
 
+Z95 = 1.959963984540054  # a normal's 97.5% quantile (the multi-label range's approximation)
+RANGE_TAILS = (0.025, 0.975)  # the expected range holds 95% of the coverages measured
+RANGE_TEXTS = 1 << 18  # more scored texts: their range is counted for this many (wider by a hair, never narrower)
+
+
+def expected_range(level: float, fitted: int, m: int, multi_label: bool, text_variance: float = 0.0
+                   ) -> tuple[float, float]:
+    """Where the coverage measured on m texts falls, 95% of the time, when they and the `fitted` calibration texts
+    are drawn alike: the guarantee is an average over draws of both, and both are finite. Single-label (continuous
+    APS scores), exactly: the coverage of the cut fitted on n texts is Beta(k, n + 1 - k), k = ceil((n + 1) L) (Vovk
+    2012; Angelopoulos & Bates, section 3.2), and the texts of m it covers are Beta-binomial. Multi-label, a normal
+    approximation: the cut keeps the n texts' mean missed share at most (1 - L)(n + 1) - 1 over n, so the covered
+    share is about L (n + 1) / n, give or take the per-text variance of the covered share over n and over m. A few
+    hundred texts on each side give a range several points wide: a coverage below it says the texts are probably
+    not drawn like the calibration texts; one inside it cannot show that they are."""
+    n, m = max(int(fitted), 1), min(max(int(m), 1), RANGE_TEXTS)
+    if multi_label:
+        half = Z95 * math.sqrt(text_variance * (1 / n + 1 / m))
+        centre = min(1.0, level * (n + 1) / n)
+        return max(0.0, centre - half), min(1.0, centre + half)
+    k = math.ceil((n + 1) * level - 1e-9)
+    if k > n:  # no cut: every label, coverage 1
+        return 1.0, 1.0
+    x = np.arange(m, dtype=np.float64)  # P(x + 1) / P(x) of Beta-binomial(m, k, n + 1 - k), summed as logs
+    log_p = np.concatenate([[0.0], np.cumsum(np.log((m - x) * (x + k)) - np.log((x + 1) * (m - x - 1 + n + 1 - k)))])
+    p = np.exp(log_p - log_p.max())
+    cdf = np.cumsum(p) / p.sum()
+    low, high = np.searchsorted(cdf, RANGE_TAILS[0]), np.searchsorted(cdf, RANGE_TAILS[1])
+    return float(low / m), float(min(high, m) / m)
+
+
+def below_expected(label_sets: dict, level: float = DEFAULT_LEVEL) -> str | None:
+    """The line evaluate prints when the coverage at the default level falls below its expected range
+    (`expected_range`; one level, so that texts drawn like the calibration texts get it 1 time in 40)."""
+    row = label_sets.get(key(level)) or {}
+    low, high = row.get("expected") or (None, None)
+    if low is None or row["coverage"] >= low:
+        return None
+    return (f"label sets: coverage at {level:.2f} is {row['coverage']:.4f}, below the {low:.3f} to {high:.3f} that "
+            f"texts drawn like the calibration texts reach 95% of the time: these texts probably differ from them, "
+            f"and the sets under-cover them (tformer calibrate refits the sets on labelled texts like them)")
+
+
 class Tally:
     """Evaluation's running counts, a block of rows at a time: at every level, how many texts had their true label
     in their set (multi-label: the share of true labels in it; a text with none counts as covered, as in the fit)
@@ -246,8 +289,11 @@ class Tally:
         # no cut (too few calibration texts): every label, whichever way a set is read
         self.cut = np.array([(-np.inf if multi_label else np.inf) if c is None else c for c in cuts])
         self.multi, self.n = multi_label, 0
+        fitted = table.get("n")  # (the calibration texts: the expected range needs their number)
+        self.fitted = fitted if isinstance(fitted, int) and not isinstance(fitted, bool) and fitted > 0 else None
         self.draws = draws(seed)
         self.covered = np.zeros(len(self.levels))
+        self.squares = np.zeros(len(self.levels))  # multi-label: the covered shares squared (their variance)
         self.size = np.zeros(len(self.levels))
         self.empty = np.zeros(len(self.levels))
 
@@ -270,7 +316,9 @@ class Tally:
                 count = inside.sum(axis=1)
                 self.size[j] += count.sum()
                 self.empty[j] += (count == 0).sum()
-                self.covered[j] += np.where(has, (inside & y).sum(axis=1) / true, 1.0).sum()
+                share = np.where(has, (inside & y).sum(axis=1) / true, 1.0)
+                self.covered[j] += share.sum()
+                self.squares[j] += (share * share).sum()
             return
         u = self.draws.random(len(p))
         own = aps_scores(p, labels, u)
@@ -284,7 +332,18 @@ class Tally:
         self.empty += (counts == 0).sum(axis=0)
 
     def result(self) -> dict:
-        """{level: {coverage, mean_set_size, empty}} for every level."""
+        """{level: {coverage, mean_set_size, empty, expected}} for every level; expected: [low, high], the range
+        the coverage falls in 95% of the time on texts drawn like the calibration texts (absent when the table
+        does not say how many texts it was fitted on)."""
         n = max(self.n, 1)
-        return {key(x): {"coverage": float(self.covered[i] / n), "mean_set_size": float(self.size[i] / n),
-                         "empty": float(self.empty[i] / n)} for i, x in enumerate(self.levels)}
+        out = {}
+        for i, x in enumerate(self.levels):
+            coverage = float(self.covered[i] / n)
+            out[key(x)] = {"coverage": coverage, "mean_set_size": float(self.size[i] / n),
+                           "empty": float(self.empty[i] / n)}
+            if self.fitted and self.n:
+                variance = max(float(self.squares[i] / n) - coverage ** 2, 0.0)
+                edges = (1.0, 1.0) if not np.isfinite(self.cut[i]) else \
+                    expected_range(x, self.fitted, self.n, self.multi, variance)  # (no cut: every label)
+                out[key(x)]["expected"] = [round(v, 6) for v in edges]
+        return out

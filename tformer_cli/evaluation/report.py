@@ -12,7 +12,7 @@ from ..errors import TformerError
 from ..safe_text import markup, rich
 from ..store import manifest
 from .calibration import describe
-from .conformal import REPORTED as REPORTED_LEVELS
+from .conformal import REPORTED as REPORTED_LEVELS, below_expected
 from .metrics import top_confusions
 
 
@@ -38,6 +38,9 @@ def print_metrics(metrics: dict, label_names: list[str], title: str, console=Non
         console.print(calibration_table(metrics))
     if metrics.get("label_sets"):
         console.print(label_sets_table(metrics["label_sets"], multi, metrics.get("calibrated_on")))
+        drifted = below_expected(metrics["label_sets"])
+        if drifted:
+            console.print(rich(drifted), highlight=False)
 
     console.print(per_class_table(metrics, label_names))
     if not multi:  # (labels of a multi-label model are not exclusive: no matrix)
@@ -113,12 +116,16 @@ def label_sets_table(label_sets: dict, multi_label: bool, calibrated_on: dict | 
     title says what they were fitted on: validation, or the texts of a `tformer calibrate` run."""
     table = Table(title=f"label sets (predict --coverage LEVEL; conformal, fitted on {markup(_fitted_on(calibrated_on))})",
                   header_style="bold")
-    for col in ("level", "true labels in the set" if multi_label else "coverage", "mean set size", "empty sets"):
+    ranged = any("expected" in (label_sets.get(f"{x:.2f}") or {}) for x in REPORTED_LEVELS)
+    for col in ("level", "true labels in the set" if multi_label else "coverage",
+                *(["expected (95%)"] if ranged else []), "mean set size", "empty sets"):
         table.add_column(col, justify="right")
     for level in REPORTED_LEVELS:
         row = label_sets.get(f"{level:.2f}")
         if row is not None:
-            table.add_row(f"{level:.2f}", f"{row['coverage']:.4f}", f"{row['mean_set_size']:.2f}",
+            low, high = row.get("expected") or (None, None)
+            expected = [f"{low:.3f}-{high:.3f}" if low is not None else "-"] if ranged else []
+            table.add_row(f"{level:.2f}", f"{row['coverage']:.4f}", *expected, f"{row['mean_set_size']:.2f}",
                           f"{row['empty']:.1%}")
     return table
 

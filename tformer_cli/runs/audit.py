@@ -24,7 +24,7 @@ import shutil
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -149,7 +149,8 @@ def run_audit(tree: dict, overrides: list[str], run_dir: RunDir) -> AuditResult:
             "checkpoint": str(loaded_path) if loaded_path else None,
             # what shapes each fold's model (checked key by key on resume, as train's resume checks its config)
             "training": {k: v for k, v in train_tree.items() if k not in PLAN_UNTRAINED} if mode == "folds" else None,
-            "reading": fold_reading(data_cfg) if mode == "folds" else None}
+            "reading": fold_reading(data_cfg) if mode == "folds" else None,
+            "group_column": data_cfg.group_column if mode == "folds" else None}
     fresh = not (run_dir.root / PLAN).is_file()
     _check_plan(run_dir.root / PLAN, plan, resume not in (None, False))
     try:
@@ -215,15 +216,23 @@ def _resumed_audit(resume) -> Path:
 
 def _checkpoint_data(checkpoint: str, config, overrides):
     """(checkpoint dir, data config, seed) of checkpoint mode: the run's own data and seed (so its train and
-    validation rows are the rows it had), unless data=<name> is given; data.<key>=value replaces a key."""
+    validation rows are the rows it had); data.<key>=value replaces a key, seed= the seed. data=<the run's own
+    dataset> (or data=files) keeps how the run split its rows (sources.SPLIT_KEYS), as evaluate does; data=<another
+    dataset> is that dataset as its YAML says."""
     found = locate(checkpoint)  # (refused before the data is read: no folder left behind for a wrong path)
     saved = ckpt.read_config(found) if found.config.is_file() else None
     typed = set(typed_keys(overrides))
-    if saved is None or "data" in typed or not saved.get("data"):
+    if saved is None or not saved.get("data"):
         return found.path, config.data, config.seed
+    seed = config.seed if "seed" in typed else int(saved.get("seed", config.seed))
+    if "data" in typed:
+        if saved["data"].get("name") != config.data.name:
+            return found.path, config.data, config.seed
+        own = data_config(saved["data"])
+        kept = {k: getattr(own, k) for k in sources.SPLIT_KEYS if f"data.{k}" not in typed}
+        return found.path, replace(config.data, **kept), seed
     keys = {k.split(".", 1)[1] for k in typed if k.startswith("data.")}
-    return found.path, data_config(saved["data"], **{k: getattr(config.data, k) for k in keys}), \
-        int(saved.get("seed", config.seed))
+    return found.path, data_config(saved["data"], **{k: getattr(config.data, k) for k in keys}), seed
 
 
 def _audited_rows(data, splits: list[str]) -> pd.DataFrame:
@@ -256,12 +265,17 @@ def _fingerprint(rows: pd.DataFrame) -> str:
 
 def _check_plan(path: Path, plan: dict, resuming: bool) -> None:
     """An audit resumed with anything that shapes its scores changed (the data, the folds, the model, optimizer
-    or trainer settings of the fold models) is refused: its rows would be ranked by models of different quality.
-    A key an older plan lacks was not recorded: not a change."""
+    or trainer settings of the fold models, the groups that keep rows in one fold) is refused: its rows would be
+    ranked by models of different quality. A key an older plan lacks was not recorded: not a change."""
     if path.is_file():
         before = json.loads(path.read_text(encoding="utf-8"))
         changed = [k for k in plan if k in before and before[k] != plan[k]]
         if changed:
+            if "group_column" in changed:  # (which also changes the data's fingerprint)
+                what = (f"data.group_column differs ({before['group_column']!r} -> {plan['group_column']!r}); "
+                        f"resume with data.group_column={override_value('group_column', before['group_column'])}, "
+                        f"or start a new audit (drop resume=)")
+                raise TformerError(f"resume={path.parent}: {what}")
             if "data" in changed or "rows" in changed:
                 what = "the data differs"
             elif changed == ["training"] and isinstance(before["training"], dict) and plan["training"]:
@@ -273,8 +287,12 @@ def _check_plan(path: Path, plan: dict, resuming: bool) -> None:
             else:  # (a sub-tree is named, not printed; a value with both sides)
                 what = ", ".join(k if isinstance(plan[k], (dict, list)) else f"{k} ({before[k]!r} -> {plan[k]!r})"
                                  for k in changed) + (" differ" if len(changed) > 1 else " differs")
+            # a plan without the key was written by a tformer that kept no groups (or by one that did but did not
+            # record it: then its data fingerprint, which holds the groups, matched and nothing was refused)
+            older = "data" in changed and "group_column" not in before and plan.get("group_column") is not None
+            hint = " (an audit begun by an older tformer kept no groups: add data.group_column=null)" if older else ""
             raise TformerError(f"resume={path.parent}: {what} from the audit being resumed; resume with the same "
-                               f"overrides, or start a new audit (drop resume=)")
+                               f"overrides{hint}, or start a new audit (drop resume=)")
         return
     if resuming:
         raise TformerError(f"{path.parent} has no {PLAN}; start a new audit (drop resume=)")

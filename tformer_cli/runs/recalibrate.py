@@ -93,8 +93,11 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     before = summary["coverage_before"]
     if before:
         shown = ", ".join(f"{before[conformal.key(x)]:.4f} at {x:.2f}" for x in conformal.REPORTED)
-        console.print(f"label sets: the checkpoint's cuts covered {shown} of these texts; refitted on them for the "
-                      f"levels 0.50 to 0.99", highlight=False)
+        low, high = summary["coverage_before_expected"].get(conformal.key(conformal.DEFAULT_LEVEL)) or (None, None)
+        drawn = "" if low is None else (f" (texts drawn like the ones they were fitted on: {low:.3f} to {high:.3f} "
+                                        f"at {conformal.DEFAULT_LEVEL:.2f}, 95% of the time)")
+        console.print(f"label sets: the checkpoint's cuts covered {shown} of these texts{drawn}; refitted on them for "
+                      f"the levels 0.50 to 0.99", highlight=False)
     else:
         console.print("label sets: fitted on these texts for the levels 0.50 to 0.99 (the checkpoint had none)",
                       highlight=False)
@@ -146,11 +149,13 @@ def _summary(logits, y, multi: bool, loaded, changes: dict, tally) -> dict:
     the checkpoint's own label-set cuts covered of them (all of them, counted as evaluate counts): how far these
     texts had drifted from its validation split (after the refit it is the level by construction: not reported)."""
     old, new = (calibration.probabilities(logits, t, multi) for t in (loaded.temperature, changes["temperature"]))
-    coverage = {} if tally is None else {conformal.key(x): tally.result()[conformal.key(x)]["coverage"]
-                                         for x in conformal.REPORTED}
+    result = {} if tally is None else tally.result()
+    coverage = {conformal.key(x): result[conformal.key(x)]["coverage"] for x in conformal.REPORTED if result}
+    expected = {k: result[k]["expected"] for k in coverage if "expected" in result[k]}
     return {**changes["calibrated_on"], "temperature_before": loaded.temperature,
             "temperature": changes["temperature"], "ece_before": calibration.ece(old, y, multi),
             "ece": calibration.ece(new, y, multi), "coverage_before": coverage,
+            "coverage_before_expected": expected,
             "nll_before": calibration.nll(logits, y, multi, loaded.temperature),
             "nll": calibration.nll(logits, y, multi, changes["temperature"]),
             "accuracy": None if multi else float(np.mean(np.asarray(logits).argmax(axis=1) == y))}
