@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from helpers import TFORMER
+from tformer_cli.errors import TformerError
 from tformer_cli.evaluation import conformal
 
 
@@ -216,8 +217,6 @@ def test_the_onnx_export_carries_the_cuts_and_gives_the_same_sets(tiny_run, tmp_
 
 
 def test_a_float32_level_is_read_as_its_two_decimals():
-    from tformer_cli.errors import TformerError
-
     assert [conformal.level(np.float32(x)) for x in (0.8, 0.9, 0.95)] == [0.8, 0.9, 0.95]
     with pytest.raises(TformerError, match="two decimals"):
         conformal.level(0.905)
@@ -266,3 +265,67 @@ def test_an_empty_set_on_screen_says_what_it_means(capsys):
     multi = {"text": "a", "labels": [], "probabilities": {}, "coverage": 0.9, "top_k": [], "label_set": []}
     print_table([multi], 1, False)  # (no label reached the cut: nothing to explain as randomised)
     assert "empty set" not in capsys.readouterr().out
+
+
+def test_multi_label_cuts_hold_on_new_texts_when_each_label_has_its_own_temperature():
+    """A multi-label model's temperatures (one per label) and its cuts are fitted on separate halves of the
+    validation texts: fitted on the same ones, 300 rare labels' temperatures chosen on 2 or 3 positives each made
+    those texts look better covered than new ones, and the sets promised at 0.90 covered far less."""
+    from tformer_cli.evaluation import calibration
+
+    rng = np.random.default_rng(0)
+
+    def draw(m):  # an uninformative model of rare labels: only the temperatures can move anything
+        return (rng.normal(size=(m, 300)) - 3).astype(np.float32), (rng.random((m, 300)) < 0.01).astype(np.uint8)
+
+    changes = calibration.fitted(*draw(600), True, seed=0, thresholds=[0.5] * 300)
+    assert changes["conformal"]["n"] == 300  # (the half its temperatures were not fitted on)
+    z, y = draw(20000)
+    tally = conformal.Tally(changes["conformal"], True)
+    tally.add(calibration.probabilities(z, changes["temperature"], True), y)
+    got = tally.result()["0.90"]
+    assert got["expected"][0] <= got["coverage"], got
+    fit, cut = calibration.halves(600, 0)
+    assert len(fit) == len(cut) == 300 and not set(fit) & set(cut)
+
+
+def test_with_many_labels_the_temperature_sample_and_the_cut_pass_read_separate_halves(monkeypatch):
+    """Past FIT_ENTRIES logits a multi-label model's temperatures are fitted on a sample of one half and its cuts,
+    in one more pass over the split, on every text of the other half (a softmax model's: on every text)."""
+    import torch
+
+    from tformer_cli.evaluation import calibration, evaluate
+
+    rng = np.random.default_rng(4)
+    n, k = 103, 5
+    z, y = rng.normal(size=(n, k)).astype(np.float32), (rng.random((n, k)) < 0.4).astype(np.uint8)
+    monkeypatch.setattr(calibration, "FIT_ENTRIES", 100)
+    fit, cut = calibration.fit_rows(n, k, 2, True), calibration.cut_rows(n, k, 2, True)
+    first, second = calibration.halves(n, 2)
+    assert set(fit) <= set(first) and len(fit) == 20 and (cut == second).all()
+    assert calibration.cut_rows(n, k, 2, False) is None and len(calibration.fit_rows(n, k, 2, False)) == 20
+
+    class Split:  # what every_text_cuts reads of a tokenized split
+        n_docs, doc_labels = n, torch.from_numpy(y)
+
+    def blocks(model, split, **kwargs):  # the order batches run in: any
+        for part in np.array_split(rng.permutation(n), 7):
+            yield torch.from_numpy(part), torch.from_numpy(z[part])
+
+    monkeypatch.setattr(evaluate, "logit_blocks", blocks)
+    temperature = [0.8, 1.0, 1.3, 2.0, 0.6]
+    got = evaluate.every_text_cuts(None, Split(), True, 2, cut)(temperature)
+    want = conformal.fit_cuts(calibration.probabilities(z[cut], temperature, True), y[cut], True)
+    assert got["n"] == len(second) == 51 and got["cuts"] == pytest.approx(want["cuts"])
+
+
+def test_a_multi_label_refit_with_no_label_in_its_cut_half_is_refused():
+    from tformer_cli.evaluation import calibration
+    from tformer_cli.runs.recalibrate import _refuse_unfittable
+
+    labels = np.zeros((60, 3), np.uint8)
+    labels[calibration.halves(60, 0)[0][:2], 1] = 1  # two labelled texts, both in the temperatures' half
+    with pytest.raises(TformerError, match="only 2 texts of f.csv have a label, none of them in the seeded half"):
+        _refuse_unfittable(labels, True, "f.csv", ["a", "b", "c"], "labels", 0)
+    labels[calibration.halves(60, 0)[1][0], 2] = 1
+    _refuse_unfittable(labels, True, "f.csv", ["a", "b", "c"], "labels", 0)

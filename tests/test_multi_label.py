@@ -288,3 +288,60 @@ def test_multi_label_metrics_are_scikit_learns_counted_a_block_at_a_time():
         assert got["per_class"].keys() == report.keys()
         for name, row in report.items():
             assert got["per_class"][name] == pytest.approx(row, abs=1e-12), (trial, name)
+
+
+def test_a_streamed_evaluation_counts_what_the_whole_logits_give(tmp_path):
+    """Test and `tformer evaluate` stream a multi-label split (rows.LabelRows: a few bits per text and label, the
+    blocks in the order batches run): the metrics, the calibration figures, the label sets and errors.csv are
+    those of the whole (texts, labels) logits held at once."""
+    from tformer_cli.evaluation import artifacts, calibration, conformal
+    from tformer_cli.evaluation.metrics import compute_multi_label
+    from tformer_cli.evaluation.rows import LabelRows
+
+    rng = np.random.default_rng(3)
+    n, k = 300, 11
+    z = (rng.normal(size=(n, k)) * 3).astype(np.float32)
+    y = (rng.random((n, k)) < 1 / (1 + np.exp(-z / 2))).astype(np.uint8)
+    y[:20] = 0  # texts with no label
+    temperature, thresholds = list(rng.uniform(0.5, 2.0, k)), list(rng.uniform(0.2, 0.8, k))
+    names = [f"label {i}" for i in range(k)]
+    probs = calibration.probabilities(z, temperature, True)
+    cuts = conformal.fit_cuts(probs[:150], y[:150], True)
+
+    kept = LabelRows.start(y, thresholds, temperature)
+    tally = conformal.Tally(cuts, True)
+    for block in np.array_split(rng.permutation(n), 13):  # (longest texts first: any order)
+        p = calibration.probabilities(z[block], temperature, True)
+        kept.add(block, z[block], p)
+        tally.add(p, y[block])
+    whole = compute_multi_label(y, probs, thresholds, names)
+    got = kept.counts.metrics(thresholds, names)
+    assert got.keys() == whole.keys() and got["thresholds"] == whole["thresholds"]
+    for key, value in whole.items():  # (the per-text averages are summed in another order: equal to 1e-12)
+        if key == "per_class":
+            assert all(got[key][name] == pytest.approx(row, abs=1e-12) for name, row in value.items())
+        elif key != "thresholds":
+            assert got[key] == pytest.approx(value, abs=1e-12), key
+    figures, want = kept.sums.result(), calibration.metrics(z, y, True, temperature)
+    assert figures.pop("temperature") == want.pop("temperature")
+    assert figures == pytest.approx(want, abs=1e-12)
+    held = conformal.Tally(cuts, True)
+    held.add(probs, y)
+    flat = lambda table: [(level, key, v) for level, row in table.items() for key, value in row.items()  # noqa: E731
+                          for v in np.atleast_1d(value)]
+    assert [x[:2] for x in flat(tally.result())] == [x[:2] for x in flat(held.result())]
+    np.testing.assert_allclose([x[2] for x in flat(tally.result())], [x[2] for x in flat(held.result())], atol=1e-9)
+    for key, (count, conf, acc) in kept.sums.curves().items():
+        want = calibration.reliability(probs if key == "calibrated" else calibration.probabilities(z, None, True), y,
+                                       True)
+        np.testing.assert_allclose(count, want[0])
+        np.testing.assert_allclose(conf, want[1], atol=1e-12)
+        np.testing.assert_allclose(acc, want[2], atol=1e-12)
+    texts = [f"text {i}" for i in range(n)]
+    streamed = artifacts.write(tmp_path / "streamed", whole, names, texts, rows=kept, normalize=False, title="t")
+    at_once = artifacts.write(tmp_path / "whole", whole, names, texts, y_true=y, probs=probs, normalize=False,
+                              title="t")
+    assert streamed["errors"].read_text() == at_once["errors"].read_text()
+    assert len(streamed["errors"].read_text().splitlines()) > 100  # (most texts have a wrong label here)
+    assert kept.predicted.nbytes == n * 2 and kept.pred(np.arange(n)).tolist() == (probs >= np.array(
+        thresholds)[None, :]).tolist()

@@ -192,14 +192,14 @@ TEXT_BLOCK = 10_000  # texts fetched from the split at a time for errors.csv
 def write(out_dir: Path, metrics: dict, label_names: list[str], texts, *, rows=None, y_true=None, probs=None,
           normalize: bool, title: str) -> dict[str, Path]:
     """confusion_matrix.png, classification_report.json and errors.csv (most confident mistakes first) of a
-    single-label model's `rows` (evaluation/rows.py); a multi-label model (y_true and probs, (N, C)) gets the
-    report and its own errors.csv (no confusion matrix: its labels are not exclusive). texts: the split's texts,
-    as a list or a function from row indices to their texts (read a block at a time)."""
+    single-label model's `rows` (evaluation/rows.py); a multi-label model (its `rows`, rows.LabelRows, or y_true and
+    probs, (N, C)) gets the report and its own errors.csv (no confusion matrix: its labels are not exclusive).
+    texts: the split's texts, as a list or a function from row indices to their texts (read a block at a time)."""
     paths = {k: v for k, v in report_paths(out_dir).items()
              if k not in ("reliability_diagram", "label_sets")}  # (evaluate.py's)
     write_json(paths["classification_report"], metrics["per_class"], open_levels=1)  # (a class a line)
     if metrics.get("multi_label"):
-        return _write_multi_label(paths, metrics, label_names, texts, y_true, probs)
+        return _write_multi_label(paths, metrics, label_names, texts, rows, y_true, probs)
     confusion_matrix_png(paths["confusion_matrix"], metrics, label_names, normalize, title)
     wrong = np.flatnonzero(rows.pred != rows.labels)
     wrong = wrong[np.argsort(-rows.calibrated.conf[wrong], kind="stable")][:ERRORS_MAX_ROWS]
@@ -231,18 +231,22 @@ def _errors_csv(path: Path, header: list[str], wrong: np.ndarray, lines) -> None
     write_with(path, csv_file)
 
 
-def _write_multi_label(paths: dict, metrics: dict, label_names, texts, y_true, probs) -> dict[str, Path]:
+def _write_multi_label(paths: dict, metrics: dict, label_names, texts, rows, y_true, probs) -> dict[str, Path]:
     """errors.csv: texts whose predicted label set differs from the true one, the most wrong labels first."""
-    y_true = np.asarray(y_true) > 0.5
-    pred = np.asarray(probs) >= np.asarray(metrics["thresholds"])[None, :]
-    wrong_count = (y_true != pred).sum(1)
+    if rows is not None:  # (streamed: the sets kept as bits)
+        y_true, wrong_count, predicted = rows.labels, rows.wrong, rows.pred
+    else:
+        pred = np.asarray(probs) >= np.asarray(metrics["thresholds"])[None, :]
+        wrong_count = ((np.asarray(y_true) > 0.5) != pred).sum(1)
+        predicted = pred.__getitem__
     wrong = np.flatnonzero(wrong_count)
     wrong = wrong[np.argsort(-wrong_count[wrong], kind="stable")][:ERRORS_MAX_ROWS]
     names = lambda row: "|".join(label_names[j] for j in np.flatnonzero(row))
 
     def lines(block):
-        for i, text in zip(block, _texts(texts, block)):
-            yield [int(i), text, names(y_true[i]), names(pred[i]), int(wrong_count[i])]
+        true, pred = np.asarray(y_true[block]) > 0.5, predicted(block)
+        for k, (i, text) in enumerate(zip(block, _texts(texts, block))):
+            yield [int(i), text, names(true[k]), names(pred[k]), int(wrong_count[i])]
 
     _errors_csv(paths["errors"], ["index", "text", "true_labels", "predicted_labels", "wrong_labels"], wrong, lines)
     return {k: v for k, v in paths.items() if k != "confusion_matrix"}

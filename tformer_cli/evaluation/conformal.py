@@ -25,11 +25,13 @@ calibrated label probabilities, the highest for which the calibration texts' mea
 label with p_c >= t; on average it holds at least a share L of the text's true labels (a text with none counts as
 fully covered, in the fit as in evaluate).
 
-The cuts are fitted after training on the validation texts the temperature is fitted on (calibration.py: all of
-them, or a seeded sample when texts x classes pass 4 million; the scores use the calibrated probabilities), for
-every level in LEVELS, and saved in the best checkpoint's meta.json under "conformal". That split also chose the best epoch and the temperature: two numbers chosen among a few
+The cuts are fitted after training on the validation texts, on the calibrated probabilities, for every level in
+LEVELS, and saved in the best checkpoint's meta.json under "conformal". A single-label model's cuts use every
+validation text, which also chose the best epoch and the one temperature: two numbers chosen among a few
 candidates, a dependence far below the sampling error of the cut at a few hundred texts (the test coverage that
-`evaluate` reports is the check).
+`evaluate` reports, with its expected range, is the check). A multi-label model's per-label temperatures are one
+number per label, and a rare label's is chosen on its few validation positives: its cuts are fitted on the half of
+the validation texts its temperatures were not (calibration.halves).
 
 numpy only, like calibration.py: predict and the torch-free ONNX runtime read it."""
 from __future__ import annotations

@@ -11,19 +11,21 @@ from ..inference import logit_blocks, loss_of, predict_logits
 from ..safe_text import markup
 from . import artifacts, calibration, conformal
 from .metrics import compute, compute_multi_label, tune_thresholds
-from .rows import Rows, reduce
+from .rows import LabelRows, Rows, reduce
 
 
 @dataclass
 class Scored:
     """A model on a split: its metrics and what the reports read of its answers: for a single-label model a few
-    numbers per text (evaluation/rows.py), for a multi-label model its (N, C) document logits and temperature."""
+    numbers per text (evaluation/rows.py), for a multi-label model at known thresholds its sets as bits
+    (rows.LabelRows), and for one whose thresholds were tuned on the split its (N, C) document logits."""
 
     metrics: dict
-    rows: Rows | None = None  # single-label
-    logits: np.ndarray | None = None  # multi-label (N, C)
-    labels: np.ndarray | None = None  # multi-label (N, C) 0/1
+    rows: Rows | LabelRows | None = None  # single-label; multi-label at known thresholds (streamed)
+    logits: np.ndarray | None = None  # multi-label with its thresholds tuned here (N, C)
+    labels: np.ndarray | None = None  # with `logits` (N, C) 0/1
     temperature: object = None
+    curves: dict | None = None  # multi-label streamed: the reliability diagram's bins (raw, calibrated)
 
     def probs(self, temperature="checkpoint") -> np.ndarray:
         """Multi-label: (N, C) probabilities at the checkpoint's temperature, or at `temperature` (None: raw)."""
@@ -38,11 +40,17 @@ def score_split(model, split, label_names, *, pad_id, device, precision, batch_s
     checkpoint's; None: raw): a multi-label model's cut at `thresholds` (the checkpoint's, moved to the calibrated
     scale with its temperature), None tunes them on this split (validation does). With calibration_metrics the
     metrics gain ece, brier, nll at the temperature and the raw model's ece_raw, brier_raw, nll_raw. A single-label
-    model's logits are reduced block by block as the forward pass makes them: memory grows with texts plus
-    classes, not with their product. `label_sets` (the checkpoint's conformal cuts) adds `label_sets`: the
+    model's logits are reduced block by block as the forward pass makes them, and so are a multi-label model's at
+    known thresholds (rows.LabelRows): memory grows with texts plus classes (a multi-label model's labels and
+    predicted sets: 1.125 bytes a pair), not with the logits. `label_sets` (the checkpoint's conformal cuts) adds `label_sets`: the
     coverage and mean set size at every level (evaluation/conformal.py)."""
     y = split.doc_labels
-    if bool(model.cfg.multi_label):
+    if bool(model.cfg.multi_label) and thresholds is not None:
+        return _streamed_multi_label(model, split, label_names, y, pad_id=pad_id, device=device, precision=precision,
+                                     batch_size=batch_size, loss_weight=loss_weight, progress=progress,
+                                     thresholds=thresholds, temperature=temperature,
+                                     calibration_metrics=calibration_metrics, label_sets=label_sets)
+    if bool(model.cfg.multi_label):  # (validation: its thresholds are tuned on all of its texts at once)
         logits, loss = predict_logits(model, split, batch_size=batch_size, pad_id=pad_id, device=device,
                                       precision=precision, loss_weight=loss_weight, progress=progress)
         logits, labels = logits.numpy(), y.numpy()
@@ -76,17 +84,47 @@ def score_split(model, split, label_names, *, pad_id, device, precision, batch_s
     return Scored(metrics, rows=rows, temperature=temperature)
 
 
-def every_text_cuts(model, split, multi_label: bool, seed: int, **scoring):
+def _streamed_multi_label(model, split, label_names, y, *, thresholds, temperature, calibration_metrics: bool,
+                          label_sets, loss_weight, **scoring) -> Scored:
+    """`score_split` of a multi-label model at known thresholds: every figure counted as the blocks of logits come
+    (rows.LabelRows), so memory holds the split's labels and a few bits per (text, label), not its logits."""
+    labels = y.numpy()
+    kept = LabelRows.start(labels, thresholds, temperature, calibration_metrics)
+    tally = conformal.Tally(label_sets, True) if label_sets is not None else None
+    loss = 0.0
+    for index, logits in logit_blocks(model, split, **scoring):
+        loss += loss_of(logits, y[index], True, loss_weight, reduction="sum")
+        rows, z = index.numpy(), logits.numpy()
+        probs = calibration.probabilities(z, temperature, True)
+        kept.add(rows, z, probs)
+        if tally is not None:
+            tally.add(probs, labels[rows])
+    metrics = kept.counts.metrics(thresholds, label_names, loss / max(labels.size, 1))
+    if calibration_metrics:
+        metrics.update(kept.sums.result())
+    if tally is not None:
+        metrics["label_sets"] = tally.result()
+    return Scored(metrics, rows=kept, temperature=temperature,
+                  curves=kept.sums.curves() if kept.sums is not None else None)
+
+
+def every_text_cuts(model, split, multi_label: bool, seed: int, rows=None, **scoring):
     """For a calibration whose temperature is fitted on a sample of the texts (calibration.fit_rows: many classes):
-    the function of a temperature that gives the conformal cuts (conformal.CutFit) of every text of the split, from
-    one more pass over it (scoring: logit_blocks' pad_id, device, precision, batch_size). A cut is a quantile of
-    the texts' scores, which a sample would leave noisy, and a few numbers per text are all the pass keeps."""
+    the function of a temperature that gives the conformal cuts (conformal.CutFit) of every text of the split (or
+    of `rows`: a multi-label model's cut half, calibration.cut_rows), from one more pass over it (scoring:
+    logit_blocks' pad_id, device, precision, batch_size). A cut is a quantile of the texts' scores, which a sample
+    would leave noisy, and a few numbers per text are all the pass keeps."""
+
+    keep = None if rows is None else np.isin(np.arange(split.n_docs), rows)  # (rows: calibration.cut_rows)
 
     def cuts(temperature) -> dict:
-        fit, labels = conformal.CutFit(split.n_docs, multi_label, seed), split.doc_labels.numpy()
+        labels = split.doc_labels.numpy()
+        fit = conformal.CutFit(split.n_docs if keep is None else int(keep.sum()), multi_label, seed)
         for index, logits in logit_blocks(model, split, progress="label-set cuts", **scoring):
-            rows = index.numpy()
-            fit.add(rows, calibration.probabilities(logits.numpy(), temperature, multi_label), labels[rows])
+            at, z = index.numpy(), logits.numpy()
+            if keep is not None:  # (multi-label only: its CutFit counts the rows given, whatever their index)
+                at, z = at[keep[at]], z[keep[at]]
+            fit.add(at, calibration.probabilities(z, temperature, multi_label), labels[at])
         return fit.result()
 
     return cuts
@@ -124,24 +162,27 @@ def write_reports(out_dir: Path, scored: Scored, label_names, texts, normalize: 
     texts: the split's Dataset (its text column read a block of rows at a time) or a list of texts."""
     metrics = scored.metrics
     read = (lambda idx: texts.select(idx)["text"][:]) if hasattr(texts, "select") else texts
-    if scored.rows is not None:
+    multi = bool(metrics.get("multi_label"))
+    if isinstance(scored.rows, LabelRows):
+        paths = artifacts.write(out_dir, metrics, label_names, read, rows=scored.rows, normalize=normalize,
+                                title=title)
+        curves = scored.curves
+    elif scored.rows is not None:
         rows = scored.rows
         paths = artifacts.write(out_dir, metrics, label_names, read, rows=rows, normalize=normalize, title=title)
         curves = {"raw": calibration.reliability_of([(rows.raw.conf, rows.raw.pred == rows.labels)]),
                   "calibrated": calibration.reliability_of([(rows.calibrated.conf, rows.pred == rows.labels)])}
-        y = rows.labels
     else:
         y = scored.labels
         paths = artifacts.write(out_dir, metrics, label_names, read, y_true=y, probs=scored.probs(),
                                 normalize=normalize, title=title)
         curves = {"raw": calibration.reliability(scored.probs(None), y, True),
                   "calibrated": calibration.reliability(scored.probs(), y, True)}
-    if reliability:
+    if reliability and curves is not None:
         paths["reliability_diagram"] = artifacts.reliability_diagram_png(
-            artifacts.report_paths(out_dir)["reliability_diagram"], curves, scored.rows is None,
-            f"reliability: {title}", metrics.get("temperature"))
+            artifacts.report_paths(out_dir)["reliability_diagram"], curves, multi, f"reliability: {title}",
+            metrics.get("temperature"))
     if metrics.get("label_sets"):
         paths["label_sets"] = artifacts.label_sets_png(artifacts.report_paths(out_dir)["label_sets"],
-                                                       metrics["label_sets"], scored.rows is None,
-                                                       f"label sets: {title}")
+                                                       metrics["label_sets"], multi, f"label sets: {title}")
     console.print("reports: " + ", ".join(markup(p) for p in paths.values()), highlight=False)

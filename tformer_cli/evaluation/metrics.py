@@ -138,34 +138,53 @@ def compute_multi_label(y_true, probs, thresholds, label_names: list[str], loss:
                         block_entries: int = 1 << 22) -> dict:
     """Multi-label metrics: subset accuracy (every label of a text right) as `accuracy`, micro-averaged
     precision/recall/F1 as the headline (`average: micro`), macro F1, Hamming loss, and the per-label report
-    (`multi_label_report`: scikit-learn's, with its samples average). Counted a block of rows at a time: besides
-    the arrays given, memory holds per-label counts, never another texts x labels array."""
+    (`multi_label_report`: scikit-learn's, with its samples average). Counted a block of rows at a time
+    (`LabelCounts`): besides the arrays given, memory holds per-label counts, never another texts x labels array."""
     y_all, p_all = np.asarray(y_true), np.asarray(probs)
     cuts = np.asarray(thresholds, dtype=np.float64)[None, :]
-    n, k = len(y_all), len(label_names)
-    counts = {"tp": np.zeros(k, np.int64), "fp": np.zeros(k, np.int64), "fn": np.zeros(k, np.int64)}
-    exact, wrong, samples = 0, 0, np.zeros(3)  # samples: summed per-text precision, recall, F1
-    rows = max(1, block_entries // max(k, 1))
-    for start in range(0, n, rows):
-        y, pred = y_all[start:start + rows] > 0.5, p_all[start:start + rows] >= cuts
+    counts = LabelCounts(len(label_names))
+    rows = max(1, block_entries // max(len(label_names), 1))
+    for start in range(0, len(y_all), rows):
+        counts.add(y_all[start:start + rows] > 0.5, p_all[start:start + rows] >= cuts)
+    return counts.metrics(thresholds, label_names, loss)
+
+
+class LabelCounts:
+    """What a multi-label model's metrics count, added a block of texts at a time (true and predicted label sets,
+    (B, C) bool): per label tp, fp, fn; texts entirely right; wrong (text, label) pairs; the per-text precision,
+    recall and F1 summed. A split streamed through it is never held as texts x labels."""
+
+    def __init__(self, labels: int):
+        self.tp, self.fp, self.fn = (np.zeros(labels, np.int64) for _ in range(3))
+        self.n, self.exact, self.wrong, self.samples = 0, 0, 0, np.zeros(3)
+
+    def add(self, y: np.ndarray, pred: np.ndarray) -> np.ndarray:
+        """Counts a block in; returns each text's number of wrong labels (errors.csv ranks by it)."""
         hit = y & pred
-        counts["tp"] += hit.sum(axis=0)
-        counts["fp"] += (pred & ~y).sum(axis=0)
-        counts["fn"] += (y & ~pred).sum(axis=0)
+        self.tp += hit.sum(axis=0)
+        self.fp += (pred & ~y).sum(axis=0)
+        self.fn += (y & ~pred).sum(axis=0)
         differ = (y != pred).sum(axis=1)
-        exact, wrong = exact + int((differ == 0).sum()), wrong + int(differ.sum())
+        self.n += len(y)
+        self.exact += int((differ == 0).sum())
+        self.wrong += int(differ.sum())
         tp, predicted, true = hit.sum(axis=1), pred.sum(axis=1), y.sum(axis=1)
-        samples += [_divide(tp, predicted).sum(), _divide(tp, true).sum(), _divide(2 * tp, predicted + true).sum()]
-    report = multi_label_report(counts["tp"], counts["fp"], counts["fn"], samples / max(n, 1), label_names)
-    micro, macro = report["micro avg"], report["macro avg"]
-    out = {"accuracy": exact / n if n else 0.0, "precision": micro["precision"], "recall": micro["recall"],
-           "f1": micro["f1-score"], "average": "micro", "f1_macro": macro["f1-score"],
-           "precision_macro": macro["precision"], "recall_macro": macro["recall"],
-           "hamming_loss": wrong / (n * k) if n and k else 0.0, "n": int(n), "multi_label": True,
-           "thresholds": [float(t) for t in thresholds], "per_class": report}
-    if loss is not None:
-        out["loss"] = float(loss)
-    return out
+        self.samples += [_divide(tp, predicted).sum(), _divide(tp, true).sum(),
+                         _divide(2 * tp, predicted + true).sum()]
+        return differ
+
+    def metrics(self, thresholds, label_names: list[str], loss: float | None = None) -> dict:
+        n, k = self.n, len(label_names)
+        report = multi_label_report(self.tp, self.fp, self.fn, self.samples / max(n, 1), label_names)
+        micro, macro = report["micro avg"], report["macro avg"]
+        out = {"accuracy": self.exact / n if n else 0.0, "precision": micro["precision"], "recall": micro["recall"],
+               "f1": micro["f1-score"], "average": "micro", "f1_macro": macro["f1-score"],
+               "precision_macro": macro["precision"], "recall_macro": macro["recall"],
+               "hamming_loss": self.wrong / (n * k) if n and k else 0.0, "n": int(n), "multi_label": True,
+               "thresholds": [float(t) for t in thresholds], "per_class": report}
+        if loss is not None:
+            out["loss"] = float(loss)
+        return out
 
 
 def multi_label_report(tp, fp, fn, samples, label_names: list[str]) -> dict:

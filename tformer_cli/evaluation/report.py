@@ -114,7 +114,10 @@ def _fitted_on(calibrated_on) -> str:
 def label_sets_table(label_sets: dict, multi_label: bool, calibrated_on: dict | None = None) -> Table:
     """Coverage and mean set size of the conformal label sets at the usual levels (evaluation/conformal.py); the
     title says what they were fitted on: validation, or the texts of a `tformer calibrate` run."""
-    table = Table(title=f"label sets (predict --coverage LEVEL; conformal, fitted on {markup(_fitted_on(calibrated_on))})",
+    where = _fitted_on(calibrated_on)
+    if multi_label:  # (calibration.halves: its temperatures were fitted on the other half)
+        where = "half the validation texts" if where == "validation" else f"half of {where}"
+    table = Table(title=f"label sets (predict --coverage LEVEL; conformal, fitted on {markup(where)})",
                   header_style="bold")
     ranged = any("expected" in (label_sets.get(f"{x:.2f}") or {}) for x in REPORTED_LEVELS)
     for col in ("level", "true labels in the set" if multi_label else "coverage",

@@ -8,6 +8,11 @@ yields it (`reduce`), and `Rows` holds those numbers: O(N) memory at any K.
 
 The numbers are computed exactly as `calibration.probabilities` computes probabilities (float64 inside, float32
 out): accuracy, ECE and errors.csv read the same values as when every probability was kept.
+
+A multi-label model at known thresholds (test, `tformer evaluate`) is streamed the same way (`LabelRows`): the
+split's own labels (one byte a pair) are read, not copied, and what is kept per text is its predicted label set
+as bits (C / 8 bytes) and its number of wrong labels; the metrics and the calibration figures are running sums.
+Its logits and probabilities (float32, 8 bytes a pair) are never held whole.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import calibration
+from .metrics import LabelCounts
 
 BLOCK_ENTRIES = 1 << 22  # logits reduced at a time (32 MB of float64)
 
@@ -95,3 +101,37 @@ def reduce(blocks, labels, temperature=None) -> Rows:
             if raw is not calibrated:
                 raw.fill(idx, z, labels[idx], None)
     return Rows(labels, calibrated, raw, temperature)
+
+
+@dataclass
+class LabelRows:
+    """A multi-label model on N texts at its thresholds, added a block at a time (`add`): the labels (the split's,
+    (N, C), not copied), each text's predicted set packed as bits, its number of wrong labels, the metrics' counts
+    and (with `sums`) the calibration figures' sums."""
+
+    labels: np.ndarray  # (N, C) 0/1
+    cuts: np.ndarray  # (1, C) the thresholds, on the probabilities the blocks are given at
+    predicted: np.ndarray  # (N, ceil(C / 8)) uint8: np.packbits of each text's set
+    wrong: np.ndarray  # (N,) int32
+    counts: LabelCounts
+    sums: calibration.Sums | None
+
+    @classmethod
+    def start(cls, labels: np.ndarray, thresholds, temperature, calibration_figures: bool = True) -> "LabelRows":
+        n, c = labels.shape
+        return cls(labels, np.asarray(thresholds, dtype=np.float64)[None, :], np.zeros((n, (c + 7) // 8), np.uint8),
+                   np.zeros(n, np.int32), LabelCounts(c),
+                   calibration.Sums(True, temperature) if calibration_figures else None)
+
+    def add(self, index: np.ndarray, logits: np.ndarray, probs: np.ndarray) -> None:
+        """Documents `index`: their logits and their probabilities at the temperature (B, C)."""
+        y = self.labels[index]
+        pred = probs >= self.cuts
+        self.wrong[index] = self.counts.add(y > 0.5, pred)
+        self.predicted[index] = np.packbits(pred, axis=1)
+        if self.sums is not None:
+            self.sums.add(logits, y, calibrated=probs)
+
+    def pred(self, index) -> np.ndarray:
+        """(B, C) bool: the predicted sets of texts `index`."""
+        return np.unpackbits(self.predicted[index], axis=1, count=self.labels.shape[1]).astype(bool)

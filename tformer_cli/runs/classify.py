@@ -477,14 +477,15 @@ def calibrate(session: Session) -> checkpoint.Loaded:
                       "removed", highlight=False)
         return checkpoint.load(run_dir.best, session.device)
     validation = prepared.tokenized["validation"]
-    fitted_on = calibration.fit_rows(validation.n_docs, len(loaded.label_names), config.seed)
+    fitted_on = calibration.fit_rows(validation.n_docs, len(loaded.label_names), config.seed, multi)
     logits = sampled_logits(loaded.model, validation, fitted_on, batch_size=config.trainer.eval_batch_size,
                             pad_id=prepared.pad_id, device=session.device, precision=session.precision)
     y = validation.doc_labels.numpy()
     y = y if fitted_on is None else y[fitted_on]
     every_text = None if fitted_on is None else every_text_cuts(
-        loaded.model, validation, multi, config.seed, pad_id=prepared.pad_id, device=session.device,
-        precision=session.precision, batch_size=config.trainer.eval_batch_size)
+        loaded.model, validation, multi, config.seed,
+        calibration.cut_rows(validation.n_docs, len(loaded.label_names), config.seed, multi), pad_id=prepared.pad_id,
+        device=session.device, precision=session.precision, batch_size=config.trainer.eval_batch_size)
     changes = calibration.fitted(logits, y, multi, config.seed, loaded.thresholds, loaded.temperature,
                                  every_text=every_text)
     temperature, sets = changes["temperature"], changes["conformal"]
@@ -498,8 +499,9 @@ def calibrate(session: Session) -> checkpoint.Loaded:
     console.print(f"calibration: temperature {calibration.describe(temperature)}{edge}; validation ECE {before:.4f} -> "
                   f"{after:.4f}{sample} (saved in {markup(run_dir.best)})", highlight=False)
     at = sets["cuts"][conformal.key(conformal.DEFAULT_LEVEL)]
+    half = " (the half the per-label temperatures were not fitted on)" if multi else ""
     console.print(f"label sets: conformal cuts ({sets['method']}) for the levels 0.50 to 0.99 fitted on "
-                  f"{sets['n']:,} validation texts; at 0.90 the cut is "
+                  f"{sets['n']:,} validation texts{half}; at 0.90 the cut is "
                   f"{'every label (too few texts)' if at is None else f'{at:.4f}'} (predict --coverage 0.9)",
                   highlight=False)
     if (few := conformal.too_few(sets)) is not None:

@@ -54,9 +54,10 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     _refuse_training_texts(checked, config.split, what)         # no folder behind)
     tok, split = tokenized(loaded, data.splits[config.split], config.split, max_len, long_text, side)
     multi = bool(loaded.model.cfg.multi_label)
-    rows = calibration.fit_rows(split.n_docs, len(loaded.label_names), seed)
+    rows = calibration.fit_rows(split.n_docs, len(loaded.label_names), seed, multi)
     labels = split.doc_labels.numpy()
-    _refuse_unfittable(labels, multi, what, loaded.label_names, data_cfg.label_column)  # (before the model's pass)
+    # (refused before the model's pass)
+    _refuse_unfittable(labels, multi, what, loaded.label_names, data_cfg.label_column, seed)
     # what the checkpoint's own cuts cover of these texts, counted as `tformer evaluate` counts (its draws, its order)
     tally = conformal.Tally(loaded.conformal, multi) if loaded.conformal is not None else None
     count = None if tally is None else (lambda index, block: tally.add(
@@ -64,9 +65,9 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     logits = sampled_logits(loaded.model, split, rows, count, batch_size=config.batch_size,
                             pad_id=tokenization.pad_id(tok), device=device, precision=precision)
     y = labels if rows is None else labels[rows]
-    every_text = None if rows is None else every_text_cuts(loaded.model, split, multi, seed, device=device,
-                                                            pad_id=tokenization.pad_id(tok), precision=precision,
-                                                            batch_size=config.batch_size)
+    every_text = None if rows is None else every_text_cuts(
+        loaded.model, split, multi, seed, calibration.cut_rows(split.n_docs, len(loaded.label_names), seed, multi),
+        device=device, pad_id=tokenization.pad_id(tok), precision=precision, batch_size=config.batch_size)
     changes = calibration.fitted(logits, y, multi, seed, loaded.thresholds, loaded.temperature, refit=True,
                                  every_text=every_text)
     changes["calibrated_on"] = {"checkpoint": str(loaded.path.resolve()), "data": data_cfg.name, "split": config.split,
@@ -77,15 +78,20 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     checkpoint.load(run_dir.best)  # (what predict will read: checked as it checks it)
     summary = _summary(logits, y, multi, loaded, changes, tally)
     write_json(run_dir.eval_metrics, summary)
-    sample = "" if rows is None else (f" (the temperature and the figures here on a seeded sample of {len(y):,}: "
-                                      f"{len(loaded.label_names):,} classes; the label-set cuts on every text)")
+    if multi:  # (calibration.halves)
+        sample = " (the temperatures on a seeded half of them, the label-set cuts on the other half)" if rows is None \
+            else (f" (the temperatures and the figures here on a seeded sample of {len(y):,} of one half: "
+                  f"{len(loaded.label_names):,} labels; the label-set cuts on every text of the other half)")
+    else:
+        sample = "" if rows is None else (f" (the temperature and the figures here on a seeded sample of {len(y):,}: "
+                                          f"{len(loaded.label_names):,} classes; the label-set cuts on every text)")
     console.print(f"calibration on {_texts(len(labels))}{sample}: temperature "
                   f"{calibration.describe(loaded.temperature)} -> {calibration.describe(changes['temperature'])}"
                   f"{calibration.at_the_edge(changes['temperature'])}; on these texts log loss "
                   f"{summary['nll_before']:.4f} -> {summary['nll']:.4f}, ECE {summary['ece_before']:.4f} -> "
                   f"{summary['ece']:.4f} (binned: on few texts it may move either way)", highlight=False)
-    if multi:
-        silent = int((~calibration.told(y)).sum())
+    if multi:  # (counted on the texts the temperatures were fitted on)
+        silent = int((~calibration.told(y if rows is not None else y[calibration.halves(len(y), seed)[0]])).sum())
         if silent:
             kept = "keep their temperatures" if isinstance(loaded.temperature, list) else "get temperature 1"
             console.print(f"{silent:,} of {len(loaded.label_names):,} labels are never (or always) on in these "
@@ -108,10 +114,10 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     return float(summary["ece"])
 
 
-def _refuse_unfittable(labels, multi: bool, what: str, names: list[str], label_column: str) -> None:
+def _refuse_unfittable(labels, multi: bool, what: str, names: list[str], label_column: str, seed: int = 0) -> None:
     """Labelled texts no temperature or label-set cuts can be fitted on, refused in one line: texts of one class
-    (the fit would learn to be surer of it alone), too few, or for a multi-label model none with a label (every
-    text would count as covered by an empty set)."""
+    (the fit would learn to be surer of it alone), too few, or for a multi-label model none with a label in the
+    half its cuts are fitted on (calibration.halves: every text would count as covered by an empty set)."""
     if not multi and len(labels) and len(np.unique(labels)) < 2:
         raise TformerError(f"all {_texts(len(labels))} of {what} are of one class ({names[int(labels[0])]}): a "
                            f"temperature and label sets fitted on them would describe that class alone; give "
@@ -123,6 +129,12 @@ def _refuse_unfittable(labels, multi: bool, what: str, names: list[str], label_c
     if multi and len(labels) and not np.asarray(labels).any():
         raise TformerError(f"none of the {_texts(len(labels))} of {what} has a label: label sets fitted on them would "
                            f"always be empty; give texts with their labels in the `{label_column}` column")
+    cut = calibration.halves(len(labels), seed)[1]
+    if multi and len(labels) and not np.asarray(labels)[cut].any():
+        labelled = int(np.asarray(labels).any(axis=1).sum())
+        raise TformerError(f"only {_texts(labelled)} of {what} ha{'s' if labelled == 1 else 've'} a label, none of "
+                           f"them in the seeded half the label-set cuts are fitted on (the other half fits the "
+                           f"temperatures): the sets would always be empty; give more texts with their labels")
 
 
 def _texts(n: int) -> str:
@@ -144,8 +156,9 @@ def _refuse_training_texts(report: dict, split: str, what: str) -> None:
 
 
 def _summary(logits, y, multi: bool, loaded, changes: dict, tally) -> dict:
-    """metrics.json of the run: log loss and ECE on the fitted texts before (the checkpoint's temperature) and after
-    (the temperature is the one of least log loss; ECE, counted in bins, is the figure users know), and what
+    """metrics.json of the run: log loss and ECE on the texts read (a multi-label model's temperatures were fitted
+    on half of them: calibration.halves) before (the checkpoint's temperature) and after (the temperature is the
+    one of least log loss on the texts it was fitted on; ECE, counted in bins, is the figure users know), and what
     the checkpoint's own label-set cuts covered of them (all of them, counted as evaluate counts): how far these
     texts had drifted from its validation split (after the refit it is the level by construction: not reported)."""
     old, new = (calibration.probabilities(logits, t, multi) for t in (loaded.temperature, changes["temperature"]))
