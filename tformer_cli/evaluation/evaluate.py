@@ -42,8 +42,8 @@ def score_split(model, split, label_names, *, pad_id, device, precision, batch_s
     metrics gain ece, brier, nll at the temperature and the raw model's ece_raw, brier_raw, nll_raw. A single-label
     model's logits are reduced block by block as the forward pass makes them, and so are a multi-label model's at
     known thresholds (rows.LabelRows): memory grows with texts plus classes (a multi-label model's labels and
-    predicted sets: 1.125 bytes a pair), not with the logits. `label_sets` (the checkpoint's conformal cuts) adds `label_sets`: the
-    coverage and mean set size at every level (evaluation/conformal.py)."""
+    predicted sets: 1.125 bytes a pair), not with the logits. `label_sets` (the checkpoint's conformal cuts) adds
+    `label_sets`: the coverage and mean set size at every level (evaluation/conformal.py)."""
     y = split.doc_labels
     if bool(model.cfg.multi_label) and thresholds is not None:
         return _streamed_multi_label(model, split, label_names, y, pad_id=pad_id, device=device, precision=precision,
