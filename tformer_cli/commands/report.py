@@ -8,6 +8,7 @@ from ..console import screen_console
 from ..errors import TformerError
 from ..evaluation import artifacts
 from ..evaluation.calibration import describe
+from ..evaluation.conformal import DEFAULT_LEVEL, key, range_note
 from ..evaluation.folders import read_run_json, refuse_other_paths, report_other, shown
 from ..evaluation.report import print_history, print_metrics, settings_table
 from ..safe_text import markup
@@ -47,13 +48,8 @@ def print_refit(fit: dict, console) -> None:
 
 
 def expected_note(fit: dict) -> str:
-    """' (texts drawn like the ones they were fitted on: 0.864 to 0.936 at 0.90)', when the run recorded it."""
-    edges = (fit.get("coverage_before_expected") or {}).get("0.90")
-    try:
-        low, high = float(edges[0]), float(edges[1])
-        return f" (texts drawn like the ones they were fitted on: {low:.3f} to {high:.3f} at 0.90)"
-    except (TypeError, ValueError, IndexError):  # (older runs: none; a hand-edited file: left out)
-        return ""
+    """The expected range of the old cuts at 0.90, as `tformer calibrate` said it (conformal.range_note)."""
+    return range_note((fit.get("coverage_before_expected") or {}).get(key(DEFAULT_LEVEL)))
 
 
 def main(argv: list[str]) -> int:

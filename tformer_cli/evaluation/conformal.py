@@ -268,6 +268,17 @@ def expected_range(level: float, fitted: int, m: int, multi_label: bool, text_va
     return float(low / m), float(min(high, m) / m)
 
 
+def range_note(edges, level: float = DEFAULT_LEVEL) -> str:
+    """' (texts drawn like the ones they were fitted on: 0.864 to 0.936 at 0.90, 95% of the time)' of a level's
+    expected range (`expected_range`; what `tformer calibrate` says of a checkpoint's old cuts, and `tformer
+    report` again), or '' where none was recorded (older runs) or the file was edited into something else."""
+    try:
+        low, high = float(edges[0]), float(edges[1])
+    except (TypeError, ValueError, IndexError, KeyError):
+        return ""
+    return f" (texts drawn like the ones they were fitted on: {low:.3f} to {high:.3f} at {level:.2f}, 95% of the time)"
+
+
 def below_expected(label_sets: dict, level: float = DEFAULT_LEVEL) -> str | None:
     """The line evaluate prints when the coverage at the default level falls below its expected range
     (`expected_range`; one level, so that texts drawn like the calibration texts get it 1 time in 40)."""

@@ -25,7 +25,6 @@ class Scored:
     logits: np.ndarray | None = None  # multi-label with its thresholds tuned here (N, C)
     labels: np.ndarray | None = None  # with `logits` (N, C) 0/1
     temperature: object = None
-    curves: dict | None = None  # multi-label streamed: the reliability diagram's bins (raw, calibrated)
 
     def probs(self, temperature="checkpoint") -> np.ndarray:
         """Multi-label: (N, C) probabilities at the checkpoint's temperature, or at `temperature` (None: raw)."""
@@ -104,8 +103,7 @@ def _streamed_multi_label(model, split, label_names, y, *, thresholds, temperatu
         metrics.update(kept.sums.result())
     if tally is not None:
         metrics["label_sets"] = tally.result()
-    return Scored(metrics, rows=kept, temperature=temperature,
-                  curves=kept.sums.curves() if kept.sums is not None else None)
+    return Scored(metrics, rows=kept, temperature=temperature)
 
 
 def every_text_cuts(model, split, multi_label: bool, seed: int, rows=None, **scoring):
@@ -163,15 +161,14 @@ def write_reports(out_dir: Path, scored: Scored, label_names, texts, normalize: 
     metrics = scored.metrics
     read = (lambda idx: texts.select(idx)["text"][:]) if hasattr(texts, "select") else texts
     multi = bool(metrics.get("multi_label"))
-    if isinstance(scored.rows, LabelRows):
-        paths = artifacts.write(out_dir, metrics, label_names, read, rows=scored.rows, normalize=normalize,
-                                title=title)
-        curves = scored.curves
-    elif scored.rows is not None:
-        rows = scored.rows
+    rows = scored.rows
+    if rows is not None:
         paths = artifacts.write(out_dir, metrics, label_names, read, rows=rows, normalize=normalize, title=title)
-        curves = {"raw": calibration.reliability_of([(rows.raw.conf, rows.raw.pred == rows.labels)]),
-                  "calibrated": calibration.reliability_of([(rows.calibrated.conf, rows.pred == rows.labels)])}
+        if isinstance(rows, LabelRows):  # (its bins were counted as the blocks came)
+            curves = rows.sums.curves() if rows.sums is not None else None
+        else:
+            curves = {"raw": calibration.reliability_of([(rows.raw.conf, rows.raw.pred == rows.labels)]),
+                      "calibrated": calibration.reliability_of([(rows.calibrated.conf, rows.pred == rows.labels)])}
     else:
         y = scored.labels
         paths = artifacts.write(out_dir, metrics, label_names, read, y_true=y, probs=scored.probs(),

@@ -622,7 +622,7 @@ def teacher_logits(teacher: CheckpointDir, weights_sha256: str, texts: list[str]
                   highlight=False)
     pad, layout = tokenization.pad_id(tok), tokenization.special_layout(tok)
     bar = progress(total=len(texts), initial=kept, desc="teacher logits", unit="text")
-    unread = 0
+    warned = False  # (an unreadable cache file is said once)
     try:
         for k, (part, file) in enumerate(zip(parts, files)):
             if k in done:
@@ -641,8 +641,8 @@ def teacher_logits(teacher: CheckpointDir, weights_sha256: str, texts: list[str]
             done[k] = _read_shard(file, len(part), classes, wanted)
             if done[k] is None:  # (written but not readable back mapped: kept in memory, said once)
                 done[k] = (logits, vectors if with_features else None)
-                unread += 1
-                if unread == 1:
+                if not warned:
+                    warned = True
                     console.print(f"[yellow]warning:[/] the teacher cache file {markup(file)} was written but cannot "
                                   f"be memory-mapped back; its rows stay in memory (as will any other such file's, "
                                   f"memory growing with the texts) and the next run scores them again: check the "

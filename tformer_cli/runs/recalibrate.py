@@ -78,6 +78,14 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     checkpoint.load(run_dir.best)  # (what predict will read: checked as it checks it)
     summary = _summary(logits, y, multi, loaded, changes, tally)
     write_json(run_dir.eval_metrics, summary)
+    _report(console, loaded, changes, summary, y, rows, seed, run_dir)
+    return float(summary["ece"])
+
+
+def _report(console, loaded, changes: dict, summary: dict, y, rows, seed: int, run_dir: RunDir) -> None:
+    """What a refit says: on which texts the temperature and the cuts were fitted (`y`: the labels of the texts the
+    temperature was fitted on; `rows` not None: a sample of the split), what they did, what the old cuts covered."""
+    multi, texts = bool(loaded.model.cfg.multi_label), changes["calibrated_on"]["texts"]
     if multi:  # (calibration.halves)
         sample = " (the temperatures on a seeded half of them, the label-set cuts on the other half)" if rows is None \
             else (f" (the temperatures and the figures here on a seeded sample of {len(y):,} of one half: "
@@ -85,7 +93,7 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     else:
         sample = "" if rows is None else (f" (the temperature and the figures here on a seeded sample of {len(y):,}: "
                                           f"{len(loaded.label_names):,} classes; the label-set cuts on every text)")
-    console.print(f"calibration on {_texts(len(labels))}{sample}: temperature "
+    console.print(f"calibration on {_texts(texts)}{sample}: temperature "
                   f"{calibration.describe(loaded.temperature)} -> {calibration.describe(changes['temperature'])}"
                   f"{calibration.at_the_edge(changes['temperature'])}; on these texts log loss "
                   f"{summary['nll_before']:.4f} -> {summary['nll']:.4f}, ECE {summary['ece_before']:.4f} -> "
@@ -99,9 +107,7 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     before = summary["coverage_before"]
     if before:
         shown = ", ".join(f"{before[conformal.key(x)]:.4f} at {x:.2f}" for x in conformal.REPORTED)
-        low, high = summary["coverage_before_expected"].get(conformal.key(conformal.DEFAULT_LEVEL)) or (None, None)
-        drawn = "" if low is None else (f" (texts drawn like the ones they were fitted on: {low:.3f} to {high:.3f} "
-                                        f"at {conformal.DEFAULT_LEVEL:.2f}, 95% of the time)")
+        drawn = conformal.range_note(summary["coverage_before_expected"].get(conformal.key(conformal.DEFAULT_LEVEL)))
         console.print(f"label sets: the checkpoint's cuts covered {shown} of these texts{drawn}; refitted on them for "
                       f"the levels 0.50 to 0.99", highlight=False)
     else:
@@ -111,7 +117,6 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
         console.print(f"[yellow]warning:[/] {few}", highlight=False)
     console.print(f"new checkpoint: {markup(run_dir.best)} (weights unchanged; {markup(loaded.path)} is as it was); "
                   f"use checkpoint={markup(run_dir.root)}", highlight=False)
-    return float(summary["ece"])
 
 
 def _refuse_unfittable(labels, multi: bool, what: str, names: list[str], label_column: str, seed: int = 0) -> None:
