@@ -38,8 +38,8 @@ demo: $(STAMP)
 # -n auto: one pytest worker per core (tests that share a module fixture stay on one worker: --dist loadscope).
 # compileall: the package's bytecode written once, not compiled again by each of the few hundred `tformer`
 # processes the tests start (environments that set PYTHONDONTWRITEBYTECODE would otherwise compile every time).
-# make test leaves out the `heavy` end-to-end runs (kill and resume, resumed sweeps, DDP); make test-heavy runs
-# them; CI runs both.
+# make test leaves out the `heavy` end-to-end runs (kill and resume, resumed sweeps, DDP, the longest CLI checks);
+# make test-heavy runs them; CI runs both.
 PYTEST := $(BIN)/python -m pytest -q -n auto --dist loadscope
 test: $(STAMP)
 	@$(BIN)/python -m compileall -q tformer_cli hydra_plugins

@@ -11,6 +11,7 @@ import pytest
 from helpers import TINY_TRAINING, interrupted_when, run_tformer, tiny
 from tformer_cli import TformerError, audit, train
 from tformer_cli.data.sources import LoadedData
+from tformer_cli.errors import ConfigError
 from tformer_cli.runs.audit import INSTALL, duplicates
 
 SPORTS = "goal match team score player coach league stadium referee striker".split()
@@ -111,6 +112,11 @@ def test_checkpoint_mode_scores_with_an_existing_model(labelled_csv, tmp_path, m
                   run_dir=tmp_path / "typed")
     validation = lambda r: set(r.scores.loc[r.scores["split"] == "validation", "text"])  # noqa: E731
     assert validation(again) == validation(result)
+    for unused in ("audit.folds=9", "model=static", "trainer.epochs=7", "optimizer.lr=0.1"):  # (no fold is trained)
+        with pytest.raises(ConfigError, match=f"{unused.split('=')[0]}= is for the fold models, which "
+                                              f"checkpoint= does not train"):
+            audit([f"checkpoint={run.run_dir}", unused], run_dir=tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
 
 
 def test_folds_keep_groups_whole_and_stay_stratified():
@@ -188,15 +194,20 @@ def test_a_resumed_audit_with_other_fold_settings_is_refused(tmp_path):
 
     training = {"model": {"name": "tiny", "d_model": 64}, "optimizer": {"lr": 3e-4}, "trainer": {"epochs": 3,
                                                                                                   "device": "cpu"}}
-    plan = {"mode": "folds", "folds": 3, "seed": 0, "data": "abc", "training": training}
+    plan = {"mode": "folds", "folds": 3, "seed": 0, "data": "abc", "rows": 240, "training": training,
+            "reading": {"validation_fraction": 0.2, "seed": 0}}
     path = tmp_path / "audit_plan.json"
     _check_plan(path, plan, resuming=False)
     _check_plan(path, {**plan, "training": {**training, "trainer": {"epochs": 3, "device": "cuda"}}}, resuming=True)
     changed = {**training, "optimizer": {"lr": 0.5}, "trainer": {"epochs": 1, "device": "cpu"}}
     with pytest.raises(TformerError, match=r"optimizer.lr \(0.0003 -> 0.5\), trainer.epochs \(3 -> 1\)"):
         _check_plan(path, {**plan, "training": changed}, resuming=True)
-    with pytest.raises(TformerError, match="the data differs"):
+    with pytest.raises(TformerError, match="the data differs \\(as many rows, other texts, labels or splits"):
         _check_plan(path, {**plan, "data": "other"}, resuming=True)
+    with pytest.raises(TformerError, match="the data differs \\(240 -> 230 rows audited\\)"):
+        _check_plan(path, {**plan, "rows": 230}, resuming=False)
+    with pytest.raises(TformerError, match=r"data.validation_fraction \(0.2 -> 0.3\) differs from the audit"):
+        _check_plan(path, {**plan, "reading": {"validation_fraction": 0.3, "seed": 0}}, resuming=True)
     with pytest.raises(TformerError, match=r": folds \(3 -> 5\) differs from the audit being resumed"):
         _check_plan(path, {**plan, "folds": 5}, resuming=True)
     with pytest.raises(TformerError, match=r": folds \(3 -> 5\), seed \(0 -> 1\) differ from"):

@@ -29,6 +29,7 @@ def test_a_file_under_any_of_its_spellings_is_what_it_fits_on(spelling):
     (("file=",), "file= is empty"),
     (("split=train",), "split=train is what the model learned from"),
     (("file=a.csv", "split=validation"), "file= and split=validation both say"),
+    (("file=a.csv", "split=test"), "file= and split=test both say"),  # (the run's test split is not the file)
     (("file=a.csv", "test_file=b.csv"), "give file= alone"),
     (("file=a.csv", "+long_text=chunks"), "not a calibrate key"),
 ])
@@ -46,6 +47,7 @@ def _write(path, texts, labels):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_a_refit_is_a_new_checkpoint_with_the_same_answers_and_the_original_untouched(tiny_run, tmp_path):
     from tformer_cli import Classifier
 

@@ -57,9 +57,19 @@ def test_per_label_temperatures_for_a_multi_label_model():
 
 def test_the_fit_is_bounded_and_finite_where_nll_has_no_minimum():
     z = np.array([[3.0, -3.0], [-2.0, 2.0], [4.0, 0.0]])
-    y = np.array([0, 1, 0])  # all right: the NLL falls for ever as T -> 0
+    y = np.array([0, 1, 0])  # all right: the NLL falls for ever as T -> 0, saying nothing of how sure to be
     t = calibration.fit_temperature(z, y, multi_label=False)
-    assert t == calibration.T_MIN
+    assert t == 1.0 and calibration.fit_temperature(z, y, False, keep=2.5) == 2.5  # (as trained; a refit: its own)
+    assert calibration.fit_temperature(np.vstack([z, [[1.0, 0.0]]]), np.array([0, 1, 0, 1]), False) != 1.0  # (a miss)
+    tied = np.array([[5.0, 5.0, 0.0], [0.0, 4.0, 1.0], [3.0, 0.0, 0.0]])  # (all right, one tie at the top: still)
+    assert calibration.fit_temperature(tied, np.array([0, 1, 0]), False, keep=1.7) == 1.7
+    assert calibration.kept_note(tied, np.array([0, 1, 0]), False).startswith(" (kept as it was: every text answered")
+    assert calibration.kept_note(np.tile([[0.1, 0.0]], (100, 1)), np.r_[np.zeros(99, int), 1], False) == ""
+    timid = np.tile([[0.1, 0.0]], (100, 1))  # right 99 times in 100 but unsure: much surer is right (T at its bound)
+    assert calibration.fit_temperature(timid, np.r_[np.zeros(99, int), 1], False) == calibration.T_MIN
+    separable = np.array([[2.0, -1.0], [-3.0, 0.5], [1.0, 2.0], [-1.0, -2.0]])  # label 0 split at 0; label 1 not
+    got = calibration.fit_temperature(separable, np.array([[1, 0], [0, 1], [1, 0], [0, 1]]), True, keep=[3.0, 3.0])
+    assert got[0] == 3.0 and got[1] != 3.0
     assert calibration.fit_temperature(np.zeros((0, 2)), np.zeros(0, dtype=int), False) == 1.0
     assert calibration.fit_temperature(np.array([[np.nan, 0.0]]), np.array([0]), False) == 1.0
     same = calibration.fit_temperature(np.zeros((5, 2)), np.array([0, 1, 0, 1, 1]), False)

@@ -185,6 +185,46 @@ def test_a_trained_run_saves_its_cuts_and_predict_and_evaluate_use_them(tiny_run
 
 
 @pytest.mark.slow
+def test_evaluate_counts_the_sets_predict_gives_whatever_the_order_of_the_rows(tiny_run):
+    """evaluate's coverage, set sizes and empty sets are those of the sets predict gives the same texts (the same
+    random share, a hash of the token ids each text is read as: long texts as several windows here), in any row
+    order; a seeded draw in row order gave a file and its shuffled copy different figures."""
+    import datasets
+    import torch
+
+    from tformer_cli import Classifier, checkpoint
+    from tformer_cli.data import demo
+    from tformer_cli.data.tokenization import LongText, pad_id
+    from tformer_cli.evaluation.evaluate import score_split
+    from tformer_cli.hardware import Precision
+    from tformer_cli.runs.scoring import tokenized
+
+    loaded = checkpoint.load(tiny_run.run_dir / "checkpoints" / "best")
+    texts, labels = demo.splits(seed=5)["test"]
+    texts, labels = texts[:300], labels[:300]
+    long_text = LongText.from_meta(loaded.meta)
+    assert long_text.mode == "chunks"
+    answers = Classifier.load(tiny_run.run_dir).predict(texts, coverage=0.8)
+    names = loaded.label_names
+    covered = np.mean([names[y] in a["label_set"] for a, y in zip(answers, labels)])
+    size = np.mean([len(a["label_set"]) for a in answers])
+
+    def evaluated(order):
+        ds = datasets.Dataset.from_dict({"text": [texts[i] for i in order], "label": [labels[i] for i in order]})
+        tok, split = tokenized(loaded, ds, "test", int(loaded.model_config["max_len"]), long_text, None)
+        assert split.docs is not None  # (some texts are read as several windows)
+        return score_split(loaded.model, split, names, pad_id=pad_id(tok), device=torch.device("cpu"),
+                           precision=Precision("fp32", "cpu"), batch_size=32, temperature=loaded.temperature,
+                           label_sets=loaded.conformal, progress=None).metrics["label_sets"]["0.80"]
+
+    forward, backward = evaluated(range(300)), evaluated(range(299, -1, -1))
+    assert forward == backward
+    assert forward["coverage"] == pytest.approx(covered, abs=1e-12)
+    assert forward["mean_set_size"] == pytest.approx(size, abs=1e-12)
+    assert 0 < forward["empty"] < 1 or forward["mean_set_size"] > 1  # (sets of several sizes: u matters)
+
+
+@pytest.mark.slow
 def test_a_big_files_answers_are_written_a_chunk_at_a_time_in_order(tiny_run, tmp_path):
     from tformer_cli import Classifier
     from tformer_cli.commands.predict import CHUNK
@@ -213,7 +253,13 @@ def test_the_onnx_export_carries_the_cuts_and_gives_the_same_sets(tiny_run, tmp_
     assert r.returncode == 0, r.stderr[-2000:]
     texts = ["a gripping, beautifully shot film", "dull and lifeless", "a film", "never boring"]
     want = [a["label_set"] for a in Classifier.load(tiny_run.run_dir).predict(texts, coverage=0.8)]
-    assert [a["label_set"] for a in OnnxClassifier.load(tmp_path / "onnx").predict(texts, coverage=0.8)] == want
+    onnx = OnnxClassifier.load(tmp_path / "onnx")
+    assert [a["label_set"] for a in onnx.predict(texts, coverage=0.8)] == want
+    onnx.conformal = None  # (an export of a checkpoint without cuts): the fix names its checkpoint, not the export
+    best = (tiny_run.run_dir / "checkpoints" / "best").resolve()
+    with pytest.raises(TformerError, match=f"export {best} again \\(if it has none either, .*tformer calibrate "
+                                           f"checkpoint={best} split=validation, then export the calibrate run"):
+        onnx.predict(texts, coverage=0.8)
 
 
 def test_a_float32_level_is_read_as_its_two_decimals():
@@ -329,3 +375,12 @@ def test_a_multi_label_refit_with_no_label_in_its_cut_half_is_refused():
         _refuse_unfittable(labels, True, "f.csv", ["a", "b", "c"], "labels", 0)
     labels[calibration.halves(60, 0)[1][0], 2] = 1
     _refuse_unfittable(labels, True, "f.csv", ["a", "b", "c"], "labels", 0)
+    for same in ([1, 0, 0], [1, 1, 1]):  # every text one label set (one label, or all of them): refused as one class is
+        with pytest.raises(TformerError, match=f"all 60 texts of f.csv carry the same labels "
+                                               f"\\({', '.join(n for n, on in zip('abc', same) if on)}\\)"):
+            _refuse_unfittable(np.tile(np.array(same, np.uint8), (60, 1)), True, "f.csv", ["a", "b", "c"], "labels", 0)
+    ten_times = np.tile(np.arange(2), 30)  # 60 texts that are 10 texts, each 6 times: 10 texts
+    with pytest.raises(TformerError, match=r"60 texts \(10 distinct\) of f.csv are too few to calibrate on"):
+        _refuse_unfittable(ten_times, False, "f.csv", ["a", "b"], "label", 0, distinct=10)
+    _refuse_unfittable(ten_times, False, "f.csv", ["a", "b"], "label", 0, distinct=60)
+

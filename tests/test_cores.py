@@ -118,6 +118,7 @@ def test_a_claim_registers_sets_torch_and_puts_everything_back(tmp_path, monkeyp
 
 
 @pytest.mark.slow  # a subprocess per case; the line comes before the data is read, so a missing file ends each
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_a_run_says_its_threads(tmp_path):
     missing = ["data=files", f"data.train_file={tmp_path / 'missing.csv'}"]
     r = run_tformer("train", *missing, "trainer.threads=1", cwd=tmp_path, env={"OMP_NUM_THREADS": ""})

@@ -520,6 +520,7 @@ def test_chunked_evaluation_is_the_mean_of_the_window_logits():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_chunks_train_evaluate_and_predict_per_document(tmp_path):
     from helpers import run_tformer
 
@@ -575,7 +576,8 @@ def test_class_names_in_a_split_where_train_has_ids_are_read_as_those_classes(tm
     for written, expected in (("a,positive\nb,neutral\n", "not seen in training: neutral; the classes are "
                                                            "negative, positive"),
                               ("a,true\nb,false\n", "labels are true/false, which name none of the classes"),
-                              ("a,1\nb,\nc,0\nd,\n", r"has an empty label \(row 2, and 1 more\)")):
+                              ("a,1\nb,\nc,0\nd,\n", r"has an empty label \(row 2, and 1 more\)"),
+                              ("a,positive\nb,\nc,negative\n", r"has an empty label \(row 2\)")):  # (not 'None')
         (tmp_path / "other.csv").write_text("text,label\n" + written)
         with pytest.raises(TformerError, match=expected):
             sources.load(data_config("files", train_file=str(tmp_path / "train.csv"),
@@ -592,3 +594,55 @@ def test_split_labels_of_another_type_than_train_are_one_line(tmp_path):
     with pytest.raises(TformerError, match="labels not seen in training"):
         sources.load(files_cfg(train_file=str(tmp_path / "mtrain.csv"), test_file=str(tmp_path / "mtest.csv"),
                                multi_label=True))
+
+
+def test_a_named_file_without_labels_is_refused_and_an_unnamed_split_without_them_is_said(tmp_path, monkeypatch):
+    """A validation or test file the user named whose label cells are all empty or -1 would be left out: a
+    validation split carved from train instead, or no test pass, unasked. It is refused in one line; evaluate and
+    calibrate (unlabelled_files="drop") say it their own way; a dataset folder's unlabelled test split (GLUE's)
+    is left out with a line that says so."""
+    said = []
+
+    class Said:
+        def print(self, line, **kw):
+            said.append(line)
+    monkeypatch.setattr(sources, "output", Said)
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\n" + "".join(f"text number {i},{'good' if i % 2 else 'bad'}\n" for i in range(40)))
+    hidden = tmp_path / "hidden.csv"
+    hidden.write_text("text,label\n" + "".join(f"another text {i},-1\n" for i in range(10)))
+    for split in ("validation", "test"):
+        with pytest.raises(TformerError, match=f"data.{split}_file={hidden} has no labels .* or drop "
+                                               f"data.{split}_file="):
+            sources.load(files_cfg(train_file=str(train), **{f"{split}_file": str(hidden)}))
+    data = sources.load(files_cfg(train_file=str(train), test_file=str(hidden)), unlabelled_files="quiet")
+    assert "test" not in data.splits and said == []  # (evaluate and calibrate refuse it in their own words)
+    data = sources.load(files_cfg(train_file=str(train), test_file=str(hidden)), unlabelled_files="drop")  # (resumed)
+    assert "test" not in data.splits and said == ["test: no labels (every label cell is empty or -1), left out"]
+    folder = tmp_path / "glue"
+    folder.mkdir()
+    (folder / "train.csv").write_text(train.read_text())
+    (folder / "test.csv").write_text(hidden.read_text())
+    said.clear()
+    data = sources.load(data_config("trec", dir=str(folder), label_names="null", validation_fraction=0.25))
+    assert set(data.splits) == {"train", "validation"} and said == ["test: no labels (every label cell is empty or "
+                                                                    "-1), left out"]
+
+
+def test_a_column_of_true_and_false_is_read_as_the_words_written(tmp_path):
+    """pandas reads a CSV column of true / false as booleans, which no label can be: a binary label column written
+    that way is two class names, as written (whatever their case)."""
+    p = tmp_path / "train.csv"
+    p.write_text("text,label\n" + "".join(f"text number {i},{'true' if i % 2 else 'FALSE'}\n" for i in range(40)))
+    data = sources.load(files_cfg(train_file=str(p)))
+    assert data.label_names == ["FALSE", "true"]
+    assert all((row["label"] == 1) == (int(row["text"].split()[-1]) % 2 == 1) for row in data.splits["train"])
+
+
+def test_an_unlabeled_file_without_the_text_column_is_told_to_name_it_not_to_change_the_data(tmp_path):
+    """data.text_column is the labelled data's too: the fix for an unlabeled file is its own column's name."""
+    (tmp_path / "u.csv").write_text("body\nthe movie was great\n")
+    with pytest.raises(TformerError, match="u.csv has no 'text' column \\(it has body\\); distill.unlabeled files "
+                                           "are read with the labelled data's text column .*: name the file's "
+                                           "column 'text'"):
+        sources.read_texts(tmp_path / "u.csv", ["text"], key=sources.UNLABELED_KEY)

@@ -429,8 +429,13 @@ def test_a_resume_on_rewritten_unlabeled_files_is_refused_unless_asked(teacher, 
     unlabeled.write_bytes((topic_files / "unlabeled.csv").read_bytes())
     given = [f"teacher={teacher.run_dir}", "trainer.epochs=1", f"distill.unlabeled=[{unlabeled}]"]
     run = run_distill(tmp_path, "run", *given)
+    moved = tmp_path / "moved" / "u.csv"  # the same texts under another name, another cache folder: they go on
+    moved.parent.mkdir()
+    moved.write_bytes(unlabeled.read_bytes())
+    run_distill(tmp_path, "unused", f"teacher={teacher.run_dir}", f"distill.unlabeled=[{moved}]", "trainer.epochs=2",
+                f"distill.cache_dir={tmp_path / 'other_cache'}", f"resume={run.root}")
     topic_rows(90, 7)[["text"]].to_csv(unlabeled, index=False)  # other texts, as many
-    again = [*given, "trainer.epochs=2", f"resume={run.root}"]
+    again = [*given, "trainer.epochs=3", f"resume={run.root}"]
     with pytest.raises(TformerError, match=r"the unlabeled texts changed since the distillation began \(unlabeled: "
                                            r"same 90 rows, different texts.*resume_ignore_data_change=true"):
         run_distill(tmp_path, "unused", *again)
@@ -635,3 +640,33 @@ def test_a_teacher_and_a_student_that_read_long_texts_as_windows(tiny_run, tmp_p
     assert json.loads(run.best.meta.read_text())["long_text"] == "chunks"
     assert Classifier.load(run.root, device="cpu").predict(["a film i will not forget"])[0]["label"] in ("negative",
                                                                                                          "positive")
+
+
+@pytest.mark.slow
+def test_a_runs_checkpoints_folder_is_named_with_the_two_that_would_do(teacher):
+    """teacher=<run>/checkpoints (or checkpoint=) is neither a run nor a checkpoint: one line names both."""
+    from tformer_cli.store.locate import locate
+
+    folder = teacher.run_dir / "checkpoints"
+    with pytest.raises(TformerError, match=f"teacher={folder} is a run's checkpoints folder, not a checkpoint; pass "
+                                           f"the run dir \\({teacher.run_dir}\\) or one of its checkpoints "
+                                           f"\\({folder / 'best'}\\)"):
+        locate(folder, key="teacher")
+
+
+def test_unlabeled_texts_that_repeat_one_another_are_said(tmp_path):
+    """A file listed twice, or texts repeated in one, weigh each copy as a text: kept (the fingerprint is of what
+    was given) and said in the log line."""
+    from types import SimpleNamespace
+
+    from helpers import data_config
+    from tformer_cli.data import sources
+
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"train text {i},{'ab'[i % 2]}\n" for i in range(20)))
+    (tmp_path / "u.csv").write_text("text\n" + "".join(f"other text {i % 5}\n" for i in range(15)))
+    cfg = data_config("files", train_file=str(tmp_path / "train.csv"))
+    said = []
+    console = SimpleNamespace(print=lambda line, **kw: said.append(line))
+    options = SimpleNamespace(unlabeled=[str(tmp_path / "u.csv")], max_unlabeled=None)
+    kept = distill_module.unlabeled_texts(SimpleNamespace(data=cfg, seed=0), options, sources.load(cfg), console)
+    assert len(kept) == 15 and said[-1].endswith("; 10 of them repeat another (each copy counts as a text)")

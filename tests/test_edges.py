@@ -290,10 +290,13 @@ def test_a_redirected_explanation_carries_each_words_weight():
 
 @pytest.mark.slow  # a `tformer predict` process
 def test_predict_explain_into_a_file_prints_the_weights(tiny_run, tmp_path):
-    r = run_tformer("predict", "--explain", f"--checkpoint={tiny_run.run_dir}", "the film was great", cwd=tmp_path)
+    r = run_tformer("predict", "--explain", f"--checkpoint={tiny_run.run_dir}", "the film was great", "", "dull",
+                    cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     w = r"\([+-]\d\.\d\d\)"
-    assert re.search(rf"\d\.\d{{3}} \[occlusion\]: the{w} film{w} was{w} great{w}", r.stdout), r.stdout
+    assert re.search(rf"^1\. \w+ \d\.\d{{3}} \[occlusion\]: the{w} film{w} was{w} great{w}$", r.stdout, re.M), r.stdout
+    assert re.search(rf"^2\. \(an empty text: nothing to explain\)\n3\. \w+ \d\.\d{{3}} \[occlusion\]: dull{w}$",
+                     r.stdout, re.M), r.stdout  # (numbered as the table's rows: the empty one too)
 
 
 @pytest.mark.slow  # trains in a `tformer` process

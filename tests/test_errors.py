@@ -32,6 +32,7 @@ def files(tmp_path_factory):
     return d
 
 
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_data_errors(files, tmp_path):
     f = lambda name: f"data.train_file={files / name}"
     check(run_tformer("train", "data=files", f"data.train_file={files / 'nope.csv'}", cwd=tmp_path),
@@ -89,6 +90,7 @@ def test_nan_loss_stops_and_says_where(tmp_path):
                       "trainer.precision=fp32", cwd=tmp_path), "try a lower learning rate")
 
 
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_checkpoint_and_predict_input_errors(files, tiny_run, tmp_path):
     check(run_tformer("evaluate", f"checkpoint={tmp_path / 'missing'}", cwd=tmp_path), "does not exist")
     check(run_tformer("predict", f"--checkpoint={tmp_path / 'missing'}", "hi", cwd=tmp_path),

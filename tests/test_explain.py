@@ -24,6 +24,12 @@ def test_a_words_weight_is_the_fall_in_the_answers_probability_when_it_is_delete
     if without is not None:
         assert exp["weights"][top] == pytest.approx(full - clf.predict_proba([without])[0, c], abs=1e-5)
     assert any(w != 0 for w in exp["weights"])
+    raw = clf.predict([text], explain=True, calibrated=False)[0]  # (--raw: falls of the raw probability shown)
+    if without is not None and raw["label"] == answer["label"]:
+        assert raw["explanation"]["weights"][top] == pytest.approx(
+            clf.predict_proba([text], calibrated=False)[0, c] - clf.predict_proba([without], calibrated=False)[0, c],
+            abs=1e-5)
+    assert all(w is None or w <= raw["probability"] + 1e-6 for w in raw["explanation"]["weights"])
 
 
 def test_rollout_stays_an_option_and_a_bad_method_is_named(tiny_run):

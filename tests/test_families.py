@@ -145,6 +145,7 @@ def test_a_folder_with_only_pytorch_model_bin_is_refused_unread(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_a_distilbert_folder_trains_evaluates_and_predicts_with_the_cli(tmp_path):
     folder, _ = hf_folder("distilbert", tmp_path / "distilbert")
     train = run_tformer("train", "model=pretrained", f"model.pretrained={folder}", "model.max_len=32", *TINY_DATA,

@@ -51,6 +51,7 @@ def test_tensorboard_events_read_back(tmp_path):
 
 
 @pytest.mark.slow  # trains
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_mlflow_run_reads_back_and_a_resume_continues_it(tmp_path):
     pytest.importorskip("mlflow")
     pytest.importorskip("sqlalchemy")
@@ -267,6 +268,7 @@ def test_run_names_are_the_overrides_cut_whole():
 
 
 @pytest.mark.slow  # trains (in a `tformer` process: the default store under its working dir's outputs/)
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_mlflow_keeps_the_runs_files_under_outputs_and_says_how_to_open_them(tmp_path):
     pytest.importorskip("mlflow")
     pytest.importorskip("sqlalchemy")

@@ -270,6 +270,7 @@ def test_report_reads_an_evaluate_run_and_points_from_a_checkpoint_or_a_file_to_
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_report_reads_an_audit_and_its_folds(tmp_path):
     rng = random.Random(0)
     words = {"sports": "goal match team score player coach".split(), "cooking": "oven flour sugar bake pan".split()}

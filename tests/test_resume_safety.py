@@ -71,6 +71,7 @@ def test_finished_runs_are_never_resumed_or_rewritten(csv_run):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_resume_refuses_changed_data_and_says_what_changed(csv_run):
     work, run, data, args = csv_run
     (run / "history.json").unlink()  # as if it had been killed after its last checkpoint

@@ -52,6 +52,7 @@ def test_piped_output_is_full_width_plain_and_kept_in_train_log(tmp_path):
         assert line in log, f"missing from train.log: {line!r}"
 
 
+@pytest.mark.heavy  # make test-heavy (CI runs it)
 def test_refused_and_failed_commands_leave_no_run_directory(tmp_path):
     r = run_tformer("train", "trainer.epochs=0", cwd=tmp_path)
     assert r.returncode == 2 and "trainer.epochs" in r.stderr

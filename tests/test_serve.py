@@ -95,7 +95,9 @@ def test_a_request_may_ask_for_label_sets_and_gets_the_classifiers(server, run):
     for query, level, words in [("?coverage=0.8", 0.9, "disagree"), ("?coverage=abc", 0.9, "must be a number"),
                                 ("?coverage=0.9", 0.905, "two decimals"), ("?cov=0.9", 0.9, "unknown query parameter"),
                                 ("?coverage=0.9&coverage=0.8", 0.9, "?coverage= is given 2 times with different "
-                                                                    "values; give it once")]:
+                                                                    "values; give it once"),
+                                ("?coverage=abc&coverage=0.8x", 0.9, "?coverage='abc' must be a number"),
+                                ("?raw=maybe&raw=perhaps", 0.9, "?raw='maybe': raw='maybe' must be")]:
         status, body = server.request(f"/predict{query}", {"texts": texts, "coverage": level})
         assert status == 400 and words in body["error"], (query, body)
     status, body = server.request("/predict?coverage=0.9&coverage=0.90&raw=no&raw=false", texts)  # (one value)

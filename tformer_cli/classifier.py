@@ -126,9 +126,13 @@ class TextPredictor:
         level = conformal.level(coverage)
         if self.conformal is None:
             raise TformerError(f"{self.path} has no label-set cuts (trained with trainer.calibrate=false, or by an "
-                               f"older tformer); fit them without training again (tformer calibrate checkpoint="
-                               f"{self.path} split=validation, or file=<labelled texts>), or predict without coverage")
+                               f"older tformer); {self._cuts_fix()}, or predict without coverage")
         return level, self.conformal["cuts"].get(conformal.key(level))
+
+    def _cuts_fix(self) -> str:
+        """How this model gets label-set cuts (an ONNX export reads them from its checkpoint: exported again)."""
+        return (f"fit them without training again (tformer calibrate checkpoint={self.path} split=validation, or "
+                f"file=<labelled texts>)")
 
     def predict(self, texts, *, top_k: int = 1, explain: bool = False, batch_size: int = 64,
                 calibrated: bool | None = None, coverage: float | None = None) -> list[dict]:
@@ -177,19 +181,20 @@ class TextPredictor:
             else:
                 results[i] = {"text": texts[i], "label": names[int(j[0])], "probability": round(float(p[j[0]]), 6),
                               "top_k": top}
-        if cut is not None or method == "occlusion":
-            # label sets and word weights are taken on calibrated probabilities (where the cuts were fitted):
-            # --raw changes the numbers shown, not them
+        if cut is not None:
+            # label sets are taken on calibrated probabilities (where the cuts were fitted): --raw changes the
+            # numbers shown, not them
             calibrated_probs = decided if self.multi_label or self._calibrated(calibrated) \
                 else self._checked(self._scaled(logits, True))
-        if cut is not None:
             level, at = cut
             inside = conformal.sets(calibrated_probs, at, self.multi_label, conformal.token_uniforms(windows))
             for i, p, row in zip(filled, calibrated_probs, inside):
                 results[i]["label_set"] = [names[int(c)] for c in np.argsort(-p, kind="stable") if row[c]]
                 results[i]["coverage"] = level
         if method == "occlusion":
-            for i, exp in zip(filled, self._occlusion([texts[i] for i in filled], calibrated_probs, batch_size)):
+            # word weights are falls of the probability shown (--raw: the model's own), beside the number they explain
+            shown = self._calibrated(calibrated)
+            for i, exp in zip(filled, self._occlusion([texts[i] for i in filled], probs, batch_size, shown)):
                 results[i]["explanation"] = exp
         elif method == "rollout":  # of each text's first window (its only one unless long_text=chunks)
             weights = self._attention([ws[0][0] for ws in windows], batch_size)
@@ -199,11 +204,12 @@ class TextPredictor:
                                              "rollout": [round(x, 6) for x in w["rollout"]]}
         return results
 
-    def _occlusion(self, texts: list[str], probs, batch_size: int) -> list[dict]:
-        """Per text, each word's weight: how much the calibrated probability `probs` gives the text's top label (the
-        answer; a multi-label model's most probable label) falls when that word alone is deleted (negative: the
-        word spoke against it). One forward pass per word, a text's variants batched together; only a text's first
-        OCCLUDED_WORDS words are tried (later ones get None: not measured, which 0.0 would claim)."""
+    def _occlusion(self, texts: list[str], probs, batch_size: int, calibrated: bool = True) -> list[dict]:
+        """Per text, each word's weight: how much the probability `probs` gives the text's top label (the answer; a
+        multi-label model's most probable label) falls when that word alone is deleted (negative: the word spoke
+        against it), on the scale `probs` is on (calibrated, or the model's own). One forward pass per word, a
+        text's variants batched together; only a text's first OCCLUDED_WORDS words are tried (later ones get None:
+        not measured, which 0.0 would claim)."""
         import numpy as np
 
         out = []
@@ -212,21 +218,24 @@ class TextPredictor:
             spans = [m.span() for m in WORD.finditer(t)]
             n = min(len(spans), OCCLUDED_WORDS)
             variants = [t[:a] + t[b:] for a, b in spans[:n]]
-            cut = self.predict_proba(variants, batch_size=batch_size, calibrated=True)[:, c] if n else np.zeros(0)
+            cut = self.predict_proba(variants, batch_size=batch_size, calibrated=calibrated)[:, c] if n else \
+                np.zeros(0)
             if np.isnan(cut).any():  # a text of one word, deleted: what the model answers with no words at all
-                cut = np.where(np.isnan(cut), self._no_words(batch_size)[c], cut)
+                cut = np.where(np.isnan(cut), self._no_words(batch_size, calibrated)[c], cut)
             rest = cut
             out.append({"method": "occlusion", "label": self.labels[c], "words": [t[a:b] for a, b in spans],
-                        "weights": [round(float(p[c] - x), 6) for x in rest] + [None] * (len(spans) - n)})
+                        "weights": [round(float(p[c] - x), 6) + 0.0 for x in rest] + [None] * (len(spans) - n)})
         return out
 
-    def _no_words(self, batch_size: int):
-        """The calibrated probabilities of a text with no words, its special tokens alone: what deleting a one-word
-        text's only word leaves (a uniform answer would mean nothing to a multi-label model's independent labels)."""
+    def _no_words(self, batch_size: int, calibrated: bool = True):
+        """The probabilities (calibrated, or the model's own) of a text with no words, its special tokens alone:
+        what deleting a one-word text's only word leaves (a uniform answer would mean nothing to a multi-label
+        model's independent labels)."""
         import numpy as np
         from .data.tokenization import encode_batch
 
-        probs = self._probabilities(encode_batch(self._tok, [""], self._max_len, self._long_text), batch_size, True)[0]
+        probs = self._probabilities(encode_batch(self._tok, [""], self._max_len, self._long_text), batch_size,
+                                    calibrated)[0]
         return probs if bool(np.isfinite(probs).all()) else np.full(len(probs), 1.0 / len(probs))
 
     @property

@@ -69,7 +69,8 @@ def table_texts(path: Path, column: str, max_lines: int) -> list[str]:
     except (OSError, ValueError, TypeError, UnicodeDecodeError, ImportError) as exc:  # (TypeError: pandas, a line
         if isinstance(exc, TformerError):  # of JSON lines that is not an object)
             raise
-        cause = (bad_json_line(path) if kind in (".json", ".jsonl") else None) or str(exc).splitlines()[0][:200]
+        cause = (bad_utf8_line(path) if isinstance(exc, UnicodeDecodeError) else None) or \
+            (bad_json_line(path) if kind in (".json", ".jsonl") else None) or str(exc).splitlines()[0][:200]
         raise TformerError(f"could not read {shown} as {kind.lstrip('.')}: {terminal(cause)}; "
                            f"check the file (UTF-8), or give a .txt file of one text per line") from None
     if len(values) > max_lines:
@@ -78,6 +79,21 @@ def table_texts(path: Path, column: str, max_lines: int) -> list[str]:
 
 
 JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "true/false", type(None): "null"}
+
+
+def bad_utf8_line(path: Path) -> str | None:
+    """Where a file stops being UTF-8, by line ("line 52 is not valid UTF-8 (byte 14 of the line)"): the readers
+    name a position in a block of the file at most. Read a line at a time; None where every line decodes."""
+    try:
+        with open(path, "rb") as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    return f"line {n} is not valid UTF-8 (byte {exc.start} of the line)"
+    except OSError:
+        return None
+    return None
 
 
 def bad_json_line(path: Path) -> str | None:

@@ -26,7 +26,7 @@ from ..errors import TformerError
 from ..safe_text import markup, terminal
 from ..store.atomic import sha256_file
 from . import arrow, demo
-from .given import bad_json_line
+from .given import bad_json_line, bad_utf8_line
 from .config import DataConfig
 from .newsgroups import clean, thread
 from .sanity import check_label_names, normalized_text
@@ -110,7 +110,8 @@ def load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[
                text_columns: list[str] = ()):
     """{split: Dataset} of local files. CSV/TSV cells are read as written: pandas would read a class named `None`
     or `NA` and a text `null` as missing values (and a text column of numbers as numbers), so only an empty cell
-    is missing and the text columns stay strings. (JSON and parquet keep their own nulls and types.)"""
+    is missing and the text columns stay strings, and a column of true / false (a binary label) stays the words
+    written. (JSON and parquet keep their own nulls and types.)"""
     datasets.disable_progress_bars()  # (its per-file bars: the one below says which file is read)
     # its file readers log why a file failed, then raise: the one error line below says it (with the cause)
     logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)
@@ -144,11 +145,17 @@ def load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[
                     cache[0] = Path(_content_cache_dir(path))  # (hashing the file: seconds a GB)
                     out[split] = datasets.load_dataset(fmt, data_files=str(path.resolve()), split="train",
                                                        cache_dir=str(cache[0]), **kwargs)
+                    flags = [c for c, f in out[split].features.items() if getattr(f, "dtype", None) == "bool"]
+                    if fmt == "csv" and flags:  # pandas reads a column of True / false as booleans: as written
+                        kwargs["converters"] = {**kwargs["converters"], **{c: str for c in flags}}  # (class names)
+                        out[split] = datasets.load_dataset(fmt, data_files=str(path.resolve()), split="train",
+                                                           cache_dir=str(cache[0]), **kwargs)
             except Exception as exc:  # datasets raises many types for unreadable files
                 if fmt in ("csv", "json") and _no_rows(path, header=fmt == "csv" and csv_header):
                     raise TformerError(f"{path} has no rows{' (a header at most)' if fmt == 'csv' else ''}; give "
                                        f"a file of texts") from exc
-                cause = (bad_json_line(path) if fmt == "json" else None) or _first_cause(exc)
+                cause = (bad_utf8_line(path) if fmt in ("csv", "json") and _not_utf8(exc) else None) or \
+                    (bad_json_line(path) if fmt == "json" else None) or _first_cause(exc)
                 raise TformerError(f"could not read {path} as {fmt}: {cause}; check the file's "
                                    f"format and encoding (UTF-8)") from exc
             bar.update(1)
@@ -164,6 +171,15 @@ def _no_rows(path: Path, header: bool) -> bool:
     except OSError:
         return False
     return len(lines) <= (1 if header else 0)
+
+
+def _not_utf8(exc: BaseException) -> bool:
+    """Whether a reader's error comes from bytes that are not UTF-8 (under datasets' wrapper; a few links deep)."""
+    for _ in range(20):
+        if exc is None or isinstance(exc, UnicodeDecodeError):
+            return exc is not None
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _first_cause(exc: BaseException) -> str:
@@ -414,14 +430,18 @@ def read_texts(path: Path, columns: list[str] = ("text",), separator: str = " ",
     if not path.is_file() or path.suffix.lower() not in FORMATS:
         raise TformerError(f"{key}: {path} is not a readable {'/'.join(FORMATS)} file")
     ds = load_files({"unlabeled": path}, text_columns=list(columns))["unlabeled"]
-    return _joined_texts(ds, list(columns), separator, str(path))
+    how = "with the labelled data's text column (data.text_column)" if key == UNLABELED_KEY else "by that column"
+    return _joined_texts(ds, list(columns), separator, str(path),
+                         lambda column: f"{key} files are read {how}: name the file's column {column!r}")
 
 
-def _joined_texts(ds, columns: list[str], separator: str, where: str) -> list[str]:
+def _joined_texts(ds, columns: list[str], separator: str, where: str, fix=lambda column: "set data.text_column"
+                  ) -> list[str]:
+    """The texts of `columns` joined; a missing column refused in one line ending with fix(the column)."""
     missing = [c for c in columns if c not in ds.column_names]
     if missing:
-        raise TformerError(f"{where} has no {missing[0]!r} column (it has {', '.join(ds.column_names)}); set "
-                           f"data.text_column")
+        raise TformerError(f"{where} has no {missing[0]!r} column (it has {', '.join(ds.column_names)}); "
+                           f"{fix(missing[0])}")
     rows = zip(*(_column(ds, c) for c in columns))
     texts = [separator.join(str(v) for v in vals if v is not None and str(v).strip()) for vals in rows]
     return [t for t in texts if has_visible(t)]
@@ -543,6 +563,23 @@ def as_text(value, where: str) -> str:
     return str(value)
 
 
+def _labelled(splits: dict, cfg: DataConfig, texts_only: bool, named_files: str) -> dict:
+    """The splits that have labels (`load`): one without is left out and said, or, read from a file the user named
+    for it, refused (named_files="refuse"), left out and said ("drop") or left out for the caller to say ("quiet")."""
+    if texts_only:
+        return splits
+    kept = {s: ds for s, ds in splits.items() if not _unlabelled(ds, cfg.multi_label)}
+    for split in [s for s in splits if s not in kept and s != "train"]:  # (train: refused by the caller)
+        named = getattr(cfg, f"{split}_file", None)
+        if named and named_files == "refuse":
+            carved = " (a validation split is then carved from train)" if split == "validation" else ""
+            raise TformerError(f"data.{split}_file={named} has no labels (every label cell is empty or -1); give "
+                               f"labelled texts (or the right data.label_column), or drop data.{split}_file={carved}")
+        if not named or named_files == "drop":  # ("quiet": the caller says it in its own words)
+            output().print(f"{split}: no labels (every label cell is empty or -1), left out")
+    return kept
+
+
 def _unlabelled(ds, multi_label: bool = False) -> bool:
     """A split whose labels are all missing, blank or -1 (GLUE's hidden test labels) cannot be evaluated on. (With
     multi-label data a blank CSV cell is an empty label set, a real answer, but not every one of a split's: that is
@@ -656,7 +693,10 @@ def _encode_labels(splits: dict, names: list[str] | None, where: str) -> tuple[d
                 if not ids.null_count and np.isin(ids.to_numpy(), values).all():  # model with named classes)
                     splits[split] = _with_labels(ds, ids.to_numpy().astype(np.int64))
                     continue
-            if pa.types.is_boolean(labels.type):  # (a CSV of true/false: which of the classes each is, is a guess)
+            words = _arrow_kind(labels.type) == "str" and not labels.null_count and \
+                set(pc.unique(pc.utf8_lower(labels)).to_pylist()) <= {"true", "false"} and \
+                not {str(n).lower() for n in names} & {"true", "false"}  # (classes named so: another case, said below)
+            if pa.types.is_boolean(labels.type) or words:  # (true/false: which of the classes each is, is a guess)
                 raise TformerError(f"the {split} split's labels are true/false, which name none of the classes "
                                    f"{classes}; write the class names or their ids")
             if labels.null_count:  # (an empty cell of a file whose other labels are written)
@@ -677,12 +717,12 @@ def _encode_labels(splits: dict, names: list[str] | None, where: str) -> tuple[d
 
 def _refuse_empty_names(splits: dict) -> None:
     """An empty or blank string label is a missing label, as an empty CSV cell is (read as null), not a class named
-    '': refused the same way whatever the file format."""
+    '': refused the same way whatever the file format (an empty cell among word labels too)."""
     for split, ds in splits.items():
         labels = arrow.column(ds, "label")
         if _arrow_kind(labels.type) != "str":
             continue
-        blank = _blank(labels)
+        blank = pc.or_(pc.is_null(labels), _blank(labels))
         if pc.any(blank).as_py():
             row = int(np.flatnonzero(blank.to_numpy(zero_copy_only=False))[0])
             more = pc.sum(blank).as_py() - 1
@@ -979,20 +1019,24 @@ def _carve_groups(ds, fraction: float, seed: int, name: str, column: str | None)
 
 
 def load(cfg: DataConfig, seed: int = 0, file_layouts: dict | None = None, texts_only: bool = False,
-         keep_groups: bool = False) -> LoadedData:
+         keep_groups: bool = False, unlabelled_files: str = "refuse") -> LoadedData:
     """Load, clean, validate and split the dataset named by the `data` config. A refusal that names the test split
     read from a file given for it names the file too: `evaluate test_file=` and `calibrate file=` read theirs as
     the test split, which is not what their user called it. `file_layouts` ({split: {FILE_LAYOUT_KEYS key: value}})
     says how the file given for a split (data.validation_file / data.test_file) is laid out, where that differs from
     the rest of the data. `texts_only` (masked-LM pretraining) reads the text columns alone: a corpus without labels,
     or of one class, is data too; the validation split is carved at random. `keep_groups` (audit's folds) keeps
-    data.group_column's values as a `group` column in the splits that have them."""
+    data.group_column's values as a `group` column in the splits that have them. A split whose labels are all missing
+    (GLUE's hidden test labels) is left out, said in the log; one read from a file the user named
+    (data.validation_file / data.test_file) is refused, as a run would otherwise carve or skip it unasked, unless
+    `unlabelled_files` is "drop" (a resumed run, which had it left out when it began: said) or "quiet" (evaluate and
+    calibrate, which say it in their own words)."""
     unknown = sorted({k for layout in (file_layouts or {}).values() for k in layout} - set(FILE_LAYOUT_KEYS))
     if unknown:
         raise ValueError(f"file_layouts take {', '.join(FILE_LAYOUT_KEYS)}, not {unknown[0]}")
     file_cfgs = {split: dataclasses.replace(cfg, **layout) for split, layout in (file_layouts or {}).items()}
     try:
-        return _load(cfg, seed, file_cfgs, texts_only, keep_groups)
+        return _load(cfg, seed, file_cfgs, texts_only, keep_groups, unlabelled_files)
     except TformerError as exc:
         said = str(exc)
         if type(exc) is not TformerError or not cfg.test_file or "the test split" not in said:
@@ -1002,7 +1046,7 @@ def load(cfg: DataConfig, seed: int = 0, file_layouts: dict | None = None, texts
 
 
 def _load(cfg: DataConfig, seed: int = 0, file_cfgs: dict | None = None, texts_only: bool = False,
-          keep_groups: bool = False) -> LoadedData:
+          keep_groups: bool = False, unlabelled_files: str = "refuse") -> LoadedData:
     datasets.disable_progress_bars()  # its per-step bars (casting, filtering) would spam terminals and logs
     # its file readers log why a file failed, then raise: the one error line below says it (with the cause)
     logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)
@@ -1024,8 +1068,7 @@ def _load(cfg: DataConfig, seed: int = 0, file_cfgs: dict | None = None, texts_o
                             batched=True, desc=f"shifting labels ({s})") for s, ds in splits.items()}
     if names is None and cfg.label_names:
         names = [str(n) for n in cfg.label_names]
-    splits = {s: ds for s, ds in splits.items()  # e.g. GLUE test files
-              if texts_only or not _unlabelled(ds, cfg.multi_label)}
+    splits = _labelled(splits, cfg, texts_only, unlabelled_files)
     if "train" in raw and "train" not in splits and not texts_only:
         raise TformerError(f"the train split of {source} has no labels (every label cell is empty or -1); check "
                            f"data.label_column")

@@ -18,8 +18,8 @@ from ..classifier import TextPredictor, whole_number
 from ..errors import ConfigError, TformerError
 from ..evaluation.calibration import checked
 from ..evaluation.conformal import checked as conformal_checked
-from ..store.layout import ExportDir
-from ..store.locate import locate_export
+from ..store.layout import ExportDir, resolve_checkpoint
+from ..store.locate import exported_from, locate_export
 from ..store.manifest import finite_number, read_json, verify_export
 
 EXPORT_FORMAT_VERSION = 1
@@ -86,6 +86,13 @@ class OnnxClassifier(TextPredictor):
     @property
     def path(self) -> Path:
         return self._export.path
+
+    def _cuts_fix(self) -> str:
+        source = exported_from(self._export)
+        if source is None or resolve_checkpoint(source) is None:  # (an export copied away from its run)
+            source = "<the checkpoint it was exported from>"
+        return (f"export {source} again (if it has none either, fit them first without training again: tformer "
+                f"calibrate checkpoint={source} split=validation, then export the calibrate run)")
 
     @property
     def info(self) -> dict:

@@ -294,7 +294,11 @@ def parse_query(data, query, classifier) -> tuple[bool, float | None]:
     for key, meaning in (("raw", lambda v: parse_bool(v, "raw") if is_bool_word(v) else v),
                          ("coverage", lambda v: conformal.level_of(v, "?coverage"))):
         values = query.getlist(key)
-        if len({meaning(v) for v in values}) > 1:  # (one value twice, or two spellings of it, choose nothing)
+        meanings = [meaning(v) for v in values]
+        wrong = next((v for v, m in zip(values, meanings) if isinstance(m, str)), None)  # (what no value means)
+        if wrong is not None and len(values) > 1:  # the first wrong one's own line, as if given once
+            parse_raw({}, wrong) if key == "raw" else parse_coverage({}, classifier, wrong)
+        if len(set(meanings)) > 1:  # (one value twice, or two spellings of it, choose nothing)
             raise BadRequest(f"?{key}= is given {len(values)} times with different values; give it once")
     return parse_raw(data, query.get("raw")), parse_coverage(data, classifier, query.get("coverage"))
 

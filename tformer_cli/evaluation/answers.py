@@ -43,9 +43,13 @@ def print_table(results: list[dict], k: int, explained: bool, pieces=None) -> No
         # multi-label sets are the labels over a cut, and an empty one means none reached it)
         console.print(f"{{}}: an empty set: the model is surer than the level {level:.2f} needs (sets are randomised "
                       f"to cover the level, not more); its label is the answer", highlight=False)
-    for r in results if explained else []:
-        if not r.get("empty"):  # shading is lost in a file or a pipe: there each word carries its weight as a number
-            console.print(render_explanation(r, pieces) if console.is_terminal else plain_explanation(r, pieces))
+    for i, r in enumerate(results if explained else [], 1):
+        row = f"{i}. " if len(results) > 1 else ""  # (the table's rows in order: an empty text has no words)
+        if r.get("empty"):
+            if row:
+                console.print(f"{row}(an empty text: nothing to explain)", highlight=False)
+            continue  # shading is lost in a file or a pipe: there each word carries its weight as a number
+        console.print(render_explanation(r, pieces, row) if console.is_terminal else plain_explanation(r, pieces, row))
 
 
 def print_json_lines(results: list[dict], k: int) -> None:
@@ -103,7 +107,7 @@ def _pairs(result: dict, pieces=None) -> tuple[str, list[tuple[str, float]]]:
     return "rollout", words_and_weights(exp["tokens"], exp["rollout"], pieces)
 
 
-def plain_explanation(result: dict, pieces=None):
+def plain_explanation(result: dict, pieces=None, row: str = ""):
     """The text with each word's weight after it, `superb(+0.41)` (occlusion: the fall in the answer's probability
     when the word is deleted; rollout: its attention share): what the shading says, for a file."""
     from rich.text import Text  # deferred: predict's cold start
@@ -111,16 +115,16 @@ def plain_explanation(result: dict, pieces=None):
     method, pairs = _pairs(result, pieces)
     shown = "{:+.2f}" if method == "occlusion" else "{:.2f}"
     words = " ".join(terminal(word) if w is None else f"{terminal(word)}({shown.format(w)})" for word, w in pairs)
-    return Text(f"{terminal(_head(result))} [{method}]: {words}")
+    return Text(f"{row}{terminal(_head(result))} [{method}]: {words}")
 
 
-def render_explanation(result: dict, pieces=None):
+def render_explanation(result: dict, pieces=None, row: str = ""):
     """The text with each word's background as strong as its weight (red: for the answer; blue: against it)."""
     from rich.text import Text  # deferred: predict's cold start
 
     method, pairs = _pairs(result, pieces)
     top = max((abs(w) for _, w in pairs if w is not None), default=1.0) or 1.0
-    text = Text(f"{terminal(_head(result))} [{method}]: ", style="bold")
+    text = Text(f"{row}{terminal(_head(result))} [{method}]: ", style="bold")
     for word, w in pairs:
         if w is None:  # (past the words occlusion measures)
             text.append(terminal(word) + " ")

@@ -27,14 +27,17 @@ ONNX runtime apply the temperature through `probabilities` and must keep their c
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
 from . import conformal
 
 # T is searched in [T_MIN, T_MAX] on a log scale. A real model's T lies around 0.5 .. 5; the range is wide enough
-# for a badly overfitted one (logits 10x too large: T 10) and bounded so that a validation split the model gets
-# entirely right (NLL falls for ever as T -> 0) cannot make it infinitely sure: T stops at T_MIN.
+# for a badly overfitted one (logits 10x too large: T 10). A validation split the model gets entirely right (a
+# label: its positives and negatives on either side of 0) has its NLL falling for ever as T -> 0: it says nothing of
+# how sure the model should be, and a fit that stops at T_MIN would make it sure of everything (3 texts, all right:
+# test NLL 0.45 -> 2.78). Such a fit keeps T = 1 (a refit: the checkpoint's own), as texts with no information do.
 T_MIN, T_MAX = 0.05, 50.0
 ECE_BINS = 15
 _SEARCH_STEPS = 80  # golden-section steps: the bracket shrinks by 0.618 each, from log(1000) to ~1e-16
@@ -92,7 +95,8 @@ def fit_temperature(logits, labels, multi_label: bool, keep=None) -> float | lis
     never off has its NLL falling towards T_MIN for no reason), gives T = 1: the model as trained. Every label of a
     multi-label model is searched at once (one pass over the logits per step, whatever the number of labels).
     keep: a multi-label model's temperatures so far (a refit): a label these texts say nothing about keeps its own
-    instead of going back to 1 (a few hundred texts rarely hold every rare label)."""
+    instead of going back to 1 (a few hundred texts rarely hold every rare label); likewise a softmax model's
+    temperature (a float) where its texts are all answered right (see T_MIN above)."""
     z = np.asarray(logits, dtype=np.float64)
     if multi_label:
         y = np.asarray(labels, dtype=np.float64) > 0.5
@@ -103,15 +107,26 @@ def fit_temperature(logits, labels, multi_label: bool, keep=None) -> float | lis
             informative = told(y) & np.isfinite(z).all(axis=0)
             if informative.any():
                 zi, yi = z[:, informative], y[:, informative]
-                out[informative] = _golden(lambda t: _binary_nll(zi, yi, t[None, :]).mean(axis=0),
-                                           int(informative.sum()))
+                found = _golden(lambda t: _binary_nll(zi, yi, t[None, :]).mean(axis=0), int(informative.sum()))
+                out[informative] = np.where(_all_right(zi, yi, True), out[informative], found)
         return [float(t) for t in out]
     y = np.asarray(labels, dtype=np.int64)
     if len(z) == 0 or not np.isfinite(z).all():
         return 1.0
     d = z - z.max(axis=1, keepdims=True)  # (N, C) <= 0: exp never overflows, whatever T
     d_true = d[np.arange(len(d)), y]
+    if bool(_all_right(z, y, False)):
+        return float(keep) if isinstance(keep, numbers.Real) and not isinstance(keep, bool) else 1.0
     return float(_golden(lambda t: np.mean(np.log(np.exp(d / t[0]).sum(axis=1)) - d_true / t[0]), 1)[0])
+
+
+def _all_right(z: np.ndarray, y: np.ndarray, multi_label: bool):
+    """Whether texts are all answered right, so that a smaller T always fits them better (see T_MIN): a softmax
+    model's true label among the top logits of each text; per label of a multi-label model (an array), its
+    positives at logit 0 or above and its negatives at 0 or below."""
+    if multi_label:
+        return ((z >= 0) | ~y).all(axis=0) & ((z <= 0) | y).all(axis=0)
+    return (z[np.arange(len(z)), y] >= z.max(axis=1)).all()
 
 
 def _golden(nll, width: int) -> np.ndarray:
@@ -392,7 +407,23 @@ def fitted(logits, labels, multi_label: bool, seed: int = 0, thresholds=None, ol
     return changes
 
 
+def kept_note(logits, labels, multi_label: bool, seed: int = 0, sampled: bool = False) -> str:
+    """What a fit line adds where texts answered all right kept a temperature as it was (`fit_temperature`), else
+    ''; logits and labels as given to `fitted` (sampled: its every_text was given)."""
+    fit = halves(len(logits), seed)[0] if multi_label and not sampled else slice(None)
+    z = np.asarray(logits, dtype=np.float64)[fit]
+    if not len(z) or not np.isfinite(z).all():
+        return ""
+    if multi_label:
+        y = np.asarray(labels)[fit] > 0.5
+        n = int((_all_right(z, y, True) & told(y)).sum())
+        return f" ({n} label{'s' if n != 1 else ''} kept as {'they were' if n != 1 else 'it was'}: every text " \
+               f"answered right, which says nothing of how sure to be)" if n else ""
+    return " (kept as it was: every text answered right, which says nothing of how sure to be)" if _all_right(
+        z, np.asarray(labels, dtype=np.int64)[fit], False) else ""
+
+
 def at_the_edge(temperature) -> str:
     """The warning a fitted temperature at a bound of its search range deserves ('' when inside)."""
-    return " (at the edge of its range: the texts may be too few or too easy)" if any(
+    return " (at the edge of its range: the texts may be too few, or unlike the model's own)" if any(
         t in (T_MIN, T_MAX) for t in np.atleast_1d(temperature)) else ""

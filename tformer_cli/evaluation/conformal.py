@@ -16,8 +16,9 @@ so the set is the most probable labels until their probability mass passes q: on
 many where it spreads its probability. Without u the sets could only over-cover (a model that is right 96% of the
 time would give sets of one label and 96% coverage at the level 0.9); with it coverage is L up to 1/(n+1), and a
 text the model is very sure of may get an empty set (its top label is surer than the level needs). u is drawn from
-a seeded generator for the calibration and evaluation texts and, in predict and serve, from a hash of the token ids
-the text is read as, so that the same text always gets the same set.
+a seeded generator for the calibration texts and, wherever a set is given or counted (predict, serve, the ONNX
+runtime, evaluate, train's test pass), from a hash of the token ids the text is read as: the same text always gets
+the same set, so evaluate's coverage is that of the sets predict gives, whatever the order of the rows.
 
 Multi-label: conformal risk control (Angelopoulos et al. 2022) of the false-negative rate: one cut t on the
 calibrated label probabilities, the highest for which the calibration texts' mean share of missed true labels
@@ -91,8 +92,22 @@ def token_uniforms(windows) -> np.ndarray:
     return out
 
 
+def split_uniforms(values: np.ndarray, offsets: np.ndarray, docs: np.ndarray | None = None) -> np.ndarray:
+    """`token_uniforms` of every document of a tokenized split (its flat token ids, their offsets, and each
+    sequence's document where a document is read as several windows, in order): the u predict draws for the same
+    text, one CRC per sequence (a few seconds for a million texts; nothing kept per text but the u)."""
+    ids = np.ascontiguousarray(values, dtype="<i4")
+    offsets = np.asarray(offsets, dtype=np.int64)
+    n = len(offsets) - 1
+    owner = np.arange(n) if docs is None else np.asarray(docs, dtype=np.int64)
+    crc = np.zeros(int(owner.max()) + 1 if n else 0, dtype=np.int64)
+    for i in range(n):  # (a document's windows follow one another: its CRC runs on through them)
+        crc[owner[i]] = zlib.crc32(ids[offsets[i]:offsets[i + 1]].tobytes(), int(crc[owner[i]]))
+    return (crc + 0.5) / 2**32
+
+
 def draws(seed: int = 0) -> np.random.Generator:
-    """The u of calibration and evaluation texts, in row order (a Tally draws it a block at a time)."""
+    """The u of calibration texts, in row order."""
     return np.random.default_rng([seed, 0x5E7])
 
 
@@ -205,7 +220,8 @@ def too_few(table: dict) -> str | None:
     if len(covered) == len(LEVELS):
         return None
     top = f"above {covered[-1]:.2f}" if covered else "at every level"
-    return (f"{table['n']:,} calibration text{'s' if table['n'] != 1 else ''} are too few for the highest levels: "
+    few = f"{table['n']:,} calibration text{'s are' if table['n'] != 1 else ' is'}"
+    return (f"{few} too few for the highest levels: "
             f"sets {top} hold every label (a level L needs L / (1 - L) texts; a few hundred make its coverage steady)")
 
 
@@ -310,16 +326,21 @@ class Tally:
         self.size = np.zeros(len(self.levels))
         self.empty = np.zeros(len(self.levels))
 
-    def add(self, probs: np.ndarray, labels: np.ndarray) -> None:
+    def add(self, probs: np.ndarray, labels: np.ndarray, u: np.ndarray | None = None) -> None:
+        """A block of texts: their probabilities, labels and (single-label) u, the `split_uniforms` of the texts
+        (None: drawn from the seeded generator in row order)."""
         p, labels = np.asarray(probs), np.asarray(labels)
         if not len(p):
             return
+        if u is None and not self.multi:
+            u = self.draws.random(len(p))
         block = _rows_per_block(p.shape[1])
         for start in range(0, len(p), block):  # (float64 a block at a time: never a copy of the whole)
-            self._add(p[start:start + block].astype(np.float64), labels[start:start + block])
+            self._add(p[start:start + block].astype(np.float64), labels[start:start + block],
+                      None if u is None else np.asarray(u)[start:start + block])
         self.n += len(p)
 
-    def _add(self, p: np.ndarray, labels: np.ndarray) -> None:
+    def _add(self, p: np.ndarray, labels: np.ndarray, u: np.ndarray | None) -> None:
         if self.multi:
             y = labels > 0.5
             true = np.maximum(y.sum(axis=1), 1)
@@ -333,7 +354,6 @@ class Tally:
                 self.covered[j] += share.sum()
                 self.squares[j] += (share * share).sum()
             return
-        u = self.draws.random(len(p))
         own = aps_scores(p, labels, u)
         self.covered += (own[:, None] <= self.cut[None, :]).sum(axis=0)
         _, s = _ranked(p, u)

@@ -65,13 +65,14 @@ def score_split(model, split, label_names, *, pad_id, device, precision, batch_s
         return Scored(metrics, logits=logits, labels=labels, temperature=temperature)
     loss_sum = [0.0]
     tally = conformal.Tally(label_sets, False) if label_sets is not None else None
+    u = uniforms(split) if tally is not None else None  # (each text's, as predict draws it)
 
     def blocks():  # the logits, their loss (and label sets) summed on the way
         for index, logits in logit_blocks(model, split, batch_size=batch_size, pad_id=pad_id, device=device,
                                           precision=precision, progress=progress):
             loss_sum[0] += loss_of(logits, y[index], False, loss_weight, reduction="sum")
             if tally is not None:
-                tally.add(calibration.probabilities(logits.numpy(), temperature), y[index].numpy())
+                tally.add(calibration.probabilities(logits.numpy(), temperature), y[index].numpy(), u[index.numpy()])
             yield index.numpy(), logits.numpy()
 
     rows = reduce(blocks(), y.numpy(), temperature)
@@ -81,6 +82,13 @@ def score_split(model, split, label_names, *, pad_id, device, precision, batch_s
     if tally is not None:
         metrics["label_sets"] = tally.result()
     return Scored(metrics, rows=rows, temperature=temperature)
+
+
+def uniforms(split) -> np.ndarray:
+    """(documents,) the u of each text of a tokenized split, as predict and serve draw it for the same text
+    (conformal.split_uniforms): evaluate counts the sets they give."""
+    return conformal.split_uniforms(split.values.numpy(), split.offsets.numpy(),
+                                    None if split.docs is None else split.docs.numpy())
 
 
 def _streamed_multi_label(model, split, label_names, y, *, thresholds, temperature, calibration_metrics: bool,

@@ -122,6 +122,8 @@ def run_audit(tree: dict, overrides: list[str], run_dir: RunDir) -> AuditResult:
     cleanlab = _cleanlab()  # before anything is trained: a missing extra is one line, not a lost hour
     options = options_of(tree)
     checkpoint = tree.get("checkpoint")
+    if checkpoint:
+        _refuse_fold_keys(overrides)
     resume = bool_or_path(tree.get("resume"), "resume")
     train_tree = {k: v for k, v in tree.items() if k not in ("audit", "checkpoint")}
     train_tree["resume"] = None
@@ -214,6 +216,21 @@ def _resumed_audit(resume) -> Path:
     return path
 
 
+FOLD_KEYS = ("audit.folds", "audit.keep_checkpoints")  # what only a fold model reads, with these groups
+FOLD_GROUPS = ("model", "optimizer", "schedule", "embedding_init", "loss", "trainer")
+SCORING_KEYS = ("trainer.device",)  # (what checkpoint mode reads of these groups: where the model runs)
+
+
+def _refuse_fold_keys(overrides) -> None:
+    """checkpoint= scores the rows with that checkpoint's model and trains none: a typed key that only a fold
+    model's training reads would be ignored without a word."""
+    unused = [k for k in typed_keys(overrides) if k not in SCORING_KEYS and (
+        k in FOLD_KEYS or k.split(".", 1)[0] in FOLD_GROUPS)]
+    if unused:
+        raise ConfigError(f"{unused[0]}= is for the fold models, which checkpoint= does not train (it scores the rows "
+                          f"with that checkpoint's model); drop {unused[0]}=, or drop checkpoint= to audit by folds")
+
+
 def _checkpoint_data(checkpoint: str, config, overrides):
     """(checkpoint dir, data config, seed) of checkpoint mode: the run's own data and seed (so its train and
     validation rows are the rows it had); data.<key>=value replaces a key, seed= the seed. data=<the run's own
@@ -276,17 +293,22 @@ def _check_plan(path: Path, plan: dict, resuming: bool) -> None:
                         f"resume with data.group_column={override_value('group_column', before['group_column'])}, "
                         f"or start a new audit (drop resume=)")
                 raise TformerError(f"resume={path.parent}: {what}")
-            if "data" in changed or "rows" in changed:
-                what = "the data differs"
+            if {"splits", "seed", "reading"} & set(changed):  # (which rows are audited: their count and fingerprint
+                changed = [k for k in changed if k not in ("rows", "data")]  # follow; the key typed is named)
+            if "data" in changed or "rows" in changed:  # (the rows audited: their splits, texts and labels)
+                was, now = before.get("rows"), plan.get("rows")
+                what = (f"the data differs ({was:,} -> {now:,} rows audited)" if "rows" in changed and
+                        isinstance(was, int) and isinstance(now, int) else
+                        "the data differs (as many rows, other texts, labels or splits: a file changed since?)")
             elif changed == ["training"] and isinstance(before["training"], dict) and plan["training"]:
                 keys = config_diff(before["training"], plan["training"])
                 if not keys:
                     return
                 what = "the fold models' settings differ in " + ", ".join(
                     f"{k} ({get(before['training'], k)!r} -> {get(plan['training'], k)!r})" for k in keys[:4])
-            else:  # (a sub-tree is named, not printed; a value with both sides)
-                what = ", ".join(k if isinstance(plan[k], (dict, list)) else f"{k} ({before[k]!r} -> {plan[k]!r})"
-                                 for k in changed) + (" differ" if len(changed) > 1 else " differs")
+            else:  # (a sub-tree by its keys that differ, a list by name; a value with both sides)
+                named = [_changes(k, before[k], plan[k]) for k in changed]
+                what = ", ".join(named) + (" differ" if len(changed) > 1 or "), " in named[0] else " differs")
             # a plan without the key was written by a tformer that kept no groups (or by one that did but did not
             # record it: then its data fingerprint, which holds the groups, matched and nothing was refused)
             older = "data" in changed and "group_column" not in before and plan.get("group_column") is not None
@@ -297,6 +319,15 @@ def _check_plan(path: Path, plan: dict, resuming: bool) -> None:
     if resuming:
         raise TformerError(f"{path.parent} has no {PLAN}; start a new audit (drop resume=)")
     write_json(path, plan)
+
+
+def _changes(key: str, was, now) -> str:
+    """'reading.validation_fraction (0.2 -> 0.3)' of a plan key that differs ('key' alone for a list, or a
+    sub-tree whose differences are not of keys)."""
+    if isinstance(was, dict) and isinstance(now, dict) and (keys := config_diff(was, now)):
+        named = {"reading": "data.", "training": ""}.get(key, f"{key}.")  # (as typed: data.<key>, optimizer.lr)
+        return ", ".join(f"{named}{k} ({get(was, k)!r} -> {get(now, k)!r})" for k in keys[:4])
+    return key if isinstance(now, (dict, list)) or isinstance(was, (dict, list)) else f"{key} ({was!r} -> {now!r})"
 
 
 # Top-level keys of the composed config that do not shape a fold model (where it is written, how it is resumed,

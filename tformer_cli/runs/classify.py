@@ -162,7 +162,8 @@ def prepare(config: TrainConfig, resume, console, data_report=None, table=None,
     (pretrained.PretrainedEmbeddings) to start from instead of embedding_init's (a distillation teacher's);
     student: a distillation student cut from its teacher, which brings its own tokenizer, length and weights."""
     with timing.phase("load"):
-        data = sources.load(config.data, seed=config.seed)
+        # (a resumed run keeps the splits it began with: one left out then is left out again, its fingerprint compared)
+        data = sources.load(config.data, seed=config.seed, unlabelled_files="refuse" if resume is None else "drop")
     console.print(f"[bold]data[/] {markup(config.data.name)} from {markup(data.source)}: " + ", ".join(
         f"{s} {len(ds):,}" for s, ds in data.splits.items()) + f"; {len(data.label_names)} classes")
     with timing.phase("checks"):
@@ -492,7 +493,8 @@ def calibrate(session: Session) -> checkpoint.Loaded:
     checkpoint.update_meta(run_dir.best, changes)
     before, after = (calibration.ece(calibration.probabilities(logits, t, multi), y, multi)
                      for t in (None, temperature))
-    edge = calibration.at_the_edge(temperature)
+    edge = calibration.at_the_edge(temperature) + calibration.kept_note(logits, y, multi, config.seed,
+                                                                         every_text is not None)
     sample = "" if fitted_on is None else (f" (the temperature and ECE on a seeded sample of {len(fitted_on):,} of "
                                            f"the {validation.n_docs:,} validation texts: "
                                            f"{len(loaded.label_names):,} classes)")

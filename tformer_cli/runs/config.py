@@ -244,7 +244,7 @@ class CalibrateConfig(EvaluateConfig):
         if len(named) > 1 and len({n.split("=", 1)[1] for n in named}) > 1:
             raise ConfigError(f"{' and '.join(named)} both name a file to calibrate on; give file= alone")
         if named:
-            if "split" in typed and config.split != "test":
+            if "split" in typed:  # (split=test too: the run's test split is not the file)
                 raise ConfigError(f"file= and split={config.split} both say which texts to calibrate on; give one")
             config.file = config.test_file = named[0].split("=", 1)[1]
             config.split = "test"

@@ -552,8 +552,11 @@ def unlabeled_texts(config, options: DistillOptions, data, console) -> list[str]
     if options.max_unlabeled is not None and len(kept) > options.max_unlabeled:
         chosen = sorted(random.Random(config.seed).sample(range(len(kept)), options.max_unlabeled))
         kept = [kept[i] for i in chosen]
+    repeats = len(kept) - len(set(kept))  # (kept, each weighing as a text: said, as a file listed twice would be)
     console.print(f"[bold]unlabeled[/] {len(kept):,} texts from {', '.join(markup(w) for w in where)}"
-                  + (f" ({copies:,} copies of the data's own texts dropped)" if copies else ""), highlight=False)
+                  + (f" ({copies:,} copies of the data's own texts dropped)" if copies else "")
+                  + (f"; {repeats:,} of them repeat another (each copy counts as a text)" if repeats else ""),
+                  highlight=False)
     return kept
 
 

@@ -13,16 +13,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 
 from .. import checkpoint
-from ..data import sanity, tokenization
+from ..data import arrow, sanity, tokenization
 from ..errors import TformerError
 from ..evaluation import calibration, conformal
 from ..safe_text import markup
 from ..store.atomic import sha256_file, write_json
 from ..store.layout import RunDir
 from ..store.locate import locate
-from ..evaluation.evaluate import every_text_cuts
+from ..evaluation.evaluate import every_text_cuts, uniforms
 from .classify import sampled_logits
 from .config import CalibrateConfig
 from .scoring import checked_data, reading, tokenized
@@ -57,11 +58,17 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     rows = calibration.fit_rows(split.n_docs, len(loaded.label_names), seed, multi)
     labels = split.doc_labels.numpy()
     # (refused before the model's pass)
-    _refuse_unfittable(labels, multi, what, loaded.label_names, data_cfg.label_column, seed)
-    # what the checkpoint's own cuts cover of these texts, counted as `tformer evaluate` counts (its draws, its order)
+    distinct = pc.count_distinct(arrow.column(data.splits[config.split], "text")).as_py()
+    _refuse_unfittable(labels, multi, what, loaded.label_names, data_cfg.label_column, seed, distinct)
+    if distinct < len(labels):  # (copies count as texts: the promise is then over texts repeated as these are)
+        console.print(f"[yellow]warning:[/] {len(labels) - distinct:,} of the {_texts(len(labels))} of {markup(what)} "
+                      f"repeat another text; each copy counts in the fit (drop them unless new texts repeat so "
+                      f"too)", highlight=False)
+    # what the checkpoint's own cuts cover of these texts, counted as `tformer evaluate` counts (the sets predict gives)
     tally = conformal.Tally(loaded.conformal, multi) if loaded.conformal is not None else None
+    u = uniforms(split) if tally is not None and not multi else None
     count = None if tally is None else (lambda index, block: tally.add(
-        calibration.probabilities(block, loaded.temperature, multi), labels[index]))
+        calibration.probabilities(block, loaded.temperature, multi), labels[index], None if u is None else u[index]))
     logits = sampled_logits(loaded.model, split, rows, count, batch_size=config.batch_size,
                             pad_id=tokenization.pad_id(tok), device=device, precision=precision)
     y = labels if rows is None else labels[rows]
@@ -78,13 +85,16 @@ def refit(config: CalibrateConfig, run_dir: RunDir, console, device, precision) 
     checkpoint.load(run_dir.best)  # (what predict will read: checked as it checks it)
     summary = _summary(logits, y, multi, loaded, changes, tally)
     write_json(run_dir.eval_metrics, summary)
-    _report(console, loaded, changes, summary, y, rows, seed, run_dir)
+    kept = calibration.kept_note(logits, y, multi, seed, every_text is not None)
+    _report(console, loaded, changes, summary, y, rows, seed, run_dir, kept)
     return float(summary["ece"])
 
 
-def _report(console, loaded, changes: dict, summary: dict, y, rows, seed: int, run_dir: RunDir) -> None:
+def _report(console, loaded, changes: dict, summary: dict, y, rows, seed: int, run_dir: RunDir, kept: str = ""
+            ) -> None:
     """What a refit says: on which texts the temperature and the cuts were fitted (`y`: the labels of the texts the
-    temperature was fitted on; `rows` not None: a sample of the split), what they did, what the old cuts covered."""
+    temperature was fitted on; `rows` not None: a sample of the split), what they did, what the old cuts covered;
+    `kept`: calibration.kept_note."""
     multi, texts = bool(loaded.model.cfg.multi_label), changes["calibrated_on"]["texts"]
     if multi:  # (calibration.halves)
         sample = " (the temperatures on a seeded half of them, the label-set cuts on the other half)" if rows is None \
@@ -95,7 +105,7 @@ def _report(console, loaded, changes: dict, summary: dict, y, rows, seed: int, r
                                           f"{len(loaded.label_names):,} classes; the label-set cuts on every text)")
     console.print(f"calibration on {_texts(texts)}{sample}: temperature "
                   f"{calibration.describe(loaded.temperature)} -> {calibration.describe(changes['temperature'])}"
-                  f"{calibration.at_the_edge(changes['temperature'])}; on these texts log loss "
+                  f"{calibration.at_the_edge(changes['temperature'])}{kept}; on these texts log loss "
                   f"{summary['nll_before']:.4f} -> {summary['nll']:.4f}, ECE {summary['ece_before']:.4f} -> "
                   f"{summary['ece']:.4f} (binned: on few texts it may move either way)", highlight=False)
     if multi:  # (counted on the texts the temperatures were fitted on)
@@ -119,21 +129,30 @@ def _report(console, loaded, changes: dict, summary: dict, y, rows, seed: int, r
                   f"use checkpoint={markup(run_dir.root)}", highlight=False)
 
 
-def _refuse_unfittable(labels, multi: bool, what: str, names: list[str], label_column: str, seed: int = 0) -> None:
+def _refuse_unfittable(labels, multi: bool, what: str, names: list[str], label_column: str, seed: int = 0,
+                       distinct: int | None = None) -> None:
     """Labelled texts no temperature or label-set cuts can be fitted on, refused in one line: texts of one class
-    (the fit would learn to be surer of it alone), too few, or for a multi-label model none with a label in the
-    half its cuts are fitted on (calibration.halves: every text would count as covered by an empty set)."""
+    (the fit would learn to be surer of it alone) or, multi-label, of one label set, too few, or for a multi-label
+    model none with a label in the half its cuts are fitted on (calibration.halves: every text would count as
+    covered by an empty set). distinct: how many of the texts differ (copies of a few texts are few texts)."""
     if not multi and len(labels) and len(np.unique(labels)) < 2:
         raise TformerError(f"all {_texts(len(labels))} of {what} are of one class ({names[int(labels[0])]}): a "
                            f"temperature and label sets fitted on them would describe that class alone; give "
                            f"labelled texts of the classes the model answers with")
-    if len(labels) < MIN_TEXTS:
-        raise TformerError(f"{_texts(len(labels))} of {what} are too few to calibrate on: a temperature and label-set "
-                           f"cuts fitted on them would be noise; give at least {MIN_TEXTS} labelled texts (a few "
-                           f"hundred make the 0.90 level steady)")
+    if min(len(labels), len(labels) if distinct is None else distinct) < MIN_TEXTS:
+        copies = f" ({distinct:,} distinct)" if distinct is not None and distinct < len(labels) else ""
+        raise TformerError(f"{_texts(len(labels))}{copies} of {what} are too few to calibrate on: a temperature and "
+                           f"label-set cuts fitted on them would be noise; give at least {MIN_TEXTS} different "
+                           f"labelled texts (a few hundred make the 0.90 level steady)")
     if multi and len(labels) and not np.asarray(labels).any():
         raise TformerError(f"none of the {_texts(len(labels))} of {what} has a label: label sets fitted on them would "
                            f"always be empty; give texts with their labels in the `{label_column}` column")
+    if multi and len(labels) > 1 and bool((np.asarray(labels).min(axis=0) == np.asarray(labels).max(axis=0)).all()):
+        held = [names[int(c)] for c in np.flatnonzero(np.asarray(labels)[0])]
+        held = ", ".join(held[:5]) + (f" and {len(held) - 5:,} more" if len(held) > 5 else "")
+        raise TformerError(f"all {_texts(len(labels))} of {what} carry the same labels ({held}): "
+                           f"temperatures and label sets fitted on them would describe that set alone; give labelled "
+                           f"texts of the label sets the model answers with")
     cut = calibration.halves(len(labels), seed)[1]
     if multi and len(labels) and not np.asarray(labels)[cut].any():
         labelled = int(np.asarray(labels).any(axis=1).sum())

@@ -15,11 +15,14 @@ from ..safe_text import markup
 from ..tasks import TASKS
 from ..training import recipe
 
-# Keys that may differ between a run and its resumption (where data comes from, how fast, how loud).
+# Keys that may differ between a run and its resumption (where data comes from, how fast, how loud). A
+# distillation's unlabeled files are named as typed (a path relative to where it ran) and its teacher cache is a
+# folder of files keyed by their content: what they hold is compared instead (its unlabeled texts' fingerprint).
 RESUME_IGNORED = ("resume", "resume_ignore_data_change", "trainer.keep_optimizer_state", "trainer.device",
                   "trainer.num_workers", "trainer.log_every_steps", "trainer.checkpoint_every_steps",
                   "trainer.eval_batch_size", "trainer.test_after_fit", "data.dir", "trainer.compile", "trainer.devices",
-                  "trainer.micro_batches", "logger", "trainer.calibrate", "trainer.threads")
+                  "trainer.micro_batches", "logger", "trainer.calibrate", "trainer.threads", "distill.cache_dir",
+                  "distill.unlabeled")
 
 
 def find_resumable(resume, task: str, outputs_dir: str | Path = "outputs") -> CheckpointDir:

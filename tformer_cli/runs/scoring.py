@@ -61,7 +61,7 @@ def checked_data(config: EvaluateConfig, loaded, data_cfg, seed: int, fix: str):
     """The data `data_cfg` names, with the split the command reads in it and the checkpoint's labels; `fix` ends the
     line that refuses other labels."""
     layouts = config.file_layouts((loaded.saved_config() or {}).get("data"))  # (a new file's own columns)
-    data = sources.load(data_cfg, seed=seed, file_layouts=layouts)
+    data = sources.load(data_cfg, seed=seed, file_layouts=layouts, unlabelled_files="quiet")  # (said below)
     named = getattr(data_cfg, f"{config.split}_file", None)
     if config.split not in data.splits and named:  # (sources drops a split whose labels are all missing)
         layout = {**{k: getattr(data_cfg, k) for k in ("text_column", "header")}, **(layouts.get(config.split) or {})}
