@@ -646,3 +646,14 @@ def test_an_unlabeled_file_without_the_text_column_is_told_to_name_it_not_to_cha
                                            "are read with the labelled data's text column .*: name the file's "
                                            "column 'text'"):
         sources.read_texts(tmp_path / "u.csv", ["text"], key=sources.UNLABELED_KEY)
+
+
+def test_a_header_that_names_a_column_twice_is_refused(tmp_path):
+    """pandas would read `text,label,label` as label and label.1: which one is the label is a guess."""
+    p = tmp_path / "train.csv"
+    p.write_text("text,label,label\n" + "".join(f"text number {i},{'ab'[i % 2]},{'ba'[i % 2]}\n" for i in range(20)))
+    with pytest.raises(TformerError, match="the header of .*train.csv names the column 'label' twice \\(pandas would "
+                                           "read the second as 'label.1'\\); give each column its own name"):
+        sources.load(files_cfg(train_file=str(p)))
+    p.write_text("text,label,,\n" + "".join(f"text number {i},{'ab'[i % 2]},,\n" for i in range(20)))
+    assert len(sources.load(files_cfg(train_file=str(p))).label_names) == 2  # (unnamed columns are no names)

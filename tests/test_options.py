@@ -116,6 +116,9 @@ def test_an_option_given_twice_with_two_values_is_refused_naming_both(tmp_path):
         predict.parse_args(["--explain", "--explain=rollout", "a text"])
     assert predict.parse_args(["--json", "--json", "a text"])[0]["json"] is True
     assert predict.parse_args(["--json", "--json=yes", "a text"])[0]["json"] is True  # (one yes, two spellings)
+    assert predict.parse_args(["--coverage", "0.9", "--coverage", "0.90", "a text"])[0]["coverage"] is not None
+    with pytest.raises(TformerError, match=r"coverage is given twice \(--coverage 0.9 and --coverage 0.8\)"):
+        predict.parse_args(["--coverage", "0.9", "--coverage", "0.8", "a text"])
     with pytest.raises(TformerError, match=r"json is given twice \(--json and --json=no\)"):
         predict.parse_args(["--json", "--json=no", "a text"])
     given_twice(["trainer.epochs=2", "model=small", "trainer.epochs=5", "resume=outputs/train/x"])  # (the hints'
@@ -137,3 +140,13 @@ def test_typed_overrides_are_read_one_way_with_their_prefixes():
              "--cfg=job", "a text"]
     assert typed_keys(typed) == ["trainer.devices", "data.dir", "model.dropout", "model", "trainer.devices"]
     assert typed_values(typed, "trainer.devices") == ["2", "3"] and typed_values(typed, "seed") == []
+
+
+def test_two_spellings_of_one_number_choose_nothing_but_two_numbers_are_refused():
+    from tformer_cli.typed_config import given_twice, same_number
+
+    given_twice(["trainer.epochs=3", "trainer.epochs=03", "optimizer.lr=0.0010", "optimizer.lr=.001"])
+    with pytest.raises(TformerError, match=r"optimizer.lr is given twice \(optimizer.lr=1e-3 and optimizer.lr=0.002\)"):
+        given_twice(["optimizer.lr=1e-3", "optimizer.lr=0.002"])
+    assert not same_number("1e3", "1000") and not same_number("nan", "nan") and not same_number("inf", "inf")
+    assert same_number("0.9", "0.90") and not same_number("0.9", "0.91")

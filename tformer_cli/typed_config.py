@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 import types
 import typing
@@ -192,19 +193,28 @@ def typed_values(overrides, key: str) -> list[str]:
 
 def given_twice(overrides, name: str = "") -> None:
     """A key given twice with two values (`checkpoint=A checkpoint=B`, `model=tiny model=small`) would be settled by
-    its last value, unsaid: refused, naming both. (The same value twice chooses nothing and passes.) Not in a
-    command that resumes: that is the run's own overrides with changes added (`trainer.epochs=<more> resume=...`,
-    what the hints print), and the last value is the change. name: the API function the user called, as its
-    errors name it; empty for a command line."""
+    its last value, unsaid: refused, naming both. (The same value twice chooses nothing and passes, as do two
+    spellings of one number.) Not in a command that resumes: that is the run's own overrides with changes added
+    (`trainer.epochs=<more> resume=...`, what the hints print), and the last value is the change. name: the API
+    function the user called, as its errors name it; empty for a command line."""
     typed = typed_overrides(overrides)
     if any(key == "resume" and _resumes(value) for key, value, _ in typed):
         return
     seen: dict[str, tuple[str, str]] = {}  # key -> (value, the override as typed)
     for key, value, override in typed:
-        if key in seen and seen[key][0] != value:
+        if key in seen and seen[key][0] != value and not same_number(seen[key][0], value):
             where = f"{name}(): " if name else ""
             raise ConfigError(f"{where}{key} is given twice ({seen[key][1]} and {override}); give it once")
         seen[key] = (value, override)
+
+
+PLAIN_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)")
+
+
+def same_number(a: str, b: str) -> bool:
+    """Two spellings of one plain decimal number (0.9 and 0.90, 3 and 03), which choose nothing between them; not
+    inf, nan, or 1e3 against 1000."""
+    return bool(PLAIN_NUMBER.fullmatch(a.strip()) and PLAIN_NUMBER.fullmatch(b.strip())) and float(a) == float(b)
 
 
 def _resumes(value: str) -> bool:

@@ -11,6 +11,7 @@ import re
 
 from ..errors import TformerError
 from ..safe_text import argv_text, terminal
+from ..typed_config import same_number
 from ..yesno import is_bool_word, parse_bool
 
 KEY_VALUE = re.compile(r"^([a-z_][a-z_-]*)=(.*)$", re.S)
@@ -52,9 +53,10 @@ def old_style_key(arg: str, defaults: dict) -> str | None:
 
 def given(opts: dict, typed: dict, key: str, value: str, spelled: str, yes_no: bool = False) -> None:
     """Put a typed value in; a key typed twice with two values (`checkpoint=A checkpoint=B`) is refused rather
-    than settled by the last one, unsaid (the same value twice passes, and for a yes/no key, `yes_no`, so do two
-    spellings of one answer: `--json --json=yes`)."""
-    if key in typed and not (typed[key][1] == value or yes_no and _same_answer(typed[key][1], value)):
+    than settled by the last one, unsaid (the same value twice passes, and so do two spellings of one number,
+    `--coverage 0.9 --coverage 0.90`, and for a yes/no key, `yes_no`, of one answer: `--json --json=yes`)."""
+    if key in typed and not (typed[key][1] == value or same_number(typed[key][1], value)
+                             or yes_no and _same_answer(typed[key][1], value)):
         raise TformerError(f"{terminal(key)} is given twice ({terminal(typed[key][0])} and {terminal(spelled)}); "
                            f"give it once")
     typed[key] = (spelled, value)

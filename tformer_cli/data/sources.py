@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import csv
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,6 +140,9 @@ def load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[
                                            f"give them in the file's order, e.g. data.column_names=[text,label]")
                     kwargs["column_names"] = list(csv_names)
                     kwargs["header"] = None
+            if fmt == "csv" and csv_header and (twice := _repeated_column(path, kwargs["delimiter"])):
+                raise TformerError(f"the header of {path} names the column {twice!r} twice (pandas would read the "
+                                   f"second as {twice + '.1'!r}); give each column its own name")
             cache = [None]
             try:
                 with heartbeat(f"reading {path.name}", lambda: _megabytes(cache[0])):  # (big files: minutes)
@@ -160,6 +164,17 @@ def load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[
                                    f"format and encoding (UTF-8)") from exc
             bar.update(1)
     return out
+
+
+def _repeated_column(path: Path, delimiter: str) -> str | None:
+    """The first column name a CSV/TSV header gives twice (None: none; an empty name is no name). Reads one line."""
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+            header = next(csv.reader(f, delimiter=delimiter), [])
+    except (OSError, csv.Error):
+        return None
+    names = [n.strip() for n in header if n.strip()]
+    return next((n for i, n in enumerate(names) if n in names[:i]), None)
 
 
 def _no_rows(path: Path, header: bool) -> bool:
