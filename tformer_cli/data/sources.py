@@ -6,11 +6,11 @@ for everyone else. `data=files` takes any local files with configurable column n
 """
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import logging
 import os
-import csv
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,8 +149,9 @@ def load_files(files: dict[str, Path], csv_header: bool = True, csv_names: list[
                     cache[0] = Path(_content_cache_dir(path))  # (hashing the file: seconds a GB)
                     out[split] = datasets.load_dataset(fmt, data_files=str(path.resolve()), split="train",
                                                        cache_dir=str(cache[0]), **kwargs)
-                    flags = [c for c, f in out[split].features.items() if getattr(f, "dtype", None) == "bool"]
-                    if fmt == "csv" and flags:  # pandas reads a column of True / false as booleans: as written
+                    if fmt == "csv" and (flags := [c for c, f in out[split].features.items()
+                                                   if getattr(f, "dtype", None) == "bool"]):
+                        # pandas reads a column of True / false as booleans: read again as written
                         kwargs["converters"] = {**kwargs["converters"], **{c: str for c in flags}}  # (class names)
                         out[split] = datasets.load_dataset(fmt, data_files=str(path.resolve()), split="train",
                                                            cache_dir=str(cache[0]), **kwargs)
@@ -188,21 +189,23 @@ def _no_rows(path: Path, header: bool) -> bool:
     return len(lines) <= (1 if header else 0)
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """An error and the ones under it (datasets wraps the reader's: "An error occurred while generating the
+    dataset"), outermost first; a chain that loops back is cut where it does."""
+    out = [exc]
+    while (inner := out[-1].__cause__ or out[-1].__context__) is not None and inner not in out:
+        out.append(inner)
+    return out
+
+
 def _not_utf8(exc: BaseException) -> bool:
-    """Whether a reader's error comes from bytes that are not UTF-8 (under datasets' wrapper; a few links deep)."""
-    for _ in range(20):
-        if exc is None or isinstance(exc, UnicodeDecodeError):
-            return exc is not None
-        exc = exc.__cause__ or exc.__context__
-    return False
+    """Whether a reader's error comes from bytes that are not UTF-8."""
+    return any(isinstance(e, UnicodeDecodeError) for e in _chain(exc))
 
 
 def _first_cause(exc: BaseException) -> str:
-    """The reason under datasets' wrapper ("An error occurred while generating the dataset"): a byte that is not
-    UTF-8, a malformed line. One line."""
-    inner = exc
-    while inner.__cause__ is not None or inner.__context__ is not None:
-        inner = inner.__cause__ or inner.__context__
+    """The reason under datasets' wrapper: a byte that is not UTF-8, a malformed line. One line."""
+    inner = _chain(exc)[-1]
     shown = (str(inner).strip().splitlines() or [type(inner).__name__])[0]
     return shown if inner is exc else f"{type(inner).__name__}: {shown}"
 

@@ -396,7 +396,7 @@ def fitted(logits, labels, multi_label: bool, seed: int = 0, thresholds=None, ol
     where `logits` are a sample of the texts (`fit_rows`), the cuts of every text (`cut_rows`) at a temperature (a
     function of it): one number pins a temperature down on a sample, while each cut is a quantile that wants every
     text. A multi-label model's temperatures and cuts are fitted on disjoint halves of the texts (`halves`)."""
-    fit, cut = (slice(None), slice(None)) if every_text is not None or not multi_label else halves(len(logits), seed)
+    fit, cut = _parts(len(logits), multi_label, seed, every_text is not None)
     labels = np.asarray(labels)
     temperature = fit_temperature(logits[fit], labels[fit], multi_label, keep=old_temperature if refit else None)
     changes = {"temperature": temperature,
@@ -407,10 +407,16 @@ def fitted(logits, labels, multi_label: bool, seed: int = 0, thresholds=None, ol
     return changes
 
 
+def _parts(n: int, multi_label: bool, seed: int, sampled: bool):
+    """(the rows of `fitted`'s texts its temperature is fitted on, those its cuts are): all of them, but a
+    multi-label model's seeded halves where the texts are not already a sample (`halves`)."""
+    return (slice(None), slice(None)) if sampled or not multi_label else halves(n, seed)
+
+
 def kept_note(logits, labels, multi_label: bool, seed: int = 0, sampled: bool = False) -> str:
     """What a fit line adds where texts answered all right kept a temperature as it was (`fit_temperature`), else
     ''; logits and labels as given to `fitted` (sampled: its every_text was given)."""
-    fit = halves(len(logits), seed)[0] if multi_label and not sampled else slice(None)
+    fit = _parts(len(logits), multi_label, seed, sampled)[0]
     z = np.asarray(logits, dtype=np.float64)[fit]
     if not len(z) or not np.isfinite(z).all():
         return ""

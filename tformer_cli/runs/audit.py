@@ -146,13 +146,7 @@ def run_audit(tree: dict, overrides: list[str], run_dir: RunDir) -> AuditResult:
     sanity.check(data, run_dir.data_report)  # copies between splits (leakage), as every run checks
     rows = _audited_rows(data, options.splits)
     names = list(data.label_names)
-    plan = {"mode": mode, "folds": options.folds if mode == "folds" else None, "seed": seed,
-            "splits": options.splits, "rows": len(rows), "classes": names, "data": _fingerprint(rows),
-            "checkpoint": str(loaded_path) if loaded_path else None,
-            # what shapes each fold's model (checked key by key on resume, as train's resume checks its config)
-            "training": {k: v for k, v in train_tree.items() if k not in PLAN_UNTRAINED} if mode == "folds" else None,
-            "reading": fold_reading(data_cfg) if mode == "folds" else None,
-            "group_column": data_cfg.group_column if mode == "folds" else None}
+    plan = _plan(mode, options, seed, rows, names, loaded_path, train_tree, data_cfg)
     fresh = not (run_dir.root / PLAN).is_file()
     _check_plan(run_dir.root / PLAN, plan, resume not in (None, False))
     try:
@@ -219,6 +213,19 @@ def _resumed_audit(resume) -> Path:
 FOLD_KEYS = ("audit.folds", "audit.keep_checkpoints")  # what only a fold model reads, with these groups
 FOLD_GROUPS = ("model", "optimizer", "schedule", "embedding_init", "loss", "trainer")
 SCORING_KEYS = ("trainer.device",)  # (what checkpoint mode reads of these groups: where the model runs)
+
+
+def _plan(mode: str, options: AuditOptions, seed: int, rows: pd.DataFrame, names: list[str], loaded_path,
+          train_tree: dict, data_cfg) -> dict:
+    """What an audit's answers depend on (audit_plan.json, checked on resume by `_check_plan`)."""
+    folds = mode == "folds"
+    return {"mode": mode, "folds": options.folds if folds else None, "seed": seed,
+            "splits": options.splits, "rows": len(rows), "classes": names, "data": _fingerprint(rows),
+            "checkpoint": str(loaded_path) if loaded_path else None,
+            # what shapes each fold's model (checked key by key on resume, as train's resume checks its config)
+            "training": {k: v for k, v in train_tree.items() if k not in PLAN_UNTRAINED} if folds else None,
+            "reading": fold_reading(data_cfg) if folds else None,
+            "group_column": data_cfg.group_column if folds else None}
 
 
 def _refuse_fold_keys(overrides) -> None:

@@ -119,11 +119,11 @@ def locate(checkpoint: str | Path | CheckpointDir | None = None, outputs_dir: st
 def another_kind(folder: Path) -> str | None:
     """What a folder of tformer's that holds no checkpoint is, with where to look instead (None: not one of them):
     a model folder is asked for, and "incomplete" would send the user looking for lost files."""
-    if folder.name == RunDir(".").checkpoints.name and RunDir(folder.parent).checkpoints == folder and \
-            (RunDir(folder.parent).best.weights.is_file() or RunDir(folder.parent).last.weights.is_file()):
-        best = RunDir(folder.parent).best
+    owner = RunDir(folder.parent)
+    if owner.checkpoints == folder and (saved := next((c for c in (owner.best, owner.last) if c.weights.is_file()),
+                                                      None)) is not None:
         return (f"a run's checkpoints folder, not a checkpoint; pass the run dir ({folder.parent}) or one of its "
-                f"checkpoints ({best.path if best.weights.is_file() else RunDir(folder.parent).last.path})")
+                f"checkpoints ({saved.path})")
     if SweepDir(folder).is_sweep():
         return "a sweep folder, not a checkpoint; pass one of its job folders (`tformer report` of it marks the best)"
     if AuditDir(folder).is_audit():
